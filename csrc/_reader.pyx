@@ -1,0 +1,235 @@
+"""Zero-copy random access to a Megatron MMIDIDX token stream (``P.idx`` + ``P.bin``).
+
+The index arrays start at byte 34 of the ``.idx`` file and so are not naturally aligned; the
+kernels here load them with ``memcpy``, which compiles to a plain unaligned load and never traps.
+Every pointer read from a file is checked against the size of the mapped ``.bin`` before it is
+dereferenced, so a corrupted index raises ``FormatError`` instead of reading outside the map.
+"""
+
+import mmap
+import os
+
+import numpy as np
+
+cimport numpy as cnp
+from cpython.ref cimport Py_INCREF
+from libc.stdint cimport int32_t, int64_t
+from libc.string cimport memcpy
+
+from mmidx.format import FormatError
+
+cnp.import_array()
+
+
+cdef inline int64_t _load_i64(const char* base, int64_t i) noexcept nogil:
+    cdef int64_t value
+    memcpy(&value, base + 8 * i, 8)
+    return value
+
+
+cdef inline int32_t _load_i32(const char* base, int64_t i) noexcept nogil:
+    cdef int32_t value
+    memcpy(&value, base + 4 * i, 4)
+    return value
+
+
+def map_readonly(path):
+    """A read-only memoryview of the whole file at ``path`` (memory-mapped; empty files allowed).
+
+    The memoryview is the base object of every array handed out, so the mapping lives as long as
+    any view of it and cannot be closed under a reader's feet.
+    """
+    with open(path, "rb") as stream:
+        size = os.fstat(stream.fileno()).st_size
+        if size == 0:
+            return memoryview(b"")
+        return memoryview(mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+cdef class TokenStream:
+    """Token ids of a Megatron MMIDIDX pair, read by sequence number without copying.
+
+    Built from the mapped files and their parsed header (``mmidx.format.read_token_index_header``);
+    checks in O(1) that the index describes exactly the ``.bin`` file it is paired with.
+    """
+
+    cdef readonly object path_prefix
+    cdef readonly object dtype
+    cdef readonly int64_t sequence_count
+    cdef readonly int64_t document_count
+    cdef readonly bint multimodal
+    cdef object _idx_view
+    cdef object _bin_view
+    cdef const char* _lengths
+    cdef const char* _pointers
+    cdef const char* _documents
+    cdef const char* _bin
+    cdef int64_t _bin_size
+    cdef int _itemsize
+    cdef int _typenum
+    cdef object _header
+
+    def __cinit__(self, path_prefix, header, idx_view, bin_view):
+        cdef const unsigned char[::1] idx_bytes = idx_view
+        cdef const unsigned char[::1] bin_bytes = bin_view
+        self.path_prefix = path_prefix
+        self._header = header
+        self.dtype = header.dtype
+        self.sequence_count = header.sequence_count
+        self.document_count = header.document_count - 1
+        self.multimodal = header.multimodal
+        self._idx_view = idx_view
+        self._bin_view = bin_view
+        if len(idx_view) != header.file_size:
+            raise FormatError(f"{path_prefix}.idx: mapped {len(idx_view)} bytes, header needs {header.file_size}")
+        cdef const char* base = <const char*>&idx_bytes[0]
+        cdef Py_ssize_t lengths_offset = header.lengths_offset
+        cdef Py_ssize_t pointers_offset = header.pointers_offset
+        cdef Py_ssize_t documents_offset = header.documents_offset
+        self._lengths = base + lengths_offset
+        self._pointers = base + pointers_offset
+        self._documents = base + documents_offset
+        self._bin = <const char*>&bin_bytes[0] if len(bin_view) else NULL
+        self._bin_size = len(bin_view)
+        self._itemsize = self.dtype.itemsize
+        self._typenum = self.dtype.num
+        self._check_extent()
+
+    cdef _check_extent(self):
+        cdef int64_t n = self.sequence_count
+        cdef int64_t first_doc = _load_i64(self._documents, 0)
+        cdef int64_t last_doc = _load_i64(self._documents, self.document_count)
+        if first_doc != 0 or last_doc != n:
+            raise FormatError(f"{self.path_prefix}.idx: document indices run from {first_doc} to {last_doc}, "
+                              f"expected 0 to {n} (the sequence count): corrupted index")
+        if n == 0:
+            if self._bin_size != 0:
+                raise FormatError(f"{self.path_prefix}.bin: {self._bin_size} bytes but the index has no sequences")
+            return
+        cdef int64_t first = _load_i64(self._pointers, 0)
+        cdef int64_t last = _load_i64(self._pointers, n - 1)
+        cdef int64_t end = last + <int64_t>_load_i32(self._lengths, n - 1) * self._itemsize
+        if first != 0 or end != self._bin_size:
+            raise FormatError(f"{self.path_prefix}.bin: size {self._bin_size} bytes, but the index says the "
+                              f"tokens end at byte {end}: the .bin is truncated, or does not belong to this .idx")
+
+    def __len__(self):
+        return self.sequence_count
+
+    @property
+    def sequence_lengths(self):
+        """int32 tokens per sequence (a view of the index file)."""
+        return np.frombuffer(self._idx_view, "<i4", self.sequence_count, self._header.lengths_offset)
+
+    @property
+    def sequence_pointers(self):
+        """int64 byte offset of each sequence in the ``.bin`` file (a view of the index file)."""
+        return np.frombuffer(self._idx_view, "<i8", self.sequence_count, self._header.pointers_offset)
+
+    @property
+    def document_indices(self):
+        """int64 sequence ranges of documents: document d is sequences [di[d], di[d+1])."""
+        return np.frombuffer(self._idx_view, "<i8", self.document_count + 1, self._header.documents_offset)
+
+    @property
+    def sequence_modes(self):
+        """int8 mode per sequence in Megatron multimodal files, else None."""
+        if not self.multimodal:
+            return None
+        return np.frombuffer(self._idx_view, "i1", self.sequence_count, self._header.modes_offset)
+
+    @property
+    def tokens(self):
+        """All tokens of the stream as one flat read-only array (a view of the ``.bin`` file)."""
+        return np.frombuffer(self._bin_view, self.dtype)
+
+    cdef cnp.ndarray _view(self, int64_t byte_offset, int64_t count):
+        cdef cnp.npy_intp dims[1]
+        dims[0] = count
+        cdef cnp.ndarray array = cnp.PyArray_SimpleNewFromData(
+            1, dims, self._typenum, <void*>(self._bin + byte_offset) if count else <void*>self._bin)
+        cnp.PyArray_CLEARFLAGS(array, cnp.NPY_ARRAY_WRITEABLE)
+        Py_INCREF(self._bin_view)
+        cnp.PyArray_SetBaseObject(array, self._bin_view)
+        return array
+
+    cpdef cnp.ndarray get(self, int64_t sequence, int64_t offset=0, object length=None):
+        """Tokens ``[offset, offset + length)`` of one sequence, as a read-only zero-copy view.
+
+        Unlike Megatron's ``IndexedDataset.get``, every argument is bounds-checked: a sequence
+        number outside ``[-len, len)`` or a span outside the sequence raises ``IndexError``.
+        """
+        cdef int64_t n = self.sequence_count
+        if sequence < 0:
+            sequence += n
+        if sequence < 0 or sequence >= n:
+            raise IndexError(f"sequence {sequence} out of range for {n} sequences")
+        cdef int64_t size = _load_i32(self._lengths, sequence)
+        cdef int64_t count = size - offset if length is None else <int64_t>length
+        if offset < 0 or count < 0 or offset + count > size:
+            raise IndexError(f"tokens [{offset}, {offset + count}) out of range for sequence {sequence} "
+                             f"of {size} tokens")
+        cdef int64_t start = _load_i64(self._pointers, sequence) + offset * self._itemsize
+        if start < 0 or start + count * self._itemsize > self._bin_size:
+            raise FormatError(f"{self.path_prefix}.idx: pointer of sequence {sequence} lies outside the .bin file")
+        return self._view(start, count)
+
+    def gather(self, sequences, offsets=None, lengths=None):
+        """Copy many sequence spans into one contiguous array in a single call.
+
+        ``sequences``: sequence numbers; ``offsets``/``lengths`` (optional, same length): the span
+        of each to take (default: whole sequences). Returns ``(tokens, bounds)`` where span i is
+        ``tokens[bounds[i]:bounds[i + 1]]``. Raises ``IndexError`` for any span out of range.
+        """
+        cdef int64_t[::1] seq = np.ascontiguousarray(sequences, dtype=np.int64).reshape(-1)
+        cdef Py_ssize_t count = seq.shape[0], i
+        cdef bint whole = lengths is None
+        cdef int64_t[::1] off = np.zeros(count, np.int64) if offsets is None else \
+            np.ascontiguousarray(offsets, dtype=np.int64).reshape(-1)
+        cdef int64_t[::1] lens = off if whole else np.ascontiguousarray(lengths, dtype=np.int64).reshape(-1)
+        if off.shape[0] != count or lens.shape[0] != count:
+            raise ValueError(f"offsets and lengths must have one entry per sequence ({count})")
+        bounds_array = np.empty(count + 1, dtype=np.int64)
+        cdef int64_t[::1] bounds = bounds_array
+        cdef int64_t n = self.sequence_count, s = 0, size = 0, start, take, total = 0
+        cdef Py_ssize_t bad = -1
+        cdef int reason = 0  # 1: sequence out of range, 2: span out of range, 3: pointer outside .bin
+        cdef int itemsize = self._itemsize
+        with nogil:
+            bounds[0] = 0
+            for i in range(count):
+                s = seq[i]
+                if s < 0 or s >= n:
+                    bad, reason = i, 1
+                    break
+                size = _load_i32(self._lengths, s)
+                take = size - off[i] if whole else lens[i]
+                if off[i] < 0 or take < 0 or off[i] + take > size:
+                    bad, reason = i, 2
+                    break
+                start = _load_i64(self._pointers, s) + off[i] * itemsize
+                if start < 0 or start + take * itemsize > self._bin_size:
+                    bad, reason = i, 3
+                    break
+                total += take
+                bounds[i + 1] = total
+        if reason == 1:
+            raise IndexError(f"sequence {s} (entry {bad}) out of range for {n} sequences")
+        if reason == 2:
+            raise IndexError(f"span of entry {bad} (offset {off[bad]}) out of range for sequence {s} "
+                             f"of {size} tokens")
+        if reason == 3:
+            raise FormatError(f"{self.path_prefix}.idx: pointer of sequence {s} lies outside the .bin file")
+        out = np.empty(total, dtype=self.dtype)
+        cdef char* dst = <char*>cnp.PyArray_DATA(out)
+        with nogil:
+            for i in range(count):
+                take = bounds[i + 1] - bounds[i]
+                if take:
+                    memcpy(dst + bounds[i] * itemsize,
+                           self._bin + _load_i64(self._pointers, seq[i]) + off[i] * itemsize,
+                           take * itemsize)
+        return out, bounds_array
+
+    def __reduce__(self):
+        raise TypeError("TokenStream holds memory maps; pickle the dataset that owns it (it re-maps lazily)")

@@ -1,0 +1,484 @@
+"""The mmidx on-disk format, version 1: the specification, and the functions that read and write it.
+
+Purpose
+-------
+A dataset is built once, offline, and then read by index, in microseconds, by every rank of a
+training job for months. So the format is a handful of large files that are memory-mapped and never
+parsed at read time; every array a reader needs is a zero-copy view of a mapped file.
+
+A dataset is named by a *prefix* ``P`` (a path without suffix) and consists of:
+
+==================  ==========================================================================
+file                content
+==================  ==========================================================================
+``P.idx``           Megatron MMIDIDX v1 index of the token stream (byte-compatible)
+``P.bin``           token ids of every text sequence, back to back
+``P.images``        encoded images (JPEG/PNG/WebP/... bytes as given), back to back
+``P.plan``          sequence-plan records, view and image tables (aligned arrays)
+``P.meta.json``     metadata: version, counts, tokenizer, build config, checksum of every file
+==================  ==========================================================================
+
+A *text* dataset (``kind == "text"``: one token sequence per document, the shape Megatron's
+``preprocess_data.py`` writes) has only ``P.idx``, ``P.bin`` and ``P.meta.json``: its sequence plan
+is implied (one text element with loss per sequence). Any Megatron ``.idx``/``.bin`` pair without
+metadata opens the same way.
+
+Concepts
+--------
+* **sample**: one raw row of a source (a caption+image pair, an edit trajectory, a conversation).
+  In the token stream a sample is a Megatron *document*: ``document_indices[s] ..
+  document_indices[s + 1]`` are the sequence numbers of sample ``s``'s texts.
+* **view**: one materialised augmentation of a sample (BAGEL draws a caption, an edit
+  sub-trajectory, a mode per epoch; the builder draws K of them, and epoch ``e`` reads view
+  ``e mod K``). A view is an ordered list of *elements* (its sequence plan). Views share the
+  sample's texts and images by reference: nothing is stored twice.
+* **element**: one plan record: kind (text / vae_image / vit_image), flags, and a *payload*: the
+  index of a text among the sample's sequences, or of an image among the sample's images.
+  Payloads are local to the sample, so merging datasets never rewrites element records.
+
+Token stream: ``P.idx`` and ``P.bin`` (Megatron-Core ``IndexedDataset``, MMIDIDX version 1)
+------------------------------------------------------------------------------------------
+All integers little-endian. ``n`` = number of sequences, ``d`` = number of documents + 1.
+
+======  ============  ==============================================================
+offset  size          field
+======  ============  ==============================================================
+0       9             magic ``b"MMIDIDX\\x00\\x00"``
+9       8             uint64 version, always 1
+17      1             uint8 dtype code of the tokens (below)
+18      8             uint64 ``n``, the sequence count
+26      8             uint64 ``d``, the length of the document index (documents + 1)
+34      4 n           int32 ``sequence_lengths`` (tokens per sequence)
+34+4n   8 n           int64 ``sequence_pointers`` (byte offset of each sequence in ``P.bin``)
+34+12n  8 d           int64 ``document_indices`` (0, ..., n: sequence ranges of documents)
+34+12n+8d  n          int8 ``sequence_modes``, only in files written by Megatron's builder with
+                      ``multimodal=True``; the header does not say so, the file size does
+======  ============  ==============================================================
+
+Dtype codes (Megatron's ``DType``): 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64,
+7 float32, 8 uint16. mmidx writes uint16 when the vocabulary has fewer than 65,500 ids and int32
+otherwise, as Megatron's ``DType.optimal_dtype`` does. ``sequence_pointers[i]`` equals the sum of
+``sequence_lengths[:i]`` times the token size; ``P.bin`` is exactly the last pointer plus the last
+sequence's bytes. The arrays start at offset 34, so they are not naturally aligned: readers use
+unaligned loads (numpy does so transparently; the Cython kernels read them with ``memcpy``).
+
+Images: ``P.images``
+--------------------
+The encoded bytes of every image, concatenated without padding; image ``j`` is
+``P.images[image_offsets[j]:image_offsets[j + 1]]``. Width, height, format and mode were probed at
+build time and live in ``P.plan`` (``image_info``), so the index knows every image's token count
+without decoding it.
+
+Plan: ``P.plan``
+----------------
+A small container of aligned arrays, readable with nothing but ``json`` and ``numpy``:
+
+======  ======  ===================================================================
+offset  size    field
+======  ======  ===================================================================
+0       8       magic ``b"MMIDXPLN"``
+8       8       uint64 container version, 1
+16      8       uint64 ``H``, byte length of the JSON header
+24      H       UTF-8 JSON header, padded with spaces so that ``24 + H`` is a multiple of 64
+24+H    ...     the arrays, each starting at a multiple of 64 bytes (zero padding between)
+======  ======  ===================================================================
+
+The header is ``{"arrays": [{"name", "dtype", "shape", "offset", "nbytes"}, ...]}`` with
+``offset`` counted from the start of the file and ``dtype`` in numpy's ``descr`` form. The arrays
+follow each other in header order, and the file ends exactly at the end of the last one. Version 1
+requires these arrays (S samples, V views, E elements, I images; extra arrays are ignored):
+
+=========================  ==========  ==========  =============================================
+name                       dtype       shape       meaning
+=========================  ==========  ==========  =============================================
+``sample_view_offsets``    int64       S + 1       views of sample s: ``[o[s], o[s+1])``
+``sample_image_offsets``   int64       S + 1       images of sample s: ``[o[s], o[s+1])``
+``sample_origin``          int64       S, 2        (source file number, row in that file)
+``view_element_offsets``   int64       V + 1       elements of view v: ``[o[v], o[v+1])``
+``elements``               ELEMENT     E           plan records (below)
+``image_offsets``          int64       I + 1       byte offsets into ``P.images``
+``image_info``             IMAGE       I           probed width, height, format, mode
+=========================  ==========  ==========  =============================================
+
+``ELEMENT`` (16 bytes): ``kind`` uint8 (0 text, 1 vae_image, 2 vit_image); ``flags`` uint8
+(bit 0 loss, 1 enable_cfg, 2 special_token_loss, 3 split_start, 4 split_end, 5 has_frame_delta);
+``img_num`` uint16 (the image count BAGEL's resize rule divides ``max_pixels`` by; 1 unless a
+source says otherwise); ``frame_delta`` int32 (rope-id advance after a video frame, valid when its
+flag is set); ``special_token_label`` int32 (-1 = none); ``payload`` int32 (local text or image
+number within the sample).
+
+``IMAGE`` (12 bytes): ``width`` int32, ``height`` int32, ``format`` uint8 (``IMAGE_FORMATS``),
+``mode`` uint8 (``IMAGE_MODES``), ``flags`` uint8 (bit 0: has transparency), one pad byte.
+
+Metadata: ``P.meta.json``
+-------------------------
+A JSON object with ``format`` = ``"mmidx"``, ``format_version``, ``kind`` (``"multimodal"`` or
+``"text"``), ``counts`` (samples, sequences, tokens, views, elements, images, image_bytes),
+``token_dtype``, ``tokenizer`` (identity: name or path, class, vocabulary size, sha256 of its
+vocabulary), ``special_tokens`` (ids of ``<|im_start|>``, ``<|im_end|>``, ``<|vision_start|>``,
+``<|vision_end|>``, and the end-of-document id), ``sources`` (the input files ``sample_origin``
+numbers), ``build`` (the build configuration), ``files`` (for each file: name relative to the
+prefix's folder, size in bytes, sha256) and ``meta_sha256``: the sha256 of the canonical JSON
+(sorted keys, no spaces) of everything else, so that the metadata checks itself.
+
+Writing and version rules
+-------------------------
+* Files are written under ``*.partial`` names, fsynced, and renamed into place in this order:
+  ``P.bin``, ``P.images``, ``P.plan``, ``P.meta.json``, then ``P.idx`` last, after the old ``P.idx``
+  and ``P.meta.json`` were removed. An interrupted build therefore never leaves a set of files
+  that opens: without ``P.idx`` neither mmidx nor Megatron opens the prefix, and mmidx checks
+  every file's size against the metadata.
+* ``format_version`` changes only when a version-1 reader would misread the data. Readers refuse
+  versions newer than they know, with a message to upgrade. Additive changes (new metadata keys,
+  new ``P.plan`` arrays) keep the version; readers ignore what they do not know.
+* Opening checks, in O(1): magics, versions, dtype codes, the metadata's own checksum, every
+  array's size against its file's size, and counts across files. ``mmidx verify`` adds the
+  checksums of all files and the O(n) invariants (monotone offsets, pointers equal to the
+  cumulative sizes, payloads inside their sample, known kinds and formats).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT_NAME = "mmidx"
+FORMAT_VERSION = 1
+
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_VERSION = 1
+MEGATRON_HEADER_SIZE = 34
+
+PLAN_MAGIC = b"MMIDXPLN"
+PLAN_VERSION = 1
+PLAN_PREAMBLE_SIZE = 24
+PLAN_ALIGNMENT = 64
+
+# Megatron's DType codes.
+DTYPE_CODES: dict[int, np.dtype] = {
+    1: np.dtype(np.uint8),
+    2: np.dtype(np.int8),
+    3: np.dtype(np.int16),
+    4: np.dtype(np.int32),
+    5: np.dtype(np.int64),
+    6: np.dtype(np.float64),
+    7: np.dtype(np.float32),
+    8: np.dtype(np.uint16),
+}
+CODE_OF_DTYPE: dict[np.dtype, int] = {dtype: code for code, dtype in DTYPE_CODES.items()}
+
+# Element kinds and flag bits of ELEMENT records.
+TEXT, VAE_IMAGE, VIT_IMAGE = 0, 1, 2
+KIND_NAMES = ("text", "vae_image", "vit_image")
+FLAG_LOSS = 1 << 0
+FLAG_ENABLE_CFG = 1 << 1
+FLAG_SPECIAL_TOKEN_LOSS = 1 << 2
+FLAG_SPLIT_START = 1 << 3
+FLAG_SPLIT_END = 1 << 4
+FLAG_HAS_FRAME_DELTA = 1 << 5
+KNOWN_FLAGS = (1 << 6) - 1
+
+ELEMENT_DTYPE = np.dtype(
+    [
+        ("kind", "u1"),
+        ("flags", "u1"),
+        ("img_num", "<u2"),
+        ("frame_delta", "<i4"),
+        ("special_token_label", "<i4"),
+        ("payload", "<i4"),
+    ]
+)
+IMAGE_DTYPE = np.dtype(
+    [("width", "<i4"), ("height", "<i4"), ("format", "u1"), ("mode", "u1"), ("flags", "u1"), ("pad", "u1")]
+)
+IMAGE_FLAG_TRANSPARENCY = 1
+
+# Codes of image formats and modes in IMAGE records (index = code; 0 = unknown).
+IMAGE_FORMATS = ("unknown", "JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "MPO", "JPEG2000")
+IMAGE_MODES = ("unknown", "1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "I", "I;16", "F", "LAB", "HSV")
+
+# The arrays of P.plan, with their dtypes, in file order.
+PLAN_ARRAYS: dict[str, np.dtype] = {
+    "sample_view_offsets": np.dtype("<i8"),
+    "sample_image_offsets": np.dtype("<i8"),
+    "sample_origin": np.dtype("<i8"),
+    "view_element_offsets": np.dtype("<i8"),
+    "elements": ELEMENT_DTYPE,
+    "image_offsets": np.dtype("<i8"),
+    "image_info": IMAGE_DTYPE,
+}
+
+SUFFIXES = {"idx": ".idx", "bin": ".bin", "images": ".images", "plan": ".plan", "meta": ".meta.json"}
+
+
+class FormatError(ValueError):
+    """A dataset file is missing, truncated, corrupted or inconsistent with the other files."""
+
+
+def file_path(prefix: str | os.PathLike, role: str) -> Path:
+    """The path of the file that plays ``role`` (a key of ``SUFFIXES``) for dataset ``prefix``."""
+    return Path(os.fspath(prefix) + SUFFIXES[role])
+
+
+def token_dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """uint16 below 65,500 ids, else int32: the choice of Megatron's ``DType.optimal_dtype``."""
+    return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
+
+
+# --------------------------------------------------------------------------- Megatron .idx
+
+
+@dataclass(frozen=True)
+class TokenIndexHeader:
+    """What the header and size of a Megatron ``.idx`` file say about its arrays."""
+
+    dtype: np.dtype
+    sequence_count: int
+    document_count: int  # length of document_indices, i.e. documents + 1
+    multimodal: bool  # a trailing int8 mode per sequence is present
+
+    @property
+    def lengths_offset(self) -> int:
+        return MEGATRON_HEADER_SIZE
+
+    @property
+    def pointers_offset(self) -> int:
+        return MEGATRON_HEADER_SIZE + 4 * self.sequence_count
+
+    @property
+    def documents_offset(self) -> int:
+        return MEGATRON_HEADER_SIZE + 12 * self.sequence_count
+
+    @property
+    def modes_offset(self) -> int:
+        return self.documents_offset + 8 * self.document_count
+
+    @property
+    def file_size(self) -> int:
+        return self.modes_offset + (self.sequence_count if self.multimodal else 0)
+
+
+def read_token_index_header(path: str | os.PathLike) -> TokenIndexHeader:
+    """Parse and check the header of a Megatron ``.idx`` file against the file's size."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as stream:
+            head = stream.read(MEGATRON_HEADER_SIZE)
+    except OSError as error:
+        raise FormatError(f"{path}: cannot read the token index ({error.strerror})") from error
+    if len(head) < MEGATRON_HEADER_SIZE:
+        raise FormatError(f"{path}: truncated token index: {size} bytes, the header alone is 34")
+    if head[:9] != MEGATRON_MAGIC:
+        raise FormatError(f"{path}: not a Megatron MMIDIDX index (magic {head[:9]!r})")
+    (version,) = struct.unpack_from("<Q", head, 9)
+    if version != MEGATRON_VERSION:
+        raise FormatError(f"{path}: MMIDIDX version {version} is not supported (only 1)")
+    code = head[17]
+    if code not in DTYPE_CODES:
+        raise FormatError(f"{path}: unknown token dtype code {code} (known: {sorted(DTYPE_CODES)})")
+    sequence_count, document_count = struct.unpack_from("<QQ", head, 18)
+    if document_count < 1:
+        raise FormatError(f"{path}: document index length is {document_count}, must be at least 1")
+    plain = TokenIndexHeader(DTYPE_CODES[code], sequence_count, document_count, multimodal=False)
+    with_modes = TokenIndexHeader(DTYPE_CODES[code], sequence_count, document_count, multimodal=True)
+    if size == plain.file_size:
+        return plain
+    if size == with_modes.file_size and sequence_count > 0:
+        return with_modes
+    raise FormatError(
+        f"{path}: size {size} bytes does not match its header ({sequence_count} sequences, "
+        f"{document_count - 1} documents need {plain.file_size} bytes, or {with_modes.file_size} "
+        "with sequence modes): the file is truncated or corrupted"
+    )
+
+
+def write_token_index(
+    path: str | os.PathLike,
+    dtype: np.dtype,
+    sequence_lengths: np.ndarray,
+    document_indices: np.ndarray,
+    sequence_modes: np.ndarray | None = None,
+) -> None:
+    """Write a Megatron MMIDIDX v1 ``.idx`` file; pointers are computed from the lengths."""
+    dtype = np.dtype(dtype)
+    lengths = np.ascontiguousarray(sequence_lengths, dtype="<i4")
+    documents = np.ascontiguousarray(document_indices, dtype="<i8")
+    pointers = sequence_pointers(lengths, dtype.itemsize)
+    with open(path, "wb") as stream:
+        stream.write(MEGATRON_MAGIC)
+        stream.write(struct.pack("<QB", MEGATRON_VERSION, CODE_OF_DTYPE[dtype]))
+        stream.write(struct.pack("<QQ", len(lengths), len(documents)))
+        stream.write(lengths.tobytes())
+        stream.write(pointers.tobytes())
+        stream.write(documents.tobytes())
+        if sequence_modes is not None:
+            stream.write(np.ascontiguousarray(sequence_modes, dtype="i1").tobytes())
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def sequence_pointers(sequence_lengths: np.ndarray, itemsize: int) -> np.ndarray:
+    """Byte offset of every sequence: the exclusive cumulative sum of lengths times the token size."""
+    pointers = np.zeros(len(sequence_lengths), dtype="<i8")
+    if len(sequence_lengths) > 1:
+        np.cumsum(sequence_lengths[:-1], dtype=np.int64, out=pointers[1:])
+    pointers *= itemsize
+    return pointers
+
+
+# --------------------------------------------------------------------------- P.plan container
+
+
+def _align(offset: int) -> int:
+    return -(-offset // PLAN_ALIGNMENT) * PLAN_ALIGNMENT
+
+
+def _descr(dtype: np.dtype) -> Any:
+    return dtype.descr if dtype.fields else dtype.str
+
+
+def write_plan(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
+    """Write ``arrays`` (name → array, in this order) as a ``P.plan`` container and fsync it."""
+    entries, offset = [], 0
+    for name, array in arrays.items():
+        entries.append({"name": name, "dtype": _descr(array.dtype), "shape": list(array.shape),
+                        "offset": offset, "nbytes": int(array.nbytes)})
+        offset = _align(offset + array.nbytes)
+    # The header's own length shifts every offset: lay it out once with placeholders wide enough.
+    header = json.dumps({"arrays": entries}, separators=(",", ":")).encode()
+    data_start = _align(PLAN_PREAMBLE_SIZE + len(header) + 20 * len(entries))
+    for entry in entries:
+        entry["offset"] += data_start
+    header = json.dumps({"arrays": entries}, separators=(",", ":")).encode()
+    header = header.ljust(data_start - PLAN_PREAMBLE_SIZE, b" ")
+    with open(path, "wb") as stream:
+        stream.write(PLAN_MAGIC + struct.pack("<QQ", PLAN_VERSION, len(header)) + header)
+        for entry, array in zip(entries, arrays.values()):
+            stream.write(b"\x00" * (entry["offset"] - stream.tell()))
+            stream.write(np.ascontiguousarray(array).tobytes())
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
+    """Zero-copy views of the required arrays of a ``P.plan`` container held in ``buffer``.
+
+    ``buffer`` is the mapped file (anything with the buffer protocol). Checks magic, version,
+    header, dtypes and that every array lies inside the file, aligned, in order, and that the file
+    ends at the last array; the cross-array counts are checked by the caller.
+    """
+    view = memoryview(buffer)
+    size = len(view)
+    if size < PLAN_PREAMBLE_SIZE:
+        raise FormatError(f"{path}: truncated plan file: {size} bytes, the preamble alone is 24")
+    if bytes(view[:8]) != PLAN_MAGIC:
+        raise FormatError(f"{path}: not an mmidx plan file (magic {bytes(view[:8])!r})")
+    version, header_size = struct.unpack_from("<QQ", view, 8)
+    if version != PLAN_VERSION:
+        raise FormatError(f"{path}: plan container version {version} is newer than this mmidx knows "
+                          f"({PLAN_VERSION}); upgrade mmidx to read it")
+    data_start = PLAN_PREAMBLE_SIZE + header_size
+    if data_start > size or data_start % PLAN_ALIGNMENT:
+        raise FormatError(f"{path}: plan header length {header_size} does not fit the file ({size} bytes)")
+    try:
+        header = json.loads(bytes(view[PLAN_PREAMBLE_SIZE:data_start]).decode("utf-8"))
+        entries = {entry["name"]: entry for entry in header["arrays"]}
+        order = [entry["name"] for entry in header["arrays"]]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise FormatError(f"{path}: the plan header is not valid JSON of the expected shape ({error})") from error
+    arrays: dict[str, np.ndarray] = {}
+    end = data_start
+    for name in order:
+        entry = entries[name]
+        try:
+            offset, nbytes, shape = int(entry["offset"]), int(entry["nbytes"]), tuple(int(n) for n in entry["shape"])
+            dtype = np.dtype([tuple(field) for field in entry["dtype"]] if isinstance(entry["dtype"], list)
+                             else entry["dtype"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise FormatError(f"{path}: plan array {name!r} has a malformed header entry ({error})") from error
+        if offset != _align(end) or min(shape, default=0) < 0:
+            raise FormatError(f"{path}: plan array {name!r} is not where the layout puts it (offset {offset})")
+        if nbytes != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or offset + nbytes > size:
+            raise FormatError(f"{path}: plan array {name!r} ({nbytes} bytes at {offset}) does not fit "
+                              f"its shape {shape} or the file ({size} bytes): truncated or corrupted")
+        end = offset + nbytes
+        if name in PLAN_ARRAYS:
+            if dtype != PLAN_ARRAYS[name]:
+                raise FormatError(f"{path}: plan array {name!r} has dtype {dtype}, expected {PLAN_ARRAYS[name]}")
+            arrays[name] = np.frombuffer(view, dtype=dtype, count=nbytes // dtype.itemsize,
+                                         offset=offset).reshape(shape)
+    if end != size:
+        raise FormatError(f"{path}: {size - end} unexpected bytes after the last plan array (file size {size})")
+    missing = [name for name in PLAN_ARRAYS if name not in arrays]
+    if missing:
+        raise FormatError(f"{path}: plan file lacks the arrays {missing}")
+    return arrays
+
+
+# --------------------------------------------------------------------------- P.meta.json
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The byte string checksums of JSON objects are computed over: sorted keys, no spaces."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def sign_metadata(meta: dict[str, Any]) -> dict[str, Any]:
+    """Return ``meta`` with ``meta_sha256`` set to the checksum of all its other keys."""
+    body = {key: value for key, value in meta.items() if key != "meta_sha256"}
+    return {**body, "meta_sha256": hashlib.sha256(canonical_json(body)).hexdigest()}
+
+
+def write_metadata(path: str | os.PathLike, meta: dict[str, Any]) -> None:
+    """Write signed metadata as indented JSON and fsync it."""
+    with open(path, "w", encoding="utf-8") as stream:
+        json.dump(sign_metadata(meta), stream, indent=1, sort_keys=True)
+        stream.write("\n")
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """Read ``P.meta.json``; refuse it if it does not parse, fails its checksum, or is too new."""
+    try:
+        with open(path, "rb") as stream:
+            meta = json.loads(stream.read().decode("utf-8"))
+    except OSError as error:
+        raise FormatError(f"{path}: cannot read the metadata ({error.strerror})") from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise FormatError(f"{path}: the metadata is not valid JSON ({error}): truncated or corrupted") from error
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise FormatError(f"{path}: not mmidx metadata (no \"format\": \"mmidx\")")
+    if sign_metadata(meta).get("meta_sha256") != meta.get("meta_sha256"):
+        raise FormatError(f"{path}: the metadata fails its own checksum (meta_sha256): it was modified or corrupted")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise FormatError(f"{path}: format version {version!r} is newer than this mmidx reads "
+                          f"({FORMAT_VERSION}); upgrade mmidx")
+    return meta
+
+
+def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 22) -> str:
+    """sha256 of a file's content, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Make renames inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

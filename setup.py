@@ -1,0 +1,34 @@
+"""Build the Cython kernels in csrc/ as extension modules of the mmidx package.
+
+Every ``csrc/<name>.pyx`` becomes ``mmidx.<name>``; adding a kernel file needs no change here.
+"""
+
+from pathlib import Path
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+extensions = [
+    Extension(
+        f"mmidx.{pyx.stem}",
+        [str(pyx)],
+        include_dirs=[np.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=["-O3"],
+    )
+    for pyx in sorted(Path("csrc").glob("*.pyx"))
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={
+            "language_level": 3,
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "initializedcheck": False,
+        },
+    ),
+)
