@@ -109,7 +109,9 @@ cdef class TokenStream:
         cdef int64_t first = _load_i64(self._pointers, 0)
         cdef int64_t last = _load_i64(self._pointers, n - 1)
         cdef int64_t end = last + <int64_t>_load_i32(self._lengths, n - 1) * self._itemsize
-        if first != 0 or end != self._bin_size:
+        if first != 0:
+            raise FormatError(f"{self.path_prefix}.idx: the first sequence pointer is {first}, not 0: corrupted index")
+        if end != self._bin_size:
             raise FormatError(f"{self.path_prefix}.bin: size {self._bin_size} bytes, but the index says the "
                               f"tokens end at byte {end}: the .bin is truncated, or does not belong to this .idx")
 

@@ -119,7 +119,9 @@ vocabulary), ``special_tokens`` (ids of ``<|im_start|>``, ``<|im_end|>``, ``<|vi
 ``<|vision_end|>``, and the end-of-document id), ``sources`` (the input files ``sample_origin``
 numbers), ``build`` (the build configuration), ``files`` (for each file: name relative to the
 prefix's folder, size in bytes, sha256) and ``meta_sha256``: the sha256 of the canonical JSON
-(sorted keys, no spaces) of everything else, so that the metadata checks itself.
+(sorted keys, no spaces) of everything else, so that the metadata checks itself. The file holds
+exactly ``json.dumps(meta, indent=1, sort_keys=True)`` plus a newline, and readers insist on those
+bytes, so that not even a whitespace change goes unnoticed.
 
 Writing and version rules
 -------------------------
@@ -202,7 +204,9 @@ IMAGE_FLAG_TRANSPARENCY = 1
 
 # Codes of image formats and modes in IMAGE records (index = code; 0 = unknown).
 IMAGE_FORMATS = ("unknown", "JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "MPO", "JPEG2000")
-IMAGE_MODES = ("unknown", "1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "I", "I;16", "F", "LAB", "HSV")
+IMAGE_MODES = (
+    "unknown", "1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr", "I", "I;16", "F", "LAB", "HSV",
+)
 
 # The arrays of P.plan, with their dtypes, in file order.
 PLAN_ARRAYS: dict[str, np.dtype] = {
@@ -361,7 +365,7 @@ def write_plan(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
     header = header.ljust(data_start - PLAN_PREAMBLE_SIZE, b" ")
     with open(path, "wb") as stream:
         stream.write(PLAN_MAGIC + struct.pack("<QQ", PLAN_VERSION, len(header)) + header)
-        for entry, array in zip(entries, arrays.values()):
+        for entry, array in zip(entries, arrays.values(), strict=True):
             stream.write(b"\x00" * (entry["offset"] - stream.tell()))
             stream.write(np.ascontiguousarray(array).tobytes())
         stream.flush()
@@ -437,11 +441,15 @@ def sign_metadata(meta: dict[str, Any]) -> dict[str, Any]:
     return {**body, "meta_sha256": hashlib.sha256(canonical_json(body)).hexdigest()}
 
 
+def serialize_metadata(meta: dict[str, Any]) -> bytes:
+    """The exact bytes of ``P.meta.json`` for ``meta``: signed, sorted keys, one-space indent."""
+    return (json.dumps(sign_metadata(meta), indent=1, sort_keys=True) + "\n").encode()
+
+
 def write_metadata(path: str | os.PathLike, meta: dict[str, Any]) -> None:
-    """Write signed metadata as indented JSON and fsync it."""
-    with open(path, "w", encoding="utf-8") as stream:
-        json.dump(sign_metadata(meta), stream, indent=1, sort_keys=True)
-        stream.write("\n")
+    """Write signed metadata and fsync it."""
+    with open(path, "wb") as stream:
+        stream.write(serialize_metadata(meta))
         stream.flush()
         os.fsync(stream.fileno())
 
@@ -450,7 +458,8 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """Read ``P.meta.json``; refuse it if it does not parse, fails its checksum, or is too new."""
     try:
         with open(path, "rb") as stream:
-            meta = json.loads(stream.read().decode("utf-8"))
+            raw = stream.read()
+        meta = json.loads(raw.decode("utf-8"))
     except OSError as error:
         raise FormatError(f"{path}: cannot read the metadata ({error.strerror})") from error
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -459,6 +468,8 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         raise FormatError(f"{path}: not mmidx metadata (no \"format\": \"mmidx\")")
     if sign_metadata(meta).get("meta_sha256") != meta.get("meta_sha256"):
         raise FormatError(f"{path}: the metadata fails its own checksum (meta_sha256): it was modified or corrupted")
+    if raw != serialize_metadata(meta):
+        raise FormatError(f"{path}: the metadata is not byte-identical to its canonical form: it was edited")
     version = meta.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise FormatError(f"{path}: format version {version!r} is newer than this mmidx reads "

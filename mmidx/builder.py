@@ -1,0 +1,415 @@
+"""Write mmidx datasets: append samples, finalize crash-safely, merge finished datasets into one.
+
+The layout written is specified in :mod:`mmidx.format`. Index arrays grow in numpy buffers (never
+Python lists of per-sequence values); token and image bytes stream to ``*.partial`` files and are
+hashed as they are written, so finalizing costs one pass over the small index arrays only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from mmidx import format as fmt
+
+KIND_CODES = {name: code for code, name in enumerate(fmt.KIND_NAMES)}
+
+
+@dataclass(frozen=True)
+class Element:
+    """One plan record of a view: what to put in the packed sequence, and how it is trained.
+
+    ``payload`` is the number of a text (for ``kind="text"``) or of an image (for the image kinds)
+    among the sample's own texts or images, so several elements may share one stored image.
+    """
+
+    kind: str
+    payload: int
+    loss: bool = False
+    enable_cfg: bool = False
+    special_token_loss: bool = False
+    special_token_label: int | None = None
+    split_start: bool = True
+    split_end: bool = True
+    frame_delta: int | None = None
+    img_num: int = 1
+
+    def record(self) -> tuple[int, int, int, int, int, int]:
+        """The element as a tuple in ``ELEMENT_DTYPE`` field order."""
+        if self.kind not in KIND_CODES:
+            raise ValueError(f"unknown element kind {self.kind!r}; use one of {fmt.KIND_NAMES}")
+        flags = (
+            fmt.FLAG_LOSS * bool(self.loss)
+            | fmt.FLAG_ENABLE_CFG * bool(self.enable_cfg)
+            | fmt.FLAG_SPECIAL_TOKEN_LOSS * bool(self.special_token_loss)
+            | fmt.FLAG_SPLIT_START * bool(self.split_start)
+            | fmt.FLAG_SPLIT_END * bool(self.split_end)
+            | fmt.FLAG_HAS_FRAME_DELTA * (self.frame_delta is not None)
+        )
+        label = -1 if self.special_token_label is None else self.special_token_label
+        return (KIND_CODES[self.kind], flags, self.img_num, self.frame_delta or 0, label, self.payload)
+
+
+class StoredImage(NamedTuple):
+    """Encoded image bytes as they will be stored, with what probing them found."""
+
+    data: bytes
+    width: int
+    height: int
+    format: str = "unknown"
+    mode: str = "unknown"
+    has_transparency: bool = False
+
+    def record(self) -> tuple[int, int, int, int, int, int]:
+        """The image's ``IMAGE_DTYPE`` record."""
+        format_code = fmt.IMAGE_FORMATS.index(self.format) if self.format in fmt.IMAGE_FORMATS else 0
+        mode_code = fmt.IMAGE_MODES.index(self.mode) if self.mode in fmt.IMAGE_MODES else 0
+        return (self.width, self.height, format_code, mode_code,
+                fmt.IMAGE_FLAG_TRANSPARENCY * bool(self.has_transparency), 0)
+
+
+class _Growable:
+    """An append-only numpy array with amortised O(1) growth."""
+
+    def __init__(self, dtype: np.dtype | str, initial: Sequence[Any] = (), width: int | None = None):
+        shape = (max(16, len(initial)),) if width is None else (max(16, len(initial)), width)
+        self._data = np.zeros(shape, dtype=dtype)
+        self._size = 0
+        if len(initial):
+            self.extend(np.asarray(initial, dtype=dtype))
+
+    def extend(self, values: np.ndarray) -> None:
+        end = self._size + len(values)
+        if end > len(self._data):
+            grown = np.zeros((max(end, 2 * len(self._data)), *self._data.shape[1:]), dtype=self._data.dtype)
+            grown[: self._size] = self._data[: self._size]
+            self._data = grown
+        self._data[self._size : end] = values
+        self._size = end
+
+    def append(self, value: Any) -> None:
+        self.extend(np.asarray([value], dtype=self._data.dtype))
+
+    @property
+    def last(self) -> Any:
+        return self._data[self._size - 1]
+
+    def __len__(self) -> int:
+        return self._size
+
+    def array(self) -> np.ndarray:
+        return self._data[: self._size]
+
+
+class _HashingWriter:
+    """A buffered binary ``*.partial`` file that hashes everything written to it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.stream = open(path, "wb", buffering=1 << 22)
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes | memoryview | np.ndarray) -> None:
+        view = memoryview(data).cast("B")
+        self.digest.update(view)
+        self.stream.write(view)
+        self.size += len(view)
+
+    def close(self) -> None:
+        if not self.stream.closed:
+            self.stream.flush()
+            os.fsync(self.stream.fileno())
+            self.stream.close()
+
+
+def _partial(prefix: str, role: str) -> Path:
+    return Path(str(fmt.file_path(prefix, role)) + ".partial")
+
+
+def remove_partial_files(prefix: str | os.PathLike) -> None:
+    """Delete leftovers of an interrupted build of ``prefix`` (they never open as a dataset)."""
+    for role in fmt.SUFFIXES:
+        _partial(os.fspath(prefix), role).unlink(missing_ok=True)
+
+
+class _DatasetWriter:
+    """The files of one dataset under construction, and the order in which they become visible."""
+
+    def __init__(self, prefix: str | os.PathLike, kind: str, token_dtype: np.dtype):
+        if kind not in ("multimodal", "text"):
+            raise ValueError(f"kind must be 'multimodal' or 'text', not {kind!r}")
+        self.prefix = os.fspath(prefix)
+        self.kind = kind
+        self.token_dtype = np.dtype(token_dtype)
+        if self.token_dtype not in fmt.CODE_OF_DTYPE:
+            raise ValueError(f"token dtype {self.token_dtype} has no MMIDIDX code")
+        Path(self.prefix).parent.mkdir(parents=True, exist_ok=True)
+        remove_partial_files(self.prefix)
+        self.tokens = _HashingWriter(_partial(self.prefix, "bin"))
+        self.images = _HashingWriter(_partial(self.prefix, "images")) if kind == "multimodal" else None
+
+    def commit(
+        self,
+        sequence_lengths: np.ndarray,
+        document_indices: np.ndarray,
+        plan: dict[str, np.ndarray] | None,
+        meta: dict[str, Any],
+    ) -> Path:
+        """Write the index and metadata, then rename every file into place (``P.idx`` last)."""
+        self.tokens.close()
+        written = {"bin": self.tokens}
+        if self.images is not None:
+            self.images.close()
+            written["images"] = self.images
+        fmt.write_token_index(_partial(self.prefix, "idx"), self.token_dtype, sequence_lengths, document_indices)
+        roles = ["bin", "idx"]
+        if plan is not None:
+            fmt.write_plan(_partial(self.prefix, "plan"), plan)
+            roles = ["bin", "images", "plan", "idx"]
+        files = {}
+        for role in roles:
+            path = _partial(self.prefix, role)
+            digest = written[role].digest.hexdigest() if role in written else fmt.sha256_file(path)
+            files[role] = {"name": fmt.file_path(self.prefix, role).name, "bytes": path.stat().st_size,
+                           "sha256": digest}
+        meta = {**meta, "format": fmt.FORMAT_NAME, "format_version": fmt.FORMAT_VERSION, "kind": self.kind,
+                "token_dtype": self.token_dtype.name, "files": files}
+        fmt.write_metadata(_partial(self.prefix, "meta"), meta)
+        # An old dataset at this prefix stops being openable before any of its files is replaced.
+        for role in ("idx", "meta"):
+            fmt.file_path(self.prefix, role).unlink(missing_ok=True)
+        for role in [r for r in roles if r != "idx"] + ["meta", "idx"]:
+            os.replace(_partial(self.prefix, role), fmt.file_path(self.prefix, role))
+        for stale in {"images", "plan"} - set(roles):
+            fmt.file_path(self.prefix, stale).unlink(missing_ok=True)
+        fmt.fsync_directory(Path(self.prefix).parent)
+        return Path(self.prefix)
+
+    def abort(self) -> None:
+        """Close and delete the partial files."""
+        for writer in (self.tokens, self.images):
+            if writer is not None:
+                writer.stream.close()
+        remove_partial_files(self.prefix)
+
+
+class DatasetBuilder:
+    """Append samples (multimodal) or documents (text) and finalize them into a dataset at ``prefix``.
+
+    Use as a context manager: an exception inside the ``with`` block deletes the partial files, and
+    nothing at ``prefix`` changes until :meth:`finalize` commits the complete dataset.
+    """
+
+    def __init__(
+        self,
+        prefix: str | os.PathLike,
+        *,
+        kind: str = "multimodal",
+        vocab_size: int | None = None,
+        token_dtype: np.dtype | str | None = None,
+        tokenizer: dict[str, Any] | None = None,
+        special_tokens: dict[str, int] | None = None,
+        build_config: dict[str, Any] | None = None,
+    ):
+        if token_dtype is None:
+            if vocab_size is None:
+                raise ValueError("give vocab_size (the dtype is then chosen as Megatron does) or token_dtype")
+            token_dtype = fmt.token_dtype_for_vocab(vocab_size)
+        self._writer = _DatasetWriter(prefix, kind, np.dtype(token_dtype))
+        self.prefix = self._writer.prefix
+        self.kind = kind
+        self._token_limit = (np.iinfo(self._writer.token_dtype).min, np.iinfo(self._writer.token_dtype).max)
+        self._meta = {"tokenizer": tokenizer, "special_tokens": special_tokens or {}, "build": build_config or {}}
+        self._sources: list[str] = []
+        self._source_ids: dict[str, int] = {}
+        self._sequence_lengths = _Growable("<i4")
+        self._document_indices = _Growable("<i8", [0])
+        if kind == "multimodal":
+            self._sample_view_offsets = _Growable("<i8", [0])
+            self._sample_image_offsets = _Growable("<i8", [0])
+            self._sample_origin = _Growable("<i8", width=2)
+            self._view_element_offsets = _Growable("<i8", [0])
+            self._elements = _Growable(fmt.ELEMENT_DTYPE)
+            self._image_offsets = _Growable("<i8", [0])
+            self._image_info = _Growable(fmt.IMAGE_DTYPE)
+        self._finalized = False
+
+    def __enter__(self) -> DatasetBuilder:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: Any) -> None:
+        if exc_type is not None and not self._finalized:
+            self._writer.abort()
+
+    @property
+    def num_samples(self) -> int:
+        """Samples (documents) appended so far."""
+        return len(self._document_indices) - 1
+
+    def source_id(self, name: str) -> int:
+        """The number ``sample_origin`` uses for the input file ``name`` (registered on first use)."""
+        if name not in self._source_ids:
+            self._source_ids[name] = len(self._sources)
+            self._sources.append(name)
+        return self._source_ids[name]
+
+    def _write_sequences(self, sequences: Sequence[Sequence[int] | np.ndarray]) -> None:
+        lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+        if len(sequences):
+            tokens = np.concatenate([np.asarray(s, dtype=np.int64).reshape(-1) for s in sequences])
+            if tokens.size and (tokens.min() < self._token_limit[0] or tokens.max() > self._token_limit[1]):
+                raise ValueError(f"token ids {tokens.min()}..{tokens.max()} do not fit {self._writer.token_dtype}; "
+                                 "build with a vocab_size/token_dtype that covers the tokenizer")
+            if lengths.max(initial=0) > np.iinfo(np.int32).max:
+                raise ValueError("a sequence longer than 2^31-1 tokens does not fit the MMIDIDX index")
+            self._writer.tokens.write(tokens.astype(self._writer.token_dtype))
+        self._sequence_lengths.extend(lengths)
+        self._document_indices.append(len(self._sequence_lengths))
+
+    def add_document(self, sequences: Sequence[Sequence[int] | np.ndarray]) -> None:
+        """Append one document of a text dataset: its token sequences (usually exactly one)."""
+        if self.kind != "text":
+            raise TypeError("add_document is for text datasets; multimodal datasets take add_sample")
+        self._write_sequences(sequences)
+
+    def add_sample(
+        self,
+        texts: Sequence[Sequence[int] | np.ndarray],
+        images: Sequence[StoredImage],
+        views: Sequence[Sequence[Element]],
+        origin: tuple[int, int] = (-1, -1),
+    ) -> None:
+        """Append one multimodal sample: its token sequences, its images, and one plan per view.
+
+        Every element's payload must name one of this sample's texts or images; ``origin`` is
+        (``source_id(file)``, row) for tracing a sample back to its input.
+        """
+        if self.kind != "multimodal":
+            raise TypeError("add_sample is for multimodal datasets; text datasets take add_document")
+        if not views:
+            raise ValueError("a sample needs at least one view")
+        records = [element.record() for view in views for element in view]
+        elements = np.array(records, dtype=fmt.ELEMENT_DTYPE)
+        is_text = elements["kind"] == fmt.TEXT
+        limit = np.where(is_text, len(texts), len(images))
+        if np.any((elements["payload"] < 0) | (elements["payload"] >= limit)):
+            raise ValueError(f"an element's payload names a text or image the sample does not have "
+                             f"({len(texts)} texts, {len(images)} images)")
+        if np.any(elements["img_num"] < 1):
+            raise ValueError("img_num must be at least 1")
+        view_sizes = np.fromiter((len(view) for view in views), dtype=np.int64, count=len(views))
+        self._write_sequences(texts)
+        for image in images:
+            self._writer.images.write(image.data)
+        image_ends = self._image_offsets.last + np.cumsum(
+            np.fromiter((len(image.data) for image in images), dtype=np.int64, count=len(images)))
+        self._image_offsets.extend(image_ends)
+        self._image_info.extend(np.array([image.record() for image in images], dtype=fmt.IMAGE_DTYPE))
+        self._sample_image_offsets.append(len(self._image_info))
+        self._view_element_offsets.extend(self._view_element_offsets.last + np.cumsum(view_sizes))
+        self._sample_view_offsets.append(len(self._view_element_offsets) - 1)
+        self._elements.extend(elements)
+        self._sample_origin.append(origin)
+
+    def finalize(self) -> Path:
+        """Write the index, plan and metadata and make the dataset visible atomically; returns the prefix."""
+        if self._finalized:
+            raise RuntimeError("this builder was already finalized")
+        lengths = self._sequence_lengths.array()
+        plan = None
+        counts = {"samples": self.num_samples, "sequences": len(lengths),
+                  "tokens": int(lengths.sum(dtype=np.int64))}
+        if self.kind == "multimodal":
+            plan = {
+                "sample_view_offsets": self._sample_view_offsets.array(),
+                "sample_image_offsets": self._sample_image_offsets.array(),
+                "sample_origin": self._sample_origin.array(),
+                "view_element_offsets": self._view_element_offsets.array(),
+                "elements": self._elements.array(),
+                "image_offsets": self._image_offsets.array(),
+                "image_info": self._image_info.array(),
+            }
+            counts.update(views=len(plan["view_element_offsets"]) - 1, elements=len(plan["elements"]),
+                          images=len(plan["image_info"]), image_bytes=int(plan["image_offsets"][-1]))
+        meta = {**self._meta, "sources": self._sources, "counts": counts}
+        path = self._writer.commit(lengths, self._document_indices.array(), plan, meta)
+        self._finalized = True
+        return path
+
+
+def merge_datasets(prefixes: Iterable[str | os.PathLike], output_prefix: str | os.PathLike,
+                   *, build_config: dict[str, Any] | None = None) -> Path:
+    """Concatenate finished datasets (e.g. the shards of a parallel build) into one at ``output_prefix``.
+
+    Time and memory are proportional to the index arrays: token and image bytes are streamed file
+    to file, and every offset array is shifted with one vectorised operation per input. Element
+    payloads are local to their sample and so are copied unchanged.
+    """
+    from mmidx.dataset import MMIDXDataset
+
+    parts = [MMIDXDataset(prefix) for prefix in prefixes]
+    if not parts:
+        raise ValueError("merge_datasets needs at least one dataset")
+    first = parts[0]
+    for part in parts[1:]:
+        for key in ("kind", "token_dtype", "tokenizer", "special_tokens"):
+            if getattr(part, key) != getattr(first, key):
+                raise ValueError(f"cannot merge {part.prefix} into {first.prefix}: their {key} differ "
+                                 f"({getattr(part, key)!r} vs {getattr(first, key)!r})")
+    writer = _DatasetWriter(output_prefix, first.kind, first.token_dtype)
+    try:
+        for part in parts:
+            for role, stream in (("bin", writer.tokens), ("images", writer.images)):
+                if stream is not None:
+                    with open(fmt.file_path(part.prefix, role), "rb") as source:
+                        while chunk := source.read(1 << 22):
+                            stream.write(chunk)
+        lengths = np.concatenate([part.tokens.sequence_lengths for part in parts])
+        documents = _concatenate_offsets([part.tokens.document_indices for part in parts])
+        sources, source_shift = [], []
+        for part in parts:
+            source_shift.append(len(sources))
+            sources.extend(part.metadata.get("sources", []) if part.metadata else [])
+        plan = None
+        counts = {"samples": len(documents) - 1, "sequences": len(lengths), "tokens": int(lengths.sum(dtype=np.int64))}
+        if first.kind == "multimodal":
+            plans = [part.plan for part in parts]
+            origins = []
+            for part_plan, shift in zip(plans, source_shift, strict=True):
+                origin = part_plan["sample_origin"].copy()
+                origin[:, 0] = np.where(origin[:, 0] >= 0, origin[:, 0] + shift, -1)
+                origins.append(origin)
+            plan = {
+                "sample_view_offsets": _concatenate_offsets([p["sample_view_offsets"] for p in plans]),
+                "sample_image_offsets": _concatenate_offsets([p["sample_image_offsets"] for p in plans]),
+                "sample_origin": np.concatenate(origins).reshape(-1, 2),
+                "view_element_offsets": _concatenate_offsets([p["view_element_offsets"] for p in plans]),
+                "elements": np.concatenate([p["elements"] for p in plans]),
+                "image_offsets": _concatenate_offsets([p["image_offsets"] for p in plans]),
+                "image_info": np.concatenate([p["image_info"] for p in plans]),
+            }
+            counts.update(views=len(plan["view_element_offsets"]) - 1, elements=len(plan["elements"]),
+                          images=len(plan["image_info"]), image_bytes=int(plan["image_offsets"][-1]))
+        meta = {"tokenizer": first.tokenizer, "special_tokens": first.special_tokens, "sources": sources,
+                "counts": counts,
+                "build": build_config if build_config is not None else (first.metadata or {}).get("build", {}),
+                "merged_from": [os.fspath(part.prefix) for part in parts]}
+        return writer.commit(lengths, documents, plan, meta)
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _concatenate_offsets(offset_arrays: list[np.ndarray]) -> np.ndarray:
+    """Join arrays of the form [0, ..., total] into one, shifting each by the totals before it."""
+    shifts = np.cumsum([0] + [int(a[-1]) for a in offset_arrays[:-1]], dtype=np.int64)
+    pieces = [offset_arrays[0][:1].astype(np.int64)]
+    pieces += [a[1:].astype(np.int64) + shift for a, shift in zip(offset_arrays, shifts, strict=True)]
+    return np.concatenate(pieces)

@@ -1,0 +1,342 @@
+"""Random access to an mmidx dataset, or to any Megatron ``.idx``/``.bin`` pair, by sample number.
+
+Opening maps the files and checks, in O(1), that they are complete and belong together
+(:mod:`mmidx.format`); every array handed out afterwards is a read-only view of the mapped files.
+A dataset pickles as its prefix and maps its files again, lazily, in the process that unpickles it
+(a DataLoader worker), so no mapping or file handle ever crosses a fork or a pickle.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from mmidx import format as fmt
+from mmidx._reader import TokenStream, map_readonly
+from mmidx.format import FormatError
+
+
+class ImageRecord(NamedTuple):
+    """A stored image: its encoded bytes (zero-copy) and what was probed at build time."""
+
+    data: memoryview
+    width: int
+    height: int
+    format: str
+    mode: str
+    has_transparency: bool
+
+
+@dataclass
+class _Mapped:
+    """Everything a dataset maps when it is opened."""
+
+    meta: dict[str, Any] | None
+    tokens: TokenStream
+    plan: dict[str, np.ndarray] | None
+    images: memoryview | None
+
+
+def _open(prefix: str) -> _Mapped:
+    meta_path, idx_path, bin_path = (fmt.file_path(prefix, role) for role in ("meta", "idx", "bin"))
+    meta = fmt.read_metadata(meta_path) if meta_path.exists() else None
+    if meta is None and not idx_path.exists():
+        raise FormatError(f"{prefix}: no dataset here: neither {meta_path.name} nor {idx_path.name} exists")
+    if meta is not None:
+        _check_file_sizes(prefix, meta)
+    if not bin_path.exists():
+        raise FormatError(f"{bin_path}: missing; the token index {idx_path.name} has no data file")
+    header = fmt.read_token_index_header(idx_path)
+    tokens = TokenStream(prefix, header, map_readonly(idx_path), map_readonly(bin_path))
+    plan = images = None
+    if meta is not None:
+        _check_counts(prefix, meta, tokens)
+        if meta["kind"] == "multimodal":
+            plan_path = fmt.file_path(prefix, "plan")
+            plan = fmt.read_plan(plan_path, map_readonly(plan_path))
+            images = map_readonly(fmt.file_path(prefix, "images"))
+            _check_plan(prefix, meta, tokens, plan, len(images))
+    return _Mapped(meta, tokens, plan, images)
+
+
+def _check_file_sizes(prefix: str, meta: dict[str, Any]) -> None:
+    kind = meta.get("kind")
+    roles = {"multimodal": ("idx", "bin", "images", "plan"), "text": ("idx", "bin")}.get(kind)
+    if roles is None:
+        raise FormatError(f"{fmt.file_path(prefix, 'meta')}: unknown dataset kind {kind!r}")
+    files = meta.get("files", {})
+    for role in roles:
+        path = fmt.file_path(prefix, role)
+        if role not in files:
+            raise FormatError(f"{fmt.file_path(prefix, 'meta')}: lists no {role} file for this {kind} dataset")
+        if not path.exists():
+            raise FormatError(f"{path}: missing (the metadata lists it): the build did not finish, rebuild it")
+        size = path.stat().st_size
+        if size != files[role].get("bytes"):
+            raise FormatError(f"{path}: {size} bytes, the metadata says {files[role].get('bytes')}: "
+                              "the file is truncated or was replaced")
+
+
+def _check_counts(prefix: str, meta: dict[str, Any], tokens: TokenStream) -> None:
+    counts = meta.get("counts", {})
+    found = {"samples": tokens.document_count, "sequences": tokens.sequence_count,
+             "tokens": len(tokens.tokens)}
+    for key, value in found.items():
+        if counts.get(key) != value:
+            raise FormatError(f"{prefix}: the metadata counts {counts.get(key)} {key}, the token index has {value}")
+    if meta.get("token_dtype") != tokens.dtype.name:
+        raise FormatError(f"{prefix}: the metadata says {meta.get('token_dtype')} tokens, "
+                          f"the index says {tokens.dtype}")
+
+
+def _check_plan(prefix: str, meta: dict[str, Any], tokens: TokenStream, plan: dict[str, np.ndarray],
+                image_bytes: int) -> None:
+    path = fmt.file_path(prefix, "plan")
+    samples = tokens.document_count
+
+    def offsets(name: str, length: int) -> int:
+        array = plan[name]
+        if array.shape != (length + 1,):
+            raise FormatError(f"{path}: {name} has shape {array.shape}, expected ({length + 1},)")
+        if array[0] != 0 or array[-1] < 0:
+            raise FormatError(f"{path}: {name} runs from {array[0]} to {array[-1]}: corrupted")
+        return int(array[-1])
+
+    views = offsets("sample_view_offsets", samples)
+    images = offsets("sample_image_offsets", samples)
+    elements = offsets("view_element_offsets", views)
+    stored_bytes = offsets("image_offsets", images)
+    expected_shapes = {"sample_origin": (samples, 2), "elements": (elements,), "image_info": (images,)}
+    for name, shape in expected_shapes.items():
+        if plan[name].shape != shape:
+            raise FormatError(f"{path}: {name} has shape {plan[name].shape}, expected {shape}")
+    if stored_bytes != image_bytes:
+        raise FormatError(f"{fmt.file_path(prefix, 'images')}: {image_bytes} bytes, the image table needs "
+                          f"{stored_bytes}")
+    counts = meta.get("counts", {})
+    for key, value in {"views": views, "elements": elements, "images": images, "image_bytes": image_bytes}.items():
+        if counts.get(key) != value:
+            raise FormatError(f"{prefix}: the metadata counts {counts.get(key)} {key}, the plan has {value}")
+
+
+class Sample:
+    """One sample of a dataset: its texts and images (zero-copy views) and the plan of each view."""
+
+    __slots__ = ("_dataset", "index")
+
+    def __init__(self, dataset: MMIDXDataset, index: int):
+        self._dataset = dataset
+        self.index = index
+
+    def __repr__(self) -> str:
+        return (f"Sample({self.index}, views={self.num_views}, texts={self.num_texts}, "
+                f"images={self.num_images})")
+
+    @property
+    def _sequence_range(self) -> tuple[int, int]:
+        documents = self._dataset.tokens.document_indices
+        return int(documents[self.index]), int(documents[self.index + 1])
+
+    @property
+    def num_texts(self) -> int:
+        start, end = self._sequence_range
+        return end - start
+
+    @property
+    def num_images(self) -> int:
+        plan = self._dataset.plan
+        return 0 if plan is None else int(plan["sample_image_offsets"][self.index + 1]
+                                          - plan["sample_image_offsets"][self.index])
+
+    @property
+    def num_views(self) -> int:
+        plan = self._dataset.plan
+        return 1 if plan is None else int(plan["sample_view_offsets"][self.index + 1]
+                                          - plan["sample_view_offsets"][self.index])
+
+    def text(self, j: int) -> np.ndarray:
+        """Token ids of the sample's text ``j`` (a read-only view of the mapped ``.bin``)."""
+        start, end = self._sequence_range
+        if not 0 <= j < end - start:
+            raise IndexError(f"text {j} out of range: sample {self.index} has {end - start} texts")
+        return self._dataset.tokens.get(start + j)
+
+    @property
+    def texts(self) -> list[np.ndarray]:
+        """Token ids of all the sample's texts."""
+        return [self.text(j) for j in range(self.num_texts)]
+
+    def image(self, j: int) -> ImageRecord:
+        """The sample's image ``j``: encoded bytes (a view of ``P.images``) and probed size, format, mode."""
+        plan = self._dataset.plan
+        count = self.num_images
+        if not 0 <= j < count:
+            raise IndexError(f"image {j} out of range: sample {self.index} has {count} images")
+        number = int(plan["sample_image_offsets"][self.index]) + j
+        start, end = int(plan["image_offsets"][number]), int(plan["image_offsets"][number + 1])
+        data = self._dataset.image_bytes
+        if not 0 <= start <= end <= len(data):
+            raise FormatError(f"{self._dataset.prefix}.plan: image {number} spans bytes {start}..{end} "
+                              f"outside {len(data)}: corrupted")
+        info = plan["image_info"][number]
+        return ImageRecord(data[start:end], int(info["width"]), int(info["height"]),
+                           fmt.IMAGE_FORMATS[info["format"]] if info["format"] < len(fmt.IMAGE_FORMATS) else "unknown",
+                           fmt.IMAGE_MODES[info["mode"]] if info["mode"] < len(fmt.IMAGE_MODES) else "unknown",
+                           bool(info["flags"] & fmt.IMAGE_FLAG_TRANSPARENCY))
+
+    @property
+    def images(self) -> list[ImageRecord]:
+        """All the sample's images."""
+        return [self.image(j) for j in range(self.num_images)]
+
+    def elements(self, view: int = 0) -> np.ndarray:
+        """The plan of one view as ``ELEMENT_DTYPE`` records (a view of ``P.plan`` for multimodal data).
+
+        Text datasets (and Megatron files) have one implied view: a text element with loss per sequence.
+        """
+        if not 0 <= view < self.num_views:
+            raise IndexError(f"view {view} out of range: sample {self.index} has {self.num_views} views")
+        plan = self._dataset.plan
+        if plan is None:
+            records = np.zeros(self.num_texts, dtype=fmt.ELEMENT_DTYPE)
+            records["flags"] = fmt.FLAG_LOSS | fmt.FLAG_SPLIT_START | fmt.FLAG_SPLIT_END
+            records["img_num"] = 1
+            records["special_token_label"] = -1
+            records["payload"] = np.arange(self.num_texts)
+            return records
+        number = int(plan["sample_view_offsets"][self.index]) + view
+        start, end = plan["view_element_offsets"][number], plan["view_element_offsets"][number + 1]
+        return plan["elements"][start:end]
+
+    def sequence_plan(self, view: int = 0) -> list[dict[str, Any]]:
+        """The plan of one view in BAGEL's ``sequence_plan`` shape (dicts), with each element's payload."""
+        plan = []
+        for record in self.elements(view):
+            flags, label = int(record["flags"]), int(record["special_token_label"])
+            item = {
+                "type": fmt.KIND_NAMES[record["kind"]],
+                "enable_cfg": int(bool(flags & fmt.FLAG_ENABLE_CFG)),
+                "loss": int(bool(flags & fmt.FLAG_LOSS)),
+                "special_token_loss": int(bool(flags & fmt.FLAG_SPECIAL_TOKEN_LOSS)),
+                "special_token_label": None if label < 0 else label,
+                "split_start": bool(flags & fmt.FLAG_SPLIT_START),
+                "split_end": bool(flags & fmt.FLAG_SPLIT_END),
+                "img_num": int(record["img_num"]),
+                "payload": int(record["payload"]),
+            }
+            if flags & fmt.FLAG_HAS_FRAME_DELTA:
+                item["frame_delta"] = int(record["frame_delta"])
+            plan.append(item)
+        return plan
+
+    @property
+    def origin(self) -> tuple[str | None, int]:
+        """(input file, row) the sample was built from, when the builder recorded it."""
+        plan = self._dataset.plan
+        if plan is None:
+            return None, -1
+        source, row = (int(v) for v in plan["sample_origin"][self.index])
+        sources = (self._dataset.metadata or {}).get("sources", [])
+        return (sources[source] if 0 <= source < len(sources) else None), row
+
+
+class MMIDXDataset:
+    """An opened dataset: ``len()`` samples, ``ds[i]`` → :class:`Sample`, and token-level random access.
+
+    ``prefix`` names the files (``prefix.idx``, ``prefix.bin``, ...). A Megatron ``.idx``/``.bin``
+    pair without mmidx metadata opens as a text dataset whose samples are Megatron's documents.
+    """
+
+    def __init__(self, prefix: str | os.PathLike):
+        self.prefix = os.fspath(prefix)
+        self._mapped: _Mapped | None = _open(self.prefix)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"prefix": self.prefix}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.prefix = state["prefix"]
+        self._mapped = None
+
+    @property
+    def _files(self) -> _Mapped:
+        if self._mapped is None:
+            self._mapped = _open(self.prefix)
+        return self._mapped
+
+    @property
+    def metadata(self) -> dict[str, Any] | None:
+        """The parsed ``P.meta.json`` (None for a bare Megatron pair)."""
+        return self._files.meta
+
+    @property
+    def kind(self) -> str:
+        """"multimodal" or "text" (Megatron pairs without metadata are "text")."""
+        meta = self._files.meta
+        return "text" if meta is None else meta["kind"]
+
+    @property
+    def tokens(self) -> TokenStream:
+        """The token stream: Megatron-style arrays and bounds-checked zero-copy reads."""
+        return self._files.tokens
+
+    @property
+    def plan(self) -> dict[str, np.ndarray] | None:
+        """The arrays of ``P.plan`` (None for text datasets)."""
+        return self._files.plan
+
+    @property
+    def image_bytes(self) -> memoryview:
+        """The mapped ``P.images`` file (empty for text datasets)."""
+        images = self._files.images
+        return memoryview(b"") if images is None else images
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        return self._files.tokens.dtype
+
+    @property
+    def tokenizer(self) -> dict[str, Any] | None:
+        """The tokenizer identity recorded at build time."""
+        return (self._files.meta or {}).get("tokenizer")
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """Ids of BAGEL's special tokens and the end-of-document token recorded at build time."""
+        return (self._files.meta or {}).get("special_tokens", {})
+
+    def __len__(self) -> int:
+        return self._files.tokens.document_count
+
+    def __getitem__(self, index: int) -> Sample:
+        count = len(self)
+        if not isinstance(index, (int, np.integer)):
+            raise TypeError(f"samples are indexed by integers, not {type(index).__name__}")
+        index = int(index) + count if index < 0 else int(index)
+        if not 0 <= index < count:
+            raise IndexError(f"sample {index} out of range for {count} samples")
+        return Sample(self, index)
+
+    def get_tokens(self, sequence: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens ``[offset, offset + length)`` of a sequence, bounds-checked, as a zero-copy view."""
+        return self._files.tokens.get(sequence, offset, length)
+
+    def gather(self, sequences: np.ndarray, offsets: np.ndarray | None = None,
+               lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Copy many sequences (or spans of them) into one contiguous array in a single call.
+
+        Returns ``(tokens, bounds)``; span i is ``tokens[bounds[i]:bounds[i + 1]]``.
+        """
+        return self._files.tokens.gather(sequences, offsets, lengths)
+
+    def __repr__(self) -> str:
+        return f"MMIDXDataset({self.prefix!r}, kind={self.kind}, samples={len(self)})"
+
+
+def dataset_files(prefix: str | os.PathLike) -> list[Path]:
+    """The files that make up the dataset at ``prefix`` and exist on disk."""
+    return [path for role in fmt.SUFFIXES if (path := fmt.file_path(prefix, role)).exists()]
