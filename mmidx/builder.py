@@ -8,6 +8,7 @@ hashed as they are written, so finalizing costs one pass over the small index ar
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -239,6 +240,8 @@ class DatasetBuilder:
             self._elements = _Growable(fmt.ELEMENT_DTYPE)
             self._image_offsets = _Growable("<i8", [0])
             self._image_info = _Growable(fmt.IMAGE_DTYPE)
+            self._extra_offsets = _Growable("<i8", [0])
+            self._extra = _Growable("u1")
         self._finalized = False
 
     def __enter__(self) -> DatasetBuilder:
@@ -285,11 +288,13 @@ class DatasetBuilder:
         images: Sequence[StoredImage],
         views: Sequence[Sequence[Element]],
         origin: tuple[int, int] = (-1, -1),
+        extra: dict[str, Any] | None = None,
     ) -> None:
         """Append one multimodal sample: its token sequences, its images, and one plan per view.
 
         Every element's payload must name one of this sample's texts or images; ``origin`` is
-        (``source_id(file)``, row) for tracing a sample back to its input.
+        (``source_id(file)``, row) for tracing a sample back to its input; ``extra`` is optional
+        JSON-serialisable per-sample data (an RL prompt's id, metadata and media references).
         """
         if self.kind != "multimodal":
             raise TypeError("add_sample is for multimodal datasets; text datasets take add_document")
@@ -317,6 +322,9 @@ class DatasetBuilder:
         self._sample_view_offsets.append(len(self._view_element_offsets) - 1)
         self._elements.extend(elements)
         self._sample_origin.append(origin)
+        encoded = json.dumps(extra, sort_keys=True, ensure_ascii=False).encode() if extra else b""
+        self._extra.extend(np.frombuffer(encoded, dtype=np.uint8))
+        self._extra_offsets.append(len(self._extra))
 
     def finalize(self) -> Path:
         """Write the index, plan and metadata and make the dataset visible atomically; returns the prefix."""
@@ -336,6 +344,8 @@ class DatasetBuilder:
                 "image_offsets": self._image_offsets.array(),
                 "image_info": self._image_info.array(),
             }
+            if len(self._extra):
+                plan.update(sample_extra_offsets=self._extra_offsets.array(), sample_extra=self._extra.array())
             counts.update(views=len(plan["view_element_offsets"]) - 1, elements=len(plan["elements"]),
                           images=len(plan["image_info"]), image_bytes=int(plan["image_offsets"][-1]))
         meta = {**self._meta, "sources": self._sources, "counts": counts}
@@ -395,6 +405,11 @@ def merge_datasets(prefixes: Iterable[str | os.PathLike], output_prefix: str | o
                 "image_offsets": _concatenate_offsets([p["image_offsets"] for p in plans]),
                 "image_info": np.concatenate([p["image_info"] for p in plans]),
             }
+            if any("sample_extra" in p for p in plans):
+                plan["sample_extra_offsets"] = _concatenate_offsets(
+                    [p.get("sample_extra_offsets", np.zeros(len(part) + 1, np.int64)) for p, part in zip(plans, parts,
+                                                                                                         strict=True)])
+                plan["sample_extra"] = np.concatenate([p.get("sample_extra", np.zeros(0, np.uint8)) for p in plans])
             counts.update(views=len(plan["view_element_offsets"]) - 1, elements=len(plan["elements"]),
                           images=len(plan["image_info"]), image_bytes=int(plan["image_offsets"][-1]))
         meta = {"tokenizer": first.tokenizer, "special_tokens": first.special_tokens, "sources": sources,

@@ -54,8 +54,9 @@ def _verify_token_index(dataset: MMIDXDataset) -> list[str]:
 def _verify_plan(dataset: MMIDXDataset) -> list[str]:
     plan, problems = dataset.plan, []
     where = f"{dataset.prefix}.plan"
-    for name in ("sample_view_offsets", "sample_image_offsets", "view_element_offsets", "image_offsets"):
-        if np.any(np.diff(plan[name]) < 0):
+    for name in ("sample_view_offsets", "sample_image_offsets", "view_element_offsets", "image_offsets",
+                 "sample_extra_offsets"):
+        if name in plan and np.any(np.diff(plan[name]) < 0):
             problems.append(f"{where}: {name} decrease")
     if problems:
         return problems  # the per-element checks below index with these offsets

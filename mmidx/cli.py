@@ -81,21 +81,32 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+Commands = Any  # the object argparse's add_subparsers returns
+
+
+def add_command(commands: Commands, name: str, handler: Callable[[argparse.Namespace], int],
+                help: str) -> argparse.ArgumentParser:
+    """Register subcommand ``name``; modules that own a command call this from their ``register``."""
+    sub = commands.add_parser(name, help=help, description=help)
+    sub.set_defaults(handler=handler)
+    return sub
+
+
+def _register_inspect_and_verify(commands: Commands) -> None:
+    sub = add_command(commands, "inspect", cmd_inspect,
+                      "Print counts, size statistics, element kinds, images and file sizes.")
+    sub.add_argument("prefix", help="dataset prefix (path without .idx/.bin)")
+    sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    sub = add_command(commands, "verify", cmd_verify,
+                      "Recompute checksums and structural invariants; exit 1 on any problem.")
+    sub.add_argument("prefix", help="dataset prefix (path without .idx/.bin)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmidx", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-
-    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help, description=help)
-        sub.set_defaults(handler=handler)
-        return sub
-
-    sub = command("inspect", cmd_inspect, "Print counts, size statistics, element kinds, images and file sizes.")
-    sub.add_argument("prefix", help="dataset prefix (path without .idx/.bin)")
-    sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
-
-    sub = command("verify", cmd_verify, "Recompute checksums and structural invariants; exit 1 on any problem.")
-    sub.add_argument("prefix", help="dataset prefix (path without .idx/.bin)")
+    # Each module that owns a command registers it here (one line each).
+    _register_inspect_and_verify(commands)
     return parser
 
 

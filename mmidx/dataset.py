@@ -8,6 +8,7 @@ A dataset pickles as its prefix and maps its files again, lazily, in the process
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +118,11 @@ def _check_plan(prefix: str, meta: dict[str, Any], tokens: TokenStream, plan: di
     if stored_bytes != image_bytes:
         raise FormatError(f"{fmt.file_path(prefix, 'images')}: {image_bytes} bytes, the image table needs "
                           f"{stored_bytes}")
+    if "sample_extra" in plan:
+        extra_bytes = offsets("sample_extra_offsets", samples)
+        if extra_bytes != len(plan["sample_extra"]):
+            raise FormatError(f"{path}: sample_extra holds {len(plan['sample_extra'])} bytes, its offsets need "
+                              f"{extra_bytes}")
     counts = meta.get("counts", {})
     for key, value in {"views": views, "elements": elements, "images": images, "image_bytes": image_bytes}.items():
         if counts.get(key) != value:
@@ -232,6 +238,18 @@ class Sample:
                 item["frame_delta"] = int(record["frame_delta"])
             plan.append(item)
         return plan
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """Per-sample JSON data the builder stored (e.g. an RL prompt's id and metadata); {} if none."""
+        plan = self._dataset.plan
+        if plan is None or "sample_extra" not in plan:
+            return {}
+        start, end = plan["sample_extra_offsets"][self.index], plan["sample_extra_offsets"][self.index + 1]
+        if not 0 <= start <= end <= len(plan["sample_extra"]):
+            raise FormatError(f"{self._dataset.prefix}.plan: extra data of sample {self.index} lies outside "
+                              "sample_extra: corrupted")
+        return json.loads(plan["sample_extra"][start:end].tobytes()) if end > start else {}
 
     @property
     def origin(self) -> tuple[str | None, int]:

@@ -100,6 +100,14 @@ name                       dtype       shape       meaning
 ``image_info``             IMAGE       I           probed width, height, format, mode
 =========================  ==========  ==========  =============================================
 
+Optional arrays (version 1 readers that predate them ignore them; both or neither are present):
+
+=========================  ==========  ==========  =============================================
+``sample_extra_offsets``   int64       S + 1       byte range of sample s in ``sample_extra``
+``sample_extra``           uint8       any         UTF-8 JSON object per sample (e.g. an RL
+                                                   prompt's ``prompt_id``, ``metadata``, media)
+=========================  ==========  ==========  =============================================
+
 ``ELEMENT`` (16 bytes): ``kind`` uint8 (0 text, 1 vae_image, 2 vit_image); ``flags`` uint8
 (bit 0 loss, 1 enable_cfg, 2 special_token_loss, 3 split_start, 4 split_end, 5 has_frame_delta);
 ``img_num`` uint16 (the image count BAGEL's resize rule divides ``max_pixels`` by; 1 unless a
@@ -217,6 +225,12 @@ PLAN_ARRAYS: dict[str, np.dtype] = {
     "elements": ELEMENT_DTYPE,
     "image_offsets": np.dtype("<i8"),
     "image_info": IMAGE_DTYPE,
+}
+
+# Optional arrays of P.plan: free-form JSON per sample.
+PLAN_OPTIONAL_ARRAYS: dict[str, np.dtype] = {
+    "sample_extra_offsets": np.dtype("<i8"),
+    "sample_extra": np.dtype("u1"),
 }
 
 SUFFIXES = {"idx": ".idx", "bin": ".bin", "images": ".images", "plan": ".plan", "meta": ".meta.json"}
@@ -414,9 +428,10 @@ def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
             raise FormatError(f"{path}: plan array {name!r} ({nbytes} bytes at {offset}) does not fit "
                               f"its shape {shape} or the file ({size} bytes): truncated or corrupted")
         end = offset + nbytes
-        if name in PLAN_ARRAYS:
-            if dtype != PLAN_ARRAYS[name]:
-                raise FormatError(f"{path}: plan array {name!r} has dtype {dtype}, expected {PLAN_ARRAYS[name]}")
+        expected = PLAN_ARRAYS.get(name, PLAN_OPTIONAL_ARRAYS.get(name))
+        if expected is not None:
+            if dtype != expected:
+                raise FormatError(f"{path}: plan array {name!r} has dtype {dtype}, expected {expected}")
             arrays[name] = np.frombuffer(view, dtype=dtype, count=nbytes // dtype.itemsize,
                                          offset=offset).reshape(shape)
     if end != size:
@@ -424,6 +439,8 @@ def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
     missing = [name for name in PLAN_ARRAYS if name not in arrays]
     if missing:
         raise FormatError(f"{path}: plan file lacks the arrays {missing}")
+    if ("sample_extra" in arrays) != ("sample_extra_offsets" in arrays):
+        raise FormatError(f"{path}: plan file has only one of sample_extra and sample_extra_offsets")
     return arrays
 
 

@@ -47,7 +47,9 @@ def raw_samples(draw, max_tokens: int = 40, vocab: int = 1000) -> RawSample:
                 split_start=draw(st.booleans()), split_end=draw(st.booleans()),
                 frame_delta=draw(st.one_of(st.none(), st.integers(-5, 50))), img_num=draw(st.integers(1, 12))))
         views.append(view)
-    return RawSample(texts, images, views, (draw(st.integers(-1, 0)), draw(st.integers(0, 10**12))))
+    extra = draw(st.one_of(st.just({}), st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text()),
+                                                        max_size=3)))
+    return RawSample(texts, images, views, (draw(st.integers(-1, 0)), draw(st.integers(0, 10**12))), extra)
 
 
 def build(prefix, samples: list[RawSample], vocab: int = 1000, **kwargs) -> None:
@@ -56,7 +58,7 @@ def build(prefix, samples: list[RawSample], vocab: int = 1000, **kwargs) -> None
         source = builder.source_id("input.parquet")
         for sample in samples:
             origin = (source if sample.origin[0] >= 0 else -1, sample.origin[1])
-            builder.add_sample(sample.texts, sample.images, sample.views, origin)
+            builder.add_sample(sample.texts, sample.images, sample.views, origin, sample.extra)
         builder.finalize()
 
 
@@ -68,6 +70,7 @@ def assert_sample_equal(read, raw: RawSample) -> None:
         got = read.image(j)
         assert bytes(got.data) == image.data
         assert (got.width, got.height, got.format, got.mode, got.has_transparency) == image[1:]
+    assert read.extra == raw.extra
     assert read.num_views == len(raw.views)
     for v, view in enumerate(raw.views):
         expected = np.array([element.record() for element in view], dtype=read.elements(v).dtype)
