@@ -38,8 +38,12 @@ from PIL import Image, ImageFile
 
 from mmidx.format import IMAGE_DTYPE, IMAGE_FLAG_TRANSPARENCY, IMAGE_FORMATS, IMAGE_MODES
 
-DEFAULT_MAX_PIXELS = 2**28
-"""Largest width·height ``probe`` and the decoders accept by default (a decompression-bomb guard)."""
+DEFAULT_MAX_PIXELS = 2**27
+"""Largest width·height ``probe`` and the decoders accept by default (a decompression-bomb guard).
+
+Below PIL's own default limit (2 × ``PIL.Image.MAX_IMAGE_PIXELS`` = 178,956,970), so that by
+default it is this check that decides, with a message that names the size.
+"""
 
 BAGEL_MAX_PIXELS = 14 * 14 * 9 * 1024
 """BAGEL's default pixel budget of ``ImageTransform`` (1,806,336 pixels)."""
@@ -86,26 +90,30 @@ class ImageInfo:
 def _open(data: bytes | memoryview, max_pixels: int) -> ImageFile.ImageFile:
     """Open ``data`` lazily (header only) and refuse it if it is not an image or has too many pixels.
 
-    PIL's own guard (``Image.MAX_IMAGE_PIXELS``, process-wide) raises above twice its value and
-    warns above it; ``max_pixels`` is checked here, so the warning is silenced and the error only
-    reported.
+    PIL's own guard reads the process-wide ``Image.MAX_IMAGE_PIXELS`` inside ``Image.open``: it
+    raises above twice that value (before ``max_pixels`` could be consulted) and warns above it.
+    So ``max_pixels`` may not exceed PIL's limit, and PIL's warning is silenced because the size
+    is checked here, before anything is decoded.
     """
+    pil_limit = Image.MAX_IMAGE_PIXELS
+    if pil_limit is not None and max_pixels > 2 * pil_limit:
+        raise ValueError(f"max_pixels={max_pixels} is above PIL's own decompression-bomb limit "
+                         f"(2 × PIL.Image.MAX_IMAGE_PIXELS = {2 * pil_limit}), which would refuse such "
+                         "images first; set PIL.Image.MAX_IMAGE_PIXELS = max_pixels // 2 in this process")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as error:
-        raise ImageError(f"image refused as a decompression bomb by PIL's Image.MAX_IMAGE_PIXELS guard "
-                         f"({error}); raise PIL.Image.MAX_IMAGE_PIXELS if such images are "
-                         "legitimate") from error
+        raise ImageError(f"decompression bomb refused: {error}") from error
     except _PIL_ERRORS as error:
         raise ImageError(f"not a readable image ({len(data)} bytes starting {bytes(data[:8])!r}): "
                          f"{error}") from error
     width, height = image.size
     if width * height > max_pixels:
-        raise ImageError(f"image of {width}x{height} = {width * height} pixels exceeds max_pixels="
-                         f"{max_pixels} (decompression-bomb guard); pass a larger max_pixels if such images "
-                         "are legitimate")
+        raise ImageError(f"decompression bomb refused: image of {width}x{height} = {width * height} pixels "
+                         f"exceeds max_pixels={max_pixels}; pass a larger max_pixels if such images are "
+                         "legitimate")
     return image
 
 
