@@ -294,30 +294,28 @@ class ImageTransform:
         return image if size == image.size else image.resize(size, Image.Resampling.BICUBIC)
 
     @cached_property
-    def lookup_table(self) -> np.ndarray:
-        """(3, 256) float32: the normalised value of every uint8 level, per channel.
-
-        Computed with the torch operations torchvision's ``ToTensor`` and ``Normalize`` run
-        (``float32 / 255``, ``- mean``, ``/ std``, all in float32), so indexing it is bit-identical.
-        """
-        levels = torch.arange(256, dtype=torch.uint8).to(torch.float32).div(255)
-        mean = torch.as_tensor(self.image_mean, dtype=torch.float32).view(3, 1)
-        std = torch.as_tensor(self.image_std, dtype=torch.float32).view(3, 1)
-        return levels.expand(3, 256).sub(mean).div(std).numpy()
+    def _mean_std(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``image_mean`` and ``image_std`` as (3, 1, 1) float32 tensors, as torchvision's Normalize uses."""
+        return (torch.tensor(self.image_mean, dtype=torch.float32).view(3, 1, 1),
+                torch.tensor(self.image_std, dtype=torch.float32).view(3, 1, 1))
 
     def to_tensor(self, image: Image.Image) -> torch.Tensor:
         """An RGB image as BAGEL's normalised (3, H, W) float32 tensor, without resizing it.
 
-        Each channel is one gather from the lookup table straight into the (3, H, W) output.
+        torchvision's arithmetic, in its order and in float32 (``/ 255``, ``- mean``, ``/ std``),
+        so the values are bit-identical; but the HWC→CHW transpose and the uint8→float32
+        conversion are one numpy copy, and the three operations run in place on that one buffer.
+        (Measured faster than a 256-entry lookup table: numpy's gather is not vectorised, torch's
+        elementwise kernels are.)
         """
         if image.mode != "RGB":
             raise ValueError(f"ImageTransform expects an RGB image, got mode {image.mode!r}; "
                              "convert it with to_rgb")
         pixels = np.asarray(image)
         output = np.empty((3, image.height, image.width), dtype=np.float32)
-        for channel in range(3):
-            np.take(self.lookup_table[channel], pixels[:, :, channel], out=output[channel], mode="clip")
-        return torch.from_numpy(output)
+        np.copyto(output, pixels.transpose(2, 0, 1))
+        mean, std = self._mean_std
+        return torch.from_numpy(output).div_(255).sub_(mean).div_(std)
 
     def __call__(self, image: Image.Image, img_num: int = 1) -> torch.Tensor:
         """BAGEL's ``ImageTransform(image, img_num)``: resize, then ``to_tensor``."""

@@ -371,12 +371,13 @@ def test_transform_is_built_from_bagel_config_args():
 
 @pytest.mark.parametrize(("mean", "std"), [((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
                                            ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
-def test_lookup_table_is_the_float32_normalisation_of_every_level(mean, std):
-    transform = ImageTransform(518, 224, 14, image_mean=mean, image_std=std)
-    levels = np.arange(256, dtype=np.float32)
+def test_every_level_maps_to_its_float32_normalisation(mean, std):
+    levels = np.repeat(np.arange(256, dtype=np.uint8)[:, None, None], 3, axis=2)  # a 256×1 grey ramp
+    output = ImageTransform(518, 224, 14, image_mean=mean, image_std=std).to_tensor(Image.fromarray(levels))
+    level = np.arange(256, dtype=np.float32)[:, None]
     for channel in range(3):
-        expected = (levels / np.float32(255) - np.float32(mean[channel])) / np.float32(std[channel])
-        assert np.array_equal(transform.lookup_table[channel], expected.astype(np.float32))
+        expected = (level / np.float32(255) - np.float32(mean[channel])) / np.float32(std[channel])
+        assert np.array_equal(output[channel].numpy(), expected)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
