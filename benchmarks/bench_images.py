@@ -2,9 +2,10 @@
 
     python benchmarks/bench_images.py [--bagel-repo DIR] [--repeats N]
 
-Prints a Markdown table (median of N runs, one thread). With ``--bagel-repo`` (a checkout of
-ByteDance-Seed/Bagel whose ``data/`` imports with torchvision installed) it times BAGEL's own
-``pil_img2rgb``/``ImageTransform``/``patchify`` beside mmidx's and checks the outputs are equal.
+Prints a Markdown table (best of N runs, as timeit does, since shared cores only add noise; one
+thread). With ``--bagel-repo`` (a checkout of ByteDance-Seed/Bagel whose ``data/`` imports with
+torchvision installed) it times BAGEL's own ``pil_img2rgb``/``ImageTransform``/``patchify`` beside
+mmidx's and checks the outputs are equal.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import argparse
 import io
 import platform
-import statistics
 import sys
 import time
 import types
@@ -46,14 +46,14 @@ def photo_like_jpeg(size: int = 512, quality: int = 90) -> bytes:
     return buffer.getvalue()
 
 
-def median_seconds(function: Callable[[], Any], repeats: int) -> float:
+def best_seconds(function: Callable[[], Any], repeats: int) -> float:
     function()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         function()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def torchvision_steps(image: Image.Image) -> torch.Tensor:
@@ -90,8 +90,8 @@ def main() -> None:
     bagel_vae = bagel and bagel.transforms.ImageTransform(1024, 512, 16)
 
     def row(name: str, ours: Callable[[], Any], theirs: Callable[[], Any] | None = None) -> None:
-        theirs_time = median_seconds(theirs, args.repeats) if theirs else None
-        rows.append((name, median_seconds(ours, args.repeats), theirs_time))
+        theirs_time = best_seconds(theirs, args.repeats) if theirs else None
+        rows.append((name, best_seconds(ours, args.repeats), theirs_time))
 
     def bagel_decode() -> Image.Image:
         return bagel.data_utils.pil_img2rgb(Image.open(io.BytesIO(data)))
@@ -116,10 +116,10 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     widths, heights = rng.integers(64, 4096, 1_000_000), rng.integers(64, 4096, 1_000_000)
-    vectorised = median_seconds(lambda: num_image_tokens(widths, heights, BAGEL_VIT_TRANSFORM), 5)
+    vectorised = best_seconds(lambda: num_image_tokens(widths, heights, BAGEL_VIT_TRANSFORM), 5)
     sample = list(zip(widths[:20_000].tolist(), heights[:20_000].tolist(), strict=True))
     kwargs = {"max_size": 518, "min_size": 224, "stride": 14, "max_pixels": BAGEL_VIT_TRANSFORM.max_pixels}
-    scalar = median_seconds(lambda: [resize_shape(w, h, **kwargs) for w, h in sample], 3) / len(sample) * 1e6
+    scalar = best_seconds(lambda: [resize_shape(w, h, **kwargs) for w, h in sample], 3) / len(sample) * 1e6
 
     print(f"{len(data)}-byte 512² JPEG; {platform.processor() or platform.machine()}, one thread; "
           f"Python {platform.python_version()}, Pillow {PIL.__version__}, numpy {np.__version__}, "

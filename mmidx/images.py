@@ -16,7 +16,8 @@ BAGEL quirks reproduced on purpose (a trainer that was tuned on BAGEL sees the s
 * EXIF orientation is ignored: sizes are the stored ones, as BAGEL decodes them.
 * The resize rule rounds with Python's ``round`` (half to even), so a 520² image becomes 512², not
   528², with stride 16; the ``max_pixels`` ratio is applied to each side linearly (not its square
-  root), so an image over the pixel budget shrinks by the budget ratio per side.
+  root), so an image over the pixel budget shrinks by the budget ratio per side, and may end below
+  ``min_size`` (980² with the vlm preset and ``img_num=12`` becomes 168², not about 409²).
 * ``position_ids_interpolate`` decides ties between a patch coordinate and a grid boundary by
   the float32 values ``torch.arange`` produces, not by exact arithmetic; it calls the same torch
   operations as BAGEL so that the ids are the same on the same machine.
