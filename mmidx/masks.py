@@ -37,7 +37,8 @@ q (``row_limit[q] = q + 1``): the strict upper triangle of the split's diagonal 
 mask is therefore written in one pass: the predicate at each split's last row gives a small
 (splits × L_i) template, ``index_select`` copies the template row of every token's split into
 the (L_i, L_i) output, and each causal diagonal block gets its upper triangle blocked. No
-(L_i, L_i) temporary exists besides the output; the time is within a small factor of filling it.
+(L_i, L_i) temporary exists besides the output, and the build costs 1.1-1.2× allocating and
+filling the same tensors (CPU, ``benchmarks/bench_masks.py``): dense masks are memory-bound.
 
 Block classification (``block_mask``)
 -------------------------------------
@@ -61,8 +62,9 @@ per-position evaluation. The block lists are ordered as ``create_block_mask`` or
 Host and device
 ---------------
 Split metadata is small and arrives as Python lists: it is validated and cut into pieces on the
-host with numpy (output shapes depend on it), then copied to the device once per call; everything
-per token, per tile and per block is computed on the device without reading device values back.
+host with numpy (output shapes depend on it), then copied to the device in one or two small
+transfers; everything per token, per tile and per block is computed on the device without reading
+device values back (no ``.item()``, sizes passed as ``output_size``).
 Tensors given as ``split_lens``/``sample_lens`` are read to the host (on CUDA that is one copy).
 """
 
@@ -100,7 +102,7 @@ def _lengths(name: str, values: Lengths) -> np.ndarray:
     if array.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {tuple(array.shape)}")
     if array.dtype.kind not in "iu":
-        raise ValueError(f"{name} must hold integers, got {array.dtype}: {values!r}")
+        raise ValueError(f"{name} must hold integers, got {array.dtype}")
     array = array.astype(np.int64)
     if (array < 0).any():
         raise ValueError(f"{name} must be non-negative, got {int(array.min())} at {int(array.argmin())}")
@@ -238,8 +240,9 @@ def dense_masks(
 
     Bit for bit BAGEL's ``nested_attention_masks`` (``prepare_attention_mask_per_sample``) when
     ``dtype`` is float32; any floating dtype (bfloat16 for the model) holds the same 0 / -inf.
-    Every element is written once, from a small per-split template, so the cost is close to that
-    of filling the outputs.
+    Each mask is copied row by row from a small per-split template (only causal diagonal blocks
+    are written again), so the cost is close to that of filling the outputs; a Python loop runs
+    over samples and causal splits, never over tokens.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating dtype such as torch.float32, got {dtype!r}")
