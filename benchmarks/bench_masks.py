@@ -1,0 +1,218 @@
+"""Cost of mmidx.masks on realistic 32K-token BAGEL packs, against the floors that matter.
+
+Dense masks are compared with merely allocating and filling tensors of the same shapes and dtype
+(the memory-bound floor of any dense mask); the BlockMask with ``create_block_mask`` of the same
+predicate (``--with-create-block-mask``: about 20 s and 10 GB per pack on a CPU). Peak memory is
+the rise of the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) over its
+resident set before the build: tensors are not seen by tracemalloc. Every run starts with freed
+memory handed back to the system (malloc_trim), so builds and floors alike pay for fresh pages, as
+a data loader making new masks every step does. Times are medians of ``--repeats`` runs; the
+dense build and its floor run in turn and their ratio is the median of the per-turn ratios, which
+holds up on a shared machine. With CUDA, all masks of a pack are also timed on the GPU.
+
+    python benchmarks/bench_masks.py [--repeats 5] [--threads N] [--with-create-block-mask]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import os
+import platform
+import random
+import re
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+from mmidx.masks import block_mask, dense_masks, mask_predicate
+
+KINDS = ("t2i", "edit", "vlm")
+
+
+def bagel_pack(kind: str, total: int, seed: int = 0) -> tuple[list[int], list[str], list[int]]:
+    """Samples of one source type (BAGEL's token counts) until ``total``, then the padding pseudo-sample."""
+    rng = random.Random(seed)
+
+    def text(lo: int, hi: int) -> tuple[int, str]:  # <|im_start|> ids <|im_end|>
+        return rng.randint(lo, hi) + 2, "causal"
+
+    def vae(mode: str) -> tuple[int, str]:  # 512..1024 px sides, 16 px latents, start/end tokens
+        return rng.choice([32, 40, 48, 64]) * rng.choice([32, 40, 48, 64]) + 2, mode
+
+    def vit(side: list[int]) -> tuple[int, str]:  # 14 px patches
+        return rng.choice(side) * rng.choice(side) + 2, "full"
+
+    split_lens: list[int] = []
+    attn_modes: list[str] = []
+    sample_lens: list[int] = []
+    while True:
+        if kind == "t2i":
+            sample = [text(10, 150), vae("noise")]
+        elif kind == "edit":  # clean start image, then one or two edit steps
+            sample = [vae("full"), vit([16, 27, 37])]
+            for step in range(rng.randint(1, 2)):
+                sample += [text(5, 60), vae("noise")]
+                if step == 0:
+                    sample += [vae("full"), vit([16, 27, 37])]
+        else:  # turns of human text, maybe an image, and an answer
+            sample = []
+            for _ in range(rng.randint(1, 4)):
+                if rng.random() < 0.7:
+                    sample.append(vit([27, 37, 50, 70]))
+                sample += [text(5, 150), text(20, 800)]
+        length = sum(size for size, _ in sample)
+        if sum(sample_lens) + length > total:
+            break
+        split_lens += [size for size, _ in sample]
+        attn_modes += [mode for _, mode in sample]
+        sample_lens.append(length)
+    padding = total - sum(sample_lens)
+    return [*split_lens, padding], [*attn_modes, "causal"], [*sample_lens, padding]
+
+
+def machine() -> str:
+    model = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = re.search(r"model name\s*:\s*(.*)", cpuinfo.read()).group(1)
+    except (OSError, AttributeError):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{model}, {cores} cores, torch {torch.__version__} ({torch.get_num_threads()} threads){gpu}"
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return int(re.search(rf"{field}:\s+(\d+) kB", status.read()).group(1))
+
+
+def release_freed_memory() -> None:
+    """Collect garbage and hand freed heap back to the system, so no run reuses another's pages."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+def peak_extra_mib(build: Callable[[], object]) -> float | None:
+    """Rise of the peak resident set while ``build`` runs and its result is alive, in MiB."""
+    release_freed_memory()
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")  # resets VmHWM to the current resident set
+    except OSError:
+        return None
+    before = _status_kib("VmRSS")
+    result = build()
+    peak = _status_kib("VmHWM") - before
+    del result
+    return peak / 1024
+
+
+def seconds(build: Callable[[], object], sync: Callable[[], None] = lambda: None) -> float:
+    release_freed_memory()
+    sync()
+    start = time.perf_counter()
+    result = build()
+    sync()
+    elapsed = time.perf_counter() - start
+    del result
+    return elapsed
+
+
+def mib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=32768, help="pack length (default 32768)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (default 5)")
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--with-create-block-mask", action="store_true", help="also time create_block_mask")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    print(f"machine: {machine()}")
+    print(f"packs: {args.tokens} tokens, median of {args.repeats} runs; memory = peak RSS rise\n")
+    print(
+        "| pack | samples | splits | dense ms | fill ms | ratio | dense MiB | fill MiB | ratio "
+        "| BlockMask ms | BlockMask MiB | create_block_mask ms | create_block_mask MiB |"
+    )
+    print("|" + "---|" * 14)
+    for kind in args.kinds:
+        layout = bagel_pack(kind, args.tokens)
+        split_lens, _, sample_lens = layout
+        length = sum(sample_lens)
+
+        def dense(layout=layout):
+            return dense_masks(*layout, device="cpu")
+
+        def fill(sample_lens=sample_lens):
+            return [torch.full((n, n), float("-inf")) for n in sample_lens]
+
+        def blocks(layout=layout):
+            return block_mask(*layout, device="cpu")
+
+        def reference(layout=layout, length=length):
+            predicate = mask_predicate(*layout, device="cpu")
+            return create_block_mask(predicate, None, None, length, length, device="cpu")
+
+        dense(), fill(), blocks()  # warm up
+        dense_s, fill_s = [], []
+        for _ in range(args.repeats):
+            dense_s.append(seconds(dense))
+            fill_s.append(seconds(fill))
+        dense_ms, fill_ms = statistics.median(dense_s) * 1e3, statistics.median(fill_s) * 1e3
+        time_ratio = statistics.median(d / f for d, f in zip(dense_s, fill_s, strict=True))
+        dense_mib, fill_mib = peak_extra_mib(dense), peak_extra_mib(fill)
+        memory_ratio = f"{dense_mib / fill_mib:.2f}" if dense_mib and fill_mib else "n/a"
+        blocks_ms = statistics.median(seconds(blocks) for _ in range(args.repeats)) * 1e3
+        blocks_mib = peak_extra_mib(blocks)
+        reference_ms = reference_mib = "-"
+        if args.with_create_block_mask:
+            reference_ms = f"{seconds(reference) * 1e3:.0f}"
+            reference_mib = mib(peak_extra_mib(reference))
+        print(
+            f"| {kind} | {len(sample_lens)} | {len(split_lens)} | {dense_ms:.1f} | {fill_ms:.1f} "
+            f"| {time_ratio:.2f} | {mib(dense_mib)} | {mib(fill_mib)} | {memory_ratio} "
+            f"| {blocks_ms:.1f} | {mib(blocks_mib)} | {reference_ms} | {reference_mib} |"
+        )
+
+    if torch.cuda.is_available():
+        print("\n| pack (CUDA) | dense bf16 ms | fill bf16 ms | BlockMask ms | all masks ms |")
+        print("|" + "---|" * 5)
+        for kind in args.kinds:
+            layout = bagel_pack(kind, args.tokens)
+
+            def gpu_dense(layout=layout):
+                return dense_masks(*layout, device="cuda", dtype=torch.bfloat16)
+
+            def gpu_fill(sample_lens=layout[2]):
+                shape = {"dtype": torch.bfloat16, "device": "cuda"}
+                return [torch.full((n, n), -torch.inf, **shape) for n in sample_lens]
+
+            def gpu_blocks(layout=layout):
+                return block_mask(*layout, device="cuda")
+
+            def gpu_all(dense=gpu_dense, blocks=gpu_blocks):
+                return dense(), blocks()
+
+            times = []
+            for build in (gpu_dense, gpu_fill, gpu_blocks, gpu_all):
+                build()
+                times.append(statistics.median(seconds(build, torch.cuda.synchronize) for _ in range(20)))
+            print(f"| {kind} | " + " | ".join(f"{t * 1e3:.2f}" for t in times) + " |")
+
+
+if __name__ == "__main__":
+    main()
