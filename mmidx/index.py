@@ -1,4 +1,4 @@
-"""Sample indices: Megatron's GPT indices, bit for bit and faster.
+"""Sample indices: Megatron's GPT indices and blends, bit for bit and faster; multimodal streams.
 
 Every function here is a pure function of its arguments (a ``RandomState`` argument counts as one:
 it is consumed exactly as Megatron consumes it). The Cython kernels live in ``csrc/``.
@@ -16,13 +16,31 @@ Megatron GPT indices — ``gpt_indices`` and its parts ``build_document_index``,
     Speed: numpy's ``RandomState.shuffle`` is redone as a typed Fisher-Yates on the same bit
     generator (same permutation, same generator state after) that draws its swap targets ahead and
     prefetches them, and the sample-index loop runs without the GIL, prefetching document sizes.
+
+Blending — ``blending_indices``, ``exhaustive_blending_indices``.
+    Guarantee: equal to helpers.cpp's ``build_blending_indices`` / ``build_exhaustive_blending_indices``
+    as ``BlendedDataset`` calls them (weights normalised by ``w / sum(w)`` in float64): sample s
+    goes to the dataset with the largest ``weight * max(s, 1) - taken``, ties to the lowest index.
+    Sample counters are int64; the dataset index is int16 up to 32,767 datasets (as Megatron's) and
+    int32 beyond, where Megatron stops.
+
+Multimodal stream — ``multimodal_stream``, ``stream_token_counts``.
+    Guarantee: the group order is the greedy blend above; the j-th item taken from group g is
+    sample ``P(g, e)[j % n_g]`` of epoch ``e = j // n_g``, where ``P(g, e)`` is a keyed
+    pseudo-random permutation of the group's n_g samples (a cycle-walked Feistel network keyed by
+    ``SeedSequence([seed, g])`` and e; ``csrc/_stream.pyx``). Each epoch visits every sample once, a
+    partial last epoch is a pseudo-random subset shuffled apart, a longer stream extends a shorter
+    one, and no array of size n_g is ever built: O(1) memory per group, whatever its size (a
+    ``numpy`` permutation per epoch would need n_g int64s for every epoch touched). Token counts
+    follow DESIGN's views: epoch e of a sample with K views uses view ``e mod K``, so every count is
+    exact before any data is read.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mmidx import _index
+from mmidx import _blending, _index, _stream
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
 _UINT32_MAX = int(np.iinfo(np.uint32).max)
@@ -225,3 +243,131 @@ def _as_int32_or_int64(values: np.ndarray, name: str) -> np.ndarray:
     if array.dtype not in (np.int32, np.int64):
         array = array.astype(np.int64)
     return np.ascontiguousarray(array)
+
+
+# --------------------------------------------------------------------------------------------------
+# Blending
+
+
+def blending_indices(weights: np.ndarray | list[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(dataset_index, dataset_sample_index) of a ``size``-sample blend, as Megatron's BlendedDataset.
+
+    Sample s comes from dataset ``dataset_index[s]`` and is its ``dataset_sample_index[s]``-th
+    sample; weights are normalised like Megatron's ``normalize`` (the builder normalises once more
+    before BlendedDataset; pass it its normalised weights to match that path exactly).
+    """
+    normalised = _normalize(weights)
+    if size < 0:
+        raise ValueError(f"size must be non-negative, got {size}")
+    dataset_index = np.empty(size, dtype=_dataset_index_dtype(len(normalised)))
+    dataset_sample_index = np.empty(size, dtype=np.int64)
+    _blending.build_blending_indices(normalised, dataset_index, dataset_sample_index)
+    return dataset_index, dataset_sample_index
+
+
+def exhaustive_blending_indices(sizes: np.ndarray | list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(dataset_index, dataset_sample_index) taking exactly ``sizes[d]`` samples of each dataset d,
+    interleaved in proportion to the sizes, as Megatron's BlendedDataset with ``size=None``."""
+    counts = np.asarray(sizes)
+    if counts.ndim != 1 or counts.size == 0 or not np.issubdtype(counts.dtype, np.integer):
+        raise ValueError("sizes must be a non-empty 1-D array of sample counts")
+    if int(counts.min()) <= 0:
+        raise ValueError("every dataset of an exhaustive blend needs at least one sample; drop empty ones")
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    dataset_index = np.empty(total, dtype=_dataset_index_dtype(len(counts)))
+    dataset_sample_index = np.empty(total, dtype=np.int64)
+    _blending.build_exhaustive_blending_indices(counts, dataset_index, dataset_sample_index)
+    return dataset_index, dataset_sample_index
+
+
+def _normalize(weights: np.ndarray | list[float]) -> np.ndarray:
+    """Megatron's ``normalize``: ``w / sum(w)`` in float64, after checking the weights."""
+    w = np.array(weights, dtype=np.float64)
+    if w.ndim != 1 or w.size == 0:
+        raise ValueError("weights must be a non-empty 1-D sequence, one weight per dataset")
+    if not np.all(np.isfinite(w)) or np.any(w <= 0):
+        raise ValueError("weights must be finite and positive; leave out the datasets you do not want")
+    return w / np.sum(w)
+
+
+def _dataset_index_dtype(num_datasets: int) -> type:
+    return np.int16 if num_datasets <= np.iinfo(np.int16).max else np.int32
+
+
+# --------------------------------------------------------------------------------------------------
+# Multimodal stream
+
+
+def multimodal_stream(
+    group_sizes: np.ndarray | list[int],
+    weights: np.ndarray | list[float],
+    num_samples: int,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(group_ids int32, sample_ids int64, epochs int64) of a ``num_samples``-item blended stream.
+
+    Groups are interleaved by ``blending_indices(weights, num_samples)``; each group walks through
+    its own per-epoch permutations, keyed by ``SeedSequence([seed, group])`` and the epoch (see
+    the module doc for the guarantees). ``seed`` is a non-negative integer.
+    """
+    group_sizes = np.ascontiguousarray(group_sizes, dtype=np.int64)
+    if group_sizes.ndim != 1 or group_sizes.shape != np.shape(weights):
+        raise ValueError("group_sizes and weights must be 1-D and of equal length, one per group")
+    if np.any(group_sizes <= 0):
+        raise ValueError("every group needs at least one sample; leave out empty groups")
+    group_ids, taken = blending_indices(weights, num_samples)
+    group_keys = np.concatenate(
+        [np.random.SeedSequence([seed, g]).generate_state(1, np.uint64) for g in range(len(group_sizes))]
+    )
+    sample_ids = np.empty(num_samples, dtype=np.int64)
+    epochs = np.empty(num_samples, dtype=np.int64)
+    _stream.stream_samples(group_ids, taken, group_sizes, group_keys, sample_ids, epochs)
+    return group_ids.astype(np.int32), sample_ids, epochs
+
+
+def stream_token_counts(
+    group_ids: np.ndarray,
+    sample_ids: np.ndarray,
+    epochs: np.ndarray,
+    view_offsets: list[np.ndarray],
+    view_token_counts: list[np.ndarray],
+) -> np.ndarray:
+    """Token count (int64) of every stream item: view ``epoch mod K`` of its sample's K views.
+
+    Per group g, the views of sample s are ``view_token_counts[g][view_offsets[g][s] :
+    view_offsets[g][s + 1]]`` (ragged, ``view_offsets[g]`` has samples + 1 entries from 0).
+    """
+    if len(view_offsets) != len(view_token_counts):
+        raise ValueError("view_offsets and view_token_counts must have one entry per group")
+    group_ids = np.asarray(group_ids)
+    sample_ids = np.asarray(sample_ids, dtype=np.int64)
+    epochs = np.asarray(epochs, dtype=np.int64)
+    samples_per_group = []
+    for group, (offsets, counts) in enumerate(zip(view_offsets, view_token_counts, strict=True)):
+        offsets = np.asarray(offsets)
+        if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0 or offsets[-1] != len(counts):
+            raise ValueError(
+                f"view_offsets[{group}] must start at 0 and end at len(view_token_counts[{group}])"
+            )
+        views = np.diff(offsets)
+        if np.any(views <= 0):
+            raise ValueError(
+                f"sample {int(np.argmax(views <= 0))} of group {group} has no view; every sample needs one"
+            )
+        samples_per_group.append(len(views))
+    samples_per_group = np.asarray(samples_per_group, dtype=np.int64)
+    if group_ids.size and (int(group_ids.min()) < 0 or int(group_ids.max()) >= len(view_offsets)):
+        raise ValueError(f"group ids must be in [0, {len(view_offsets)}), one view table per group")
+    if np.any(sample_ids < 0) or np.any(sample_ids >= samples_per_group[group_ids]):
+        raise ValueError("a sample id is outside its group's view_offsets")
+    # All groups' tables laid end to end, so one gather serves every group.
+    sample_base = np.concatenate(([0], np.cumsum(samples_per_group)[:-1]))
+    count_base = np.concatenate(([0], np.cumsum([len(c) for c in view_token_counts])[:-1]))
+    starts = np.concatenate(
+        [np.asarray(o[:-1], dtype=np.int64) + base for o, base in zip(view_offsets, count_base, strict=True)]
+    )
+    views = np.concatenate([np.diff(np.asarray(o, dtype=np.int64)) for o in view_offsets])
+    flat_counts = np.concatenate([np.asarray(c, dtype=np.int64) for c in view_token_counts])
+    sample = sample_base[group_ids] + sample_ids
+    return flat_counts[starts[sample] + epochs % views[sample]]
