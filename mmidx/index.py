@@ -198,6 +198,8 @@ def gpt_indices(
     ``seed`` its ``config.random_seed``, ``add_extra_token`` its ``add_extra_token_to_sequence`` and
     ``drop_last`` its ``drop_last_partial_sequence`` (True except for validation splits).
     """
+    if seq_length <= 1:
+        raise ValueError(f"seq_length must be greater than 1, got {seq_length}")
     sizes = _as_int32_or_int64(sizes, "sizes")
     documents = np.arange(len(sizes)) if documents is None else np.asarray(documents)
     if documents.ndim != 1 or documents.size == 0:
@@ -248,7 +250,7 @@ def gpt_indices(
 def _as_int32_or_int64(values: np.ndarray, name: str) -> np.ndarray:
     """A contiguous 1-D int32 or int64 array (other integer dtypes widened to int64)."""
     array = np.asarray(values)
-    if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.dtype == bool):
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"{name} must be a 1-D array of integers, got {array.dtype} of shape {array.shape}")
     if array.dtype not in (np.int32, np.int64):
         array = array.astype(np.int64)
@@ -353,34 +355,29 @@ def stream_token_counts(
     group_ids = np.asarray(group_ids)
     sample_ids = np.asarray(sample_ids, dtype=np.int64)
     epochs = np.asarray(epochs, dtype=np.int64)
-    samples_per_group = []
-    for group, (offsets, counts) in enumerate(zip(view_offsets, view_token_counts, strict=True)):
-        offsets = np.asarray(offsets)
-        if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0 or offsets[-1] != len(counts):
+    # All groups' tables laid end to end, so one gather serves every group.
+    starts, views, counts, count_base = [], [], [], 0
+    for group, (offsets, group_counts) in enumerate(zip(view_offsets, view_token_counts, strict=True)):
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0 or offsets[-1] != len(group_counts):
             raise ValueError(
                 f"view_offsets[{group}] must start at 0 and end at len(view_token_counts[{group}])"
             )
-        views = np.diff(offsets)
-        if np.any(views <= 0):
-            raise ValueError(
-                f"sample {int(np.argmax(views <= 0))} of group {group} has no view; every sample needs one"
-            )
-        samples_per_group.append(len(views))
-    samples_per_group = np.asarray(samples_per_group, dtype=np.int64)
+        group_views = np.diff(offsets)
+        if np.any(group_views <= 0):
+            empty = int(np.argmax(group_views <= 0))
+            raise ValueError(f"sample {empty} of group {group} has no view; every sample needs one")
+        starts.append(offsets[:-1] + count_base)
+        views.append(group_views)
+        counts.append(np.asarray(group_counts, dtype=np.int64))
+        count_base += len(group_counts)
+    samples_per_group = np.array([len(group_views) for group_views in views], dtype=np.int64)
     if group_ids.size and (int(group_ids.min()) < 0 or int(group_ids.max()) >= len(view_offsets)):
         raise ValueError(f"group ids must be in [0, {len(view_offsets)}), one view table per group")
     if np.any(sample_ids < 0) or np.any(sample_ids >= samples_per_group[group_ids]):
         raise ValueError("a sample id is outside its group's view_offsets")
-    # All groups' tables laid end to end, so one gather serves every group.
-    sample_base = np.concatenate(([0], np.cumsum(samples_per_group)[:-1]))
-    count_base = np.concatenate(([0], np.cumsum([len(c) for c in view_token_counts])[:-1]))
-    starts = np.concatenate(
-        [np.asarray(o[:-1], dtype=np.int64) + base for o, base in zip(view_offsets, count_base, strict=True)]
-    )
-    views = np.concatenate([np.diff(np.asarray(o, dtype=np.int64)) for o in view_offsets])
-    flat_counts = np.concatenate([np.asarray(c, dtype=np.int64) for c in view_token_counts])
-    sample = sample_base[group_ids] + sample_ids
-    return flat_counts[starts[sample] + epochs % views[sample]]
+    sample = np.concatenate(([0], np.cumsum(samples_per_group)[:-1]))[group_ids] + sample_ids
+    return np.concatenate(counts)[np.concatenate(starts)[sample] + epochs % np.concatenate(views)[sample]]
 
 
 # --------------------------------------------------------------------------------------------------
