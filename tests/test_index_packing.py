@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from mmidx.index import PackingResult, pack_samples
 
-SETTINGS = settings(max_examples=150, deadline=None)
+SETTINGS = settings(max_examples=100, deadline=None)
 
 
 @st.composite
