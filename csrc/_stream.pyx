@@ -1,0 +1,105 @@
+"""Kernel of mmidx's multimodal stream: which sample of its group each stream item is.
+
+The j-th item taken from group g (of n_g samples) is sample ``P(g, e)[j % n_g]`` of epoch
+``e = j // n_g``, where ``P(g, e)`` is a keyed pseudo-random permutation of [0, n_g): a Feistel
+network over the smallest power of two >= n_g (halves of floor(bits/2) and ceil(bits/2) bits,
+``ROUNDS`` rounds of a splitmix64 round function), cycle-walked back into [0, n_g). So:
+
+- every epoch visits each sample of the group exactly once (a bijection, whatever n_g is);
+- a sample's place is computed in O(1) time and memory from (key, epoch, position): nothing of
+  size n_g is ever materialised, so groups of billions of samples cost nothing extra, and a
+  longer stream extends a shorter one;
+- a partial last epoch is a pseudo-random subset, shuffled apart from the earlier epochs.
+
+Cycle walking takes fewer than two rounds of the network on average (the domain is < 2 n_g).
+"""
+
+from libc.stdint cimport int16_t, int32_t, int64_t, uint64_t
+from libc.stdlib cimport free, malloc
+
+
+cdef enum:
+    ROUNDS = 6
+
+
+ctypedef fused group_t:
+    int16_t
+    int32_t
+
+
+cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
+    """splitmix64: a bijective 64-bit mixer with full avalanche."""
+    x += 0x9E3779B97F4A7C15ULL
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL
+    return x ^ (x >> 31)
+
+
+cdef inline int _bits_for(uint64_t n) noexcept nogil:
+    """Bits of the smallest power of two >= n (at least 1)."""
+    cdef int bits = 1
+    while bits < 64 and (1ULL << bits) < n:
+        bits += 1
+    return bits
+
+
+cdef inline void _epoch_keys(uint64_t group_key, int64_t epoch, uint64_t* keys) noexcept nogil:
+    cdef uint64_t base = _mix(group_key ^ _mix(<uint64_t> epoch))
+    cdef int r
+    for r in range(ROUNDS):
+        keys[r] = _mix(base + <uint64_t> r * 0xD1B54A32D192ED03ULL)
+
+
+cdef inline uint64_t _permute(const uint64_t* keys, uint64_t n, int bits, uint64_t x) noexcept nogil:
+    """Position x of the keyed permutation of [0, n)."""
+    cdef int low_bits = bits - bits // 2
+    cdef uint64_t high_mask = (1ULL << (bits // 2)) - 1
+    cdef uint64_t low_mask = (1ULL << low_bits) - 1
+    cdef uint64_t high, low
+    cdef int r
+    while True:
+        high = x >> low_bits
+        low = x & low_mask
+        for r in range(ROUNDS):
+            # Each round XORs one half with a function of the other: a bijection for any sizes.
+            if r % 2 == 0:
+                high ^= _mix(low ^ keys[r]) & high_mask
+            else:
+                low ^= _mix(high ^ keys[r]) & low_mask
+        x = (high << low_bits) | low
+        if x < n:
+            return x
+
+
+def stream_samples(const group_t[::1] group_ids, const int64_t[::1] taken,
+                   const int64_t[::1] group_sizes, const uint64_t[::1] group_keys,
+                   int64_t[::1] sample_ids, int64_t[::1] epochs):
+    """Fill ``sample_ids`` and ``epochs`` of every item, the ``taken[i]``-th of its group."""
+    cdef int64_t num_groups = group_sizes.shape[0]
+    cdef int64_t i, group, size, epoch
+    cdef uint64_t* keys = <uint64_t*> malloc(max(num_groups, 1) * ROUNDS * sizeof(uint64_t))
+    cdef int64_t* keyed_epoch = <int64_t*> malloc(max(num_groups, 1) * sizeof(int64_t))
+    cdef int* bits = <int*> malloc(max(num_groups, 1) * sizeof(int))
+    if keys == NULL or keyed_epoch == NULL or bits == NULL:
+        free(keys)
+        free(keyed_epoch)
+        free(bits)
+        raise MemoryError()
+    with nogil:
+        for group in range(num_groups):
+            keyed_epoch[group] = -1
+            bits[group] = _bits_for(<uint64_t> group_sizes[group])
+        for i in range(group_ids.shape[0]):
+            group = group_ids[i]
+            size = group_sizes[group]
+            epoch = taken[i] // size
+            if epoch != keyed_epoch[group]:  # items of a group reach a new epoch in order
+                _epoch_keys(group_keys[group], epoch, &keys[group * ROUNDS])
+                keyed_epoch[group] = epoch
+            epochs[i] = epoch
+            sample_ids[i] = <int64_t> _permute(
+                &keys[group * ROUNDS], <uint64_t> size, bits[group], <uint64_t> (taken[i] - epoch * size)
+            )
+    free(keys)
+    free(keyed_epoch)
+    free(bits)
