@@ -24,7 +24,7 @@ Blending — ``blending_indices``, ``exhaustive_blending_indices``.
     Sample counters are int64; the dataset index is int16 up to 32,767 datasets (as Megatron's) and
     int32 beyond, where Megatron stops.
 
-Multimodal stream — ``multimodal_stream``, ``stream_token_counts``.
+Multimodal stream — ``multimodal_stream``, ``stream_views``.
     Guarantee: the group order is the greedy blend above; the j-th item taken from group g is
     sample ``P(g, e)[j % n_g]`` of epoch ``e = j // n_g``, where ``P(g, e)`` is a keyed
     pseudo-random permutation of the group's n_g samples (a cycle-walked Feistel network keyed by
@@ -338,14 +338,14 @@ def multimodal_stream(
     return group_ids.astype(np.int32), sample_ids, epochs
 
 
-def stream_token_counts(
+def stream_views(
     group_ids: np.ndarray,
     sample_ids: np.ndarray,
     epochs: np.ndarray,
     view_offsets: list[np.ndarray],
     view_token_counts: list[np.ndarray],
-) -> np.ndarray:
-    """Token count (int64) of every stream item: view ``epoch mod K`` of its sample's K views.
+) -> tuple[np.ndarray, np.ndarray]:
+    """(views int32, token counts int64) of every stream item: view ``epoch mod K`` of its sample's K views.
 
     Per group g, the views of sample s are ``view_token_counts[g][view_offsets[g][s] :
     view_offsets[g][s + 1]]`` (ragged, ``view_offsets[g]`` has samples + 1 entries from 0).
@@ -377,7 +377,8 @@ def stream_token_counts(
     if np.any(sample_ids < 0) or np.any(sample_ids >= samples_per_group[group_ids]):
         raise ValueError("a sample id is outside its group's view_offsets")
     sample = np.concatenate(([0], np.cumsum(samples_per_group)[:-1]))[group_ids] + sample_ids
-    return np.concatenate(counts)[np.concatenate(starts)[sample] + epochs % np.concatenate(views)[sample]]
+    item_views = epochs % np.concatenate(views)[sample]
+    return item_views.astype(np.int32), np.concatenate(counts)[np.concatenate(starts)[sample] + item_views]
 
 
 # --------------------------------------------------------------------------------------------------

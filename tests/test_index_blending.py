@@ -7,7 +7,7 @@ from mmidx.index import (
     blending_indices,
     exhaustive_blending_indices,
     multimodal_stream,
-    stream_token_counts,
+    stream_views,
 )
 
 helpers = pytest.importorskip("megatron.core.datasets.helpers")
@@ -146,7 +146,7 @@ def test_stream_handles_groups_beyond_int32_without_materialising_them():
     assert np.all(epochs[big] == 0) and epochs[~big].max() == 5_000 // 4 - 1
 
 
-def test_stream_token_counts_use_view_epoch_mod_views():
+def test_stream_views_are_epoch_mod_views_with_their_token_counts():
     # Group 0: sample 0 has views of 10 and 11 tokens, sample 1 one view of 20.
     # Group 1: sample 0 has three views (2**40, 5, 6): int64 counts pass through.
     view_offsets = [np.array([0, 2, 3]), np.array([0, 3])]
@@ -154,11 +154,12 @@ def test_stream_token_counts_use_view_epoch_mod_views():
     group_ids = np.array([0, 0, 0, 1, 1, 1, 1])
     sample_ids = np.array([0, 0, 1, 0, 0, 0, 0])
     epochs = np.array([0, 3, 7, 0, 1, 2, 3])
-    counts = stream_token_counts(group_ids, sample_ids, epochs, view_offsets, view_token_counts)
+    views, counts = stream_views(group_ids, sample_ids, epochs, view_offsets, view_token_counts)
     assert counts.dtype == np.int64
+    np.testing.assert_array_equal(views, [0, 1, 0, 0, 1, 2, 0])
     np.testing.assert_array_equal(counts, [10, 11, 20, 2**40, 5, 6, 2**40])
 
 
-def test_stream_token_counts_refuse_a_sample_without_views():
+def test_stream_views_refuse_a_sample_without_views():
     with pytest.raises(ValueError, match="sample 1 of group 0 has no view"):
-        stream_token_counts([0], [0], [0], [np.array([0, 1, 1])], [np.array([4])])
+        stream_views([0], [0], [0], [np.array([0, 1, 1])], [np.array([4])])
