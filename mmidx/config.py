@@ -1,0 +1,166 @@
+"""Typed, validated configuration of a training mix: dataset groups, packing budgets, randomness.
+
+The YAML form (``data.yaml``, written by ``mmidx build --config`` and read by ``mmidx index`` and
+the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced by mmidx prefixes::
+
+    groups:
+      t2i_pretrain:
+        datasets: [t2i_pretrain/t2i]        # prefixes, relative to the YAML file's folder
+        weight: 1.0
+        is_mandatory: true
+        image_transform_args: {image_stride: 16, max_image_size: 1024, min_image_size: 512}
+        vit_image_transform_args: {image_stride: 14, max_image_size: 518, min_image_size: 224}
+    packing: {expected_num_tokens: 32768, max_num_tokens: 36864}     # optional, BAGEL's defaults
+    dropout: {text: 0.1, vit: 0.3, vae: 0.3}                          # optional
+
+VAE elements use ``image_transform_args``; ViT elements use ``vit_image_transform_args`` when given
+and ``image_transform_args`` otherwise — as BAGEL's ``vlm_sft`` group does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mmidx.images import ImageTransform
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """One group of datasets mixed by weight (BAGEL: one entry of ``grouped_datasets``)."""
+
+    name: str
+    datasets: tuple[str, ...]
+    weight: float = 1.0
+    is_mandatory: bool = False
+    image_transform: ImageTransform | None = None
+    vit_image_transform: ImageTransform | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "datasets", tuple(os.fspath(d) for d in self.datasets))
+        if not self.datasets:
+            raise ValueError(f"group {self.name!r} lists no datasets")
+        if not self.weight > 0:
+            raise ValueError(f"group {self.name!r}: weight must be positive, got {self.weight}")
+
+    @property
+    def vae_transform(self) -> ImageTransform | None:
+        """The transform of this group's vae_image elements."""
+        return self.image_transform
+
+    @property
+    def vit_transform(self) -> ImageTransform | None:
+        """The transform of vit_image elements: the ViT arguments if given, else the group's own."""
+        return self.vit_image_transform or self.image_transform
+
+
+@dataclass(frozen=True)
+class PackingConfig:
+    """Token budgets of a pack (BAGEL's ``PackedDataset`` arguments, same defaults)."""
+
+    expected_num_tokens: int = 32768
+    max_num_tokens: int = 36864
+    max_num_tokens_per_sample: int = 16384
+    prefer_buffer_before: int = 16384
+    max_buffer_size: int = 50
+
+    def __post_init__(self) -> None:
+        if not 0 < self.expected_num_tokens <= self.max_num_tokens:
+            raise ValueError(f"need 0 < expected_num_tokens ({self.expected_num_tokens}) <= max_num_tokens "
+                             f"({self.max_num_tokens})")
+        if not 0 < self.max_num_tokens_per_sample <= self.max_num_tokens:
+            raise ValueError(f"need 0 < max_num_tokens_per_sample ({self.max_num_tokens_per_sample}) <= "
+                             f"max_num_tokens ({self.max_num_tokens}): a sample must fit a pack")
+        if self.max_buffer_size < 0 or self.prefer_buffer_before < 0:
+            raise ValueError("max_buffer_size and prefer_buffer_before cannot be negative")
+
+
+@dataclass(frozen=True)
+class DropoutConfig:
+    """CFG dropout probabilities of elements with enable_cfg (BAGEL's training defaults)."""
+
+    text: float = 0.1
+    vit: float = 0.3
+    vae: float = 0.3
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"dropout.{name} must be a probability, got {value}")
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """Patch sizes and position-id grids of the model the batches feed (BAGEL's defaults)."""
+
+    vit_patch_size: int = 14
+    max_num_patch_per_side: int = 70
+    vae_image_downsample: int = 16
+    max_latent_size: int = 32
+    interpolate_pos: bool = False
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Everything that decides which samples make which packs, and how a pack becomes a batch."""
+
+    groups: tuple[GroupConfig, ...]
+    packing: PackingConfig = field(default_factory=PackingConfig)
+    dropout: DropoutConfig = field(default_factory=DropoutConfig)
+    geometry: ModelGeometry = field(default_factory=ModelGeometry)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise ValueError("a data config needs at least one group")
+        names = [group.name for group in self.groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"group names must be unique, got {names}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], base_dir: str | os.PathLike = ".") -> DataConfig:
+        """Build from the YAML schema in this module's docstring; relative prefixes resolve against base_dir."""
+        unknown = set(data) - {"groups", "packing", "dropout", "geometry", "seed"}
+        if unknown:
+            raise ValueError(f"unknown data config keys {sorted(unknown)}")
+        groups = []
+        for name, spec in dict(data.get("groups") or {}).items():
+            spec = dict(spec)
+            extra = set(spec) - {"datasets", "weight", "is_mandatory", "image_transform_args",
+                                 "vit_image_transform_args"}
+            if extra:
+                raise ValueError(f"group {name!r}: unknown keys {sorted(extra)}")
+            datasets = [d if os.path.isabs(d) else os.path.join(base_dir, d) for d in spec.get("datasets", [])]
+            groups.append(GroupConfig(
+                name=name, datasets=tuple(datasets), weight=float(spec.get("weight", 1.0)),
+                is_mandatory=bool(spec.get("is_mandatory", False)),
+                image_transform=_transform(spec.get("image_transform_args")),
+                vit_image_transform=_transform(spec.get("vit_image_transform_args"))))
+        return cls(groups=tuple(groups), packing=PackingConfig(**data.get("packing", {})),
+                   dropout=DropoutConfig(**data.get("dropout", {})),
+                   geometry=ModelGeometry(**data.get("geometry", {})), seed=int(data.get("seed", 0)))
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike) -> DataConfig:
+        """Read a ``data.yaml``."""
+        with open(path, encoding="utf-8") as stream:
+            return cls.from_dict(yaml.safe_load(stream) or {}, base_dir=Path(path).resolve().parent)
+
+    def describe(self) -> dict[str, Any]:
+        """Plain-data description (for hashing and for the index cache's description file)."""
+        return json.loads(json.dumps(asdict(self), default=str))
+
+    def fingerprint(self) -> str:
+        """sha256 of the description: part of the index cache key."""
+        return hashlib.sha256(json.dumps(self.describe(), sort_keys=True).encode()).hexdigest()
+
+
+def _transform(args: Mapping[str, Any] | None) -> ImageTransform | None:
+    return None if args is None else ImageTransform.from_args(args)

@@ -1,0 +1,391 @@
+"""A pack of samples → one batch in the layout of BAGEL's ``PackedDataset`` (``BAGEL_SEMANTICS.md``).
+
+For every sample of a pack, element by element, this reproduces BAGEL's ``pack_sequence``: text
+framed by ``<|im_start|>``/``<|im_end|>`` with labels shifted by one and weights 1/sqrt(n+1),
+images framed by ``<|vision_start|>``/``<|vision_end|>``, rope ids (text +len, vit +1, clean vae
++1, noised vae +0, frame_delta, a gap for each dropped image and none for dropped text), splits
+and attention modes, ViT patches with NaViT position ids, padded VAE inputs with latent position
+ids, one timestep per noised image or clip (-inf for clean ones), and the key groups present only
+when non-empty. It reproduces BAGEL's quirks too: a split is reset at ``split_start`` before CFG
+dropout is decided, a dropped element skips its ``split_end``, text and vit position ids advance
+by the running split length.
+
+Differences, by design: randomness (CFG dropout, timesteps) comes from Philox keyed by
+(seed, pack index, sample position) — no global RNG, so pack k is the same in any process, worker
+or resumed run; each stored image is decoded once per pack however many elements use it; attention
+masks are not built here (split metadata travels; :mod:`mmidx.masks` builds masks on the device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmidx import format as fmt
+from mmidx.config import DataConfig, GroupConfig
+from mmidx.dataset import MMIDXDataset, Sample
+from mmidx.images import (
+    ImageTransform,
+    decode_rgb,
+    patchify,
+    position_ids_extrapolate,
+    position_ids_interpolate,
+)
+
+SPECIAL_TOKEN_NAMES = ("bos_token_id", "eos_token_id", "start_of_image", "end_of_image")
+
+
+@dataclass(frozen=True)
+class PackItem:
+    """One sample of a pack: which group, dataset, sample and view."""
+
+    group: int
+    dataset: int
+    sample: int
+    view: int
+
+
+def sample_randomness(seed: int, pack_index: int, position: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Uniform and normal draws for the ``count`` elements of the sample at ``position`` of pack ``pack_index``.
+
+    Philox is counter-based: the stream is a pure function of (seed, pack, position), independent
+    of which process asks, in which order, and of every other sample.
+    """
+    generator = np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, position, pack_index]))
+    return generator.random(count), generator.standard_normal(count)
+
+
+@dataclass
+class _Pack:
+    """The lists one pack accumulates, sample after sample (BAGEL's ``sequence_status``)."""
+
+    curr: int = 0
+    sample_lens: list[int] = field(default_factory=list)
+    split_lens: list[list[int]] = field(default_factory=list)
+    attn_modes: list[list[str]] = field(default_factory=list)
+    text_ids: list[np.ndarray] = field(default_factory=list)
+    text_indexes: list[np.ndarray] = field(default_factory=list)
+    position_ids: list[np.ndarray] = field(default_factory=list)
+    label_ids: list[np.ndarray] = field(default_factory=list)
+    ce_indexes: list[np.ndarray] = field(default_factory=list)
+    ce_weights: list[np.ndarray] = field(default_factory=list)
+    vae_images: list[torch.Tensor] = field(default_factory=list)
+    vae_shapes: list[tuple[int, int]] = field(default_factory=list)
+    latent_position_ids: list[torch.Tensor] = field(default_factory=list)
+    vae_indexes: list[np.ndarray] = field(default_factory=list)
+    timesteps: list[np.ndarray] = field(default_factory=list)
+    mse_indexes: list[np.ndarray] = field(default_factory=list)
+    vit_tokens: list[torch.Tensor] = field(default_factory=list)
+    vit_position_ids: list[torch.Tensor] = field(default_factory=list)
+    vit_indexes: list[np.ndarray] = field(default_factory=list)
+    vit_seqlens: list[int] = field(default_factory=list)
+    data_indexes: list[dict[str, Any]] = field(default_factory=list)
+
+    def add_special(self, token: int, loss_label: int | None) -> None:
+        """One framing token at ``curr``; with a label when the element's special_token_loss is set."""
+        self.text_ids.append(np.array([token], dtype=np.int64))
+        self.text_indexes.append(np.array([self.curr], dtype=np.int64))
+        if loss_label is not None:
+            self.ce_indexes.append(np.array([self.curr], dtype=np.int64))
+            self.ce_weights.append(np.ones(1))
+            self.label_ids.append(np.array([loss_label], dtype=np.int64))
+        self.curr += 1
+
+
+class _ImageCache:
+    """Decoded RGB images and transformed tensors of one pack, so each stored image is decoded once."""
+
+    def __init__(self) -> None:
+        self.decoded: dict[tuple[int, ...], Any] = {}
+        self.tensors: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def tensor(self, sample_key: tuple[int, int, int], sample: Sample, payload: int, transform: ImageTransform,
+               img_num: int) -> torch.Tensor:
+        """Image ``payload`` of the sample (group, dataset, sample) = ``sample_key``, transformed."""
+        image_key = (*sample_key, payload)
+        tensor_key = (*image_key, transform, img_num)
+        if tensor_key not in self.tensors:
+            if image_key not in self.decoded:
+                self.decoded[image_key] = decode_rgb(sample.image(payload).data)
+            self.tensors[tensor_key] = transform(self.decoded[image_key], img_num)
+        return self.tensors[tensor_key]
+
+
+class PackBuilder:
+    """Turns packs (lists of :class:`PackItem`) into :class:`PackedBatch` objects for one data config.
+
+    ``datasets[g][d]`` is dataset d of group g (opened from the config when not given). Holds no
+    mapped state that cannot be pickled: datasets re-map lazily in each worker.
+    """
+
+    def __init__(self, config: DataConfig, *, use_flex: bool = True,
+                 datasets: Sequence[Sequence[MMIDXDataset]] | None = None,
+                 special_tokens: dict[str, int] | None = None):
+        self.config = config
+        self.use_flex = use_flex
+        self.datasets = [list(group) for group in datasets] if datasets is not None else \
+            [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
+        self.special_tokens = special_tokens or self._special_tokens_of_datasets()
+        missing = [name for name in SPECIAL_TOKEN_NAMES if name not in self.special_tokens]
+        if missing:
+            raise ValueError(f"special token ids {missing} are unknown: build the datasets with mmidx's tokenizer "
+                             "or pass special_tokens")
+        geometry = config.geometry
+        self._position_ids = position_ids_interpolate if geometry.interpolate_pos else position_ids_extrapolate
+
+    def _special_tokens_of_datasets(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for group in self.datasets:
+            for dataset in group:
+                for name in SPECIAL_TOKEN_NAMES:
+                    value = dataset.special_tokens.get(name)
+                    if value is not None and found.setdefault(name, value) != value:
+                        raise ValueError(f"datasets disagree on the id of {name} ({found[name]} vs {value}); "
+                                         "mix only datasets built with the same tokenizer")
+        return found
+
+    def build(self, pack_index: int, items: Sequence[PackItem]) -> PackedBatch:
+        """The batch of pack ``pack_index`` made of ``items``, in order."""
+        pack = _Pack()
+        images = _ImageCache()
+        for position, item in enumerate(items):
+            dataset = self.datasets[item.group][item.dataset]
+            sample = dataset[item.sample]
+            elements = sample.elements(item.view)
+            uniforms, normals = sample_randomness(self.config.seed, pack_index, position, len(elements))
+            self._add_sample(pack, images, item, sample, elements, uniforms, normals)
+            pack.data_indexes.append({
+                "dataset_name": self.config.groups[item.group].name, "dataset": dataset.prefix,
+                "sample": item.sample, "view": item.view, "data_indexes": list(sample.origin)})
+        return PackedBatch.from_pack(pack, use_flex=self.use_flex,
+                                     max_num_tokens=self.config.packing.max_num_tokens)
+
+    def _add_sample(self, pack: _Pack, images: _ImageCache, item: PackItem, sample: Sample,
+                    elements: np.ndarray, uniforms: np.ndarray, normals: np.ndarray) -> None:
+        group: GroupConfig = self.config.groups[item.group]
+        dropout, geometry, special = self.config.dropout, self.config.geometry, self.special_tokens
+        split_lens: list[int] = []
+        attn_modes: list[str] = []
+        rope = 0
+        split_len = 0
+        timestep = None
+        sample_len = 0
+        for e, record in enumerate(elements):
+            kind, flags, payload = int(record["kind"]), int(record["flags"]), int(record["payload"])
+            label = int(record["special_token_label"])
+            special_loss_label = label if flags & fmt.FLAG_SPECIAL_TOKEN_LOSS else None
+            if flags & fmt.FLAG_SPLIT_START:
+                split_len = 0
+            cfg = bool(flags & fmt.FLAG_ENABLE_CFG)
+            if kind == fmt.TEXT:
+                if cfg and uniforms[e] < dropout.text:
+                    continue
+                ids = sample.text(payload).astype(np.int64)
+                shifted = len(ids) + 1
+                pack.text_ids.append(np.concatenate([[special["bos_token_id"]], ids]))
+                pack.text_indexes.append(np.arange(pack.curr, pack.curr + shifted))
+                if flags & fmt.FLAG_LOSS:
+                    pack.ce_indexes.append(np.arange(pack.curr, pack.curr + shifted))
+                    pack.ce_weights.append(np.full(shifted, 1 / shifted**0.5))  # BAGEL's len2weight
+                    pack.label_ids.append(np.concatenate([ids, [special["eos_token_id"]]]))
+                pack.curr += shifted
+                split_len += shifted
+                pack.add_special(special["eos_token_id"], special_loss_label)
+                split_len += 1
+                attn_modes.append("causal")
+                pack.position_ids.append(np.arange(rope, rope + split_len))
+                rope += split_len
+            elif kind == fmt.VIT_IMAGE:
+                if cfg and uniforms[e] < dropout.vit:
+                    rope += 1
+                    continue
+                pack.add_special(special["start_of_image"], None)
+                split_len += 1
+                transform = _require(group.vit_transform, group, "vit")
+                image = images.tensor((item.group, item.dataset, item.sample), sample, payload, transform,
+                                      int(record["img_num"]))
+                tokens = patchify(image, geometry.vit_patch_size)
+                pack.vit_indexes.append(np.arange(pack.curr, pack.curr + len(tokens)))
+                pack.curr += len(tokens)
+                split_len += len(tokens)
+                pack.vit_tokens.append(tokens)
+                pack.vit_seqlens.append(len(tokens))
+                pack.vit_position_ids.append(self._position_ids(
+                    image.shape[1], image.shape[2], geometry.vit_patch_size, geometry.max_num_patch_per_side))
+                pack.add_special(special["end_of_image"], special_loss_label)
+                split_len += 1
+                attn_modes.append("full")
+                pack.position_ids.append(np.full(split_len, rope))
+                rope += 1
+            else:
+                if cfg and uniforms[e] < dropout.vae:
+                    rope += 1
+                    continue
+                pack.add_special(special["start_of_image"], None)
+                split_len += 1
+                transform = _require(group.vae_transform, group, "vae")
+                image = images.tensor((item.group, item.dataset, item.sample), sample, payload, transform,
+                                      int(record["img_num"]))
+                height, width = image.shape[1] // geometry.vae_image_downsample, \
+                    image.shape[2] // geometry.vae_image_downsample
+                latent_tokens = height * width
+                pack.vae_images.append(image)
+                pack.vae_shapes.append((height, width))
+                pack.latent_position_ids.append(self._position_ids(
+                    image.shape[1], image.shape[2], geometry.vae_image_downsample, geometry.max_latent_size))
+                pack.vae_indexes.append(np.arange(pack.curr, pack.curr + latent_tokens))
+                noised = bool(flags & fmt.FLAG_LOSS)
+                if noised:
+                    pack.mse_indexes.append(np.arange(pack.curr, pack.curr + latent_tokens))
+                    if flags & fmt.FLAG_SPLIT_START or timestep is None:
+                        timestep = float(normals[e])
+                    value = timestep
+                else:
+                    value = float("-inf")
+                pack.timesteps.append(np.full(latent_tokens, value))
+                pack.curr += latent_tokens
+                split_len += latent_tokens
+                pack.add_special(special["end_of_image"], special_loss_label)
+                split_len += 1
+                has_frame_delta = bool(flags & fmt.FLAG_HAS_FRAME_DELTA)
+                if flags & fmt.FLAG_SPLIT_START:
+                    attn_modes.append("noise" if noised and not has_frame_delta else "full")
+                pack.position_ids.append(np.full(latent_tokens + 2, rope))
+                if has_frame_delta:
+                    rope += int(record["frame_delta"])
+                elif not noised:
+                    rope += 1
+            if flags & fmt.FLAG_SPLIT_END:
+                split_lens.append(split_len)
+                sample_len += split_len
+        pack.sample_lens.append(sample_len)
+        pack.split_lens.append(split_lens)
+        pack.attn_modes.append(attn_modes)
+
+
+
+def _require(transform: ImageTransform | None, group: GroupConfig, kind: str) -> ImageTransform:
+    if transform is None:
+        raise ValueError(f"group {group.name!r} has {kind} images but no image_transform_args in its config")
+    return transform
+
+
+def _cat(arrays: list[np.ndarray], dtype: Any) -> torch.Tensor:
+    return torch.from_numpy(np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype))
+
+
+class PackedBatch:
+    """One packed batch: BAGEL's keys as tensors, plus the split metadata masks are built from.
+
+    ``to(device)`` moves every tensor; ``attention_masks()`` / ``to_dict()`` build the masks on
+    the batch's device (dense per-sample masks, or a FlexAttention ``BlockMask``), so masks never
+    travel between processes.
+    """
+
+    def __init__(self, tensors: dict[str, Any], *, split_lens: list[list[int]], attn_modes: list[list[str]],
+                 sample_lens: list[int], use_flex: bool, max_num_tokens: int,
+                 batch_data_indexes: list[dict[str, Any]]):
+        self.tensors = tensors
+        self.split_lens = split_lens
+        self.attn_modes = attn_modes
+        self.sample_lens = sample_lens
+        self.use_flex = use_flex
+        self.max_num_tokens = max_num_tokens
+        self.batch_data_indexes = batch_data_indexes
+
+    @classmethod
+    def from_pack(cls, pack: _Pack, *, use_flex: bool, max_num_tokens: int) -> PackedBatch:
+        tensors: dict[str, Any] = {
+            "packed_text_ids": _cat(pack.text_ids, np.int64),
+            "packed_text_indexes": _cat(pack.text_indexes, np.int64),
+            "packed_position_ids": _cat(pack.position_ids, np.int64),
+        }
+        if pack.vae_images:
+            shapes = [image.shape for image in pack.vae_images]
+            padded = torch.zeros(len(shapes), *[max(sizes) for sizes in zip(*shapes, strict=True)])
+            for i, image in enumerate(pack.vae_images):
+                padded[i, :, : image.shape[1], : image.shape[2]] = image
+            tensors.update(padded_images=padded, patchified_vae_latent_shapes=pack.vae_shapes,
+                           packed_latent_position_ids=torch.cat(pack.latent_position_ids),
+                           packed_vae_token_indexes=_cat(pack.vae_indexes, np.int64))
+        if pack.vit_tokens:
+            tensors.update(packed_vit_tokens=torch.cat(pack.vit_tokens),
+                           packed_vit_position_ids=torch.cat(pack.vit_position_ids),
+                           packed_vit_token_indexes=_cat(pack.vit_indexes, np.int64),
+                           vit_token_seqlens=torch.tensor(pack.vit_seqlens, dtype=torch.int64))
+        if pack.timesteps:
+            tensors.update(packed_timesteps=_cat(pack.timesteps, np.float32),
+                           mse_loss_indexes=_cat(pack.mse_indexes, np.int64))
+        if pack.label_ids:
+            tensors.update(packed_label_ids=_cat(pack.label_ids, np.int64),
+                           ce_loss_indexes=_cat(pack.ce_indexes, np.int64),
+                           ce_loss_weights=_cat(pack.ce_weights, np.float32))
+        return cls(tensors, split_lens=pack.split_lens, attn_modes=pack.attn_modes, sample_lens=pack.sample_lens,
+                   use_flex=use_flex, max_num_tokens=max_num_tokens, batch_data_indexes=pack.data_indexes)
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens of the real samples (without the flex padding pseudo-sample)."""
+        return sum(self.sample_lens)
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensors["packed_text_ids"].device
+
+    def __getattr__(self, name: str) -> Any:
+        tensors = self.__dict__.get("tensors", {})
+        if name in tensors:
+            return tensors[name]
+        raise AttributeError(f"PackedBatch has no {name!r} (present keys: {sorted(tensors)})")
+
+    def _map(self, function: Any) -> PackedBatch:
+        tensors = {key: function(value) if isinstance(value, torch.Tensor) else value
+                   for key, value in self.tensors.items()}
+        return PackedBatch(tensors, split_lens=self.split_lens, attn_modes=self.attn_modes,
+                           sample_lens=self.sample_lens, use_flex=self.use_flex, max_num_tokens=self.max_num_tokens,
+                           batch_data_indexes=self.batch_data_indexes)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
+        """The batch with every tensor on ``device``."""
+        return self._map(lambda tensor: tensor.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> PackedBatch:
+        """Page-locked copies (``DataLoader(pin_memory=True)`` calls this)."""
+        return self._map(lambda tensor: tensor.pin_memory())
+
+    def flat_split_metadata(self, *, pad: bool) -> tuple[list[int], list[str], list[int]]:
+        """(split_lens, attn_modes, sample_lens) over the whole pack, with the flex padding sample if ``pad``."""
+        split_lens = [length for sample in self.split_lens for length in sample]
+        attn_modes = [mode for sample in self.attn_modes for mode in sample]
+        sample_lens = list(self.sample_lens)
+        if pad:
+            pad_len = self.max_num_tokens - self.sequence_length
+            split_lens.append(pad_len)
+            attn_modes.append("causal")
+            sample_lens.append(pad_len)
+        return split_lens, attn_modes, sample_lens
+
+    def attention_masks(self, *, dtype: torch.dtype = torch.float32) -> Any:
+        """Masks on the batch's device: a ``BlockMask`` (flex) or one dense (L_i, L_i) mask per sample."""
+        from mmidx import masks
+
+        if self.use_flex:
+            return masks.block_mask(*self.flat_split_metadata(pad=True), device=self.device)
+        return masks.dense_masks(*self.flat_split_metadata(pad=False), device=self.device, dtype=dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        """BAGEL's batch dict: every present key, with ``nested_attention_masks`` (dense) built on the
+        batch's device, or ``split_lens``/``attn_modes`` with the padding pseudo-sample (flex)."""
+        split_lens, attn_modes, sample_lens = self.flat_split_metadata(pad=self.use_flex)
+        data: dict[str, Any] = {"sequence_length": self.sequence_length, "sample_lens": sample_lens}
+        data.update(self.tensors)
+        if self.use_flex:
+            data.update(split_lens=split_lens, attn_modes=attn_modes)
+        else:
+            data["nested_attention_masks"] = self.attention_masks()
+        data["batch_data_indexes"] = self.batch_data_indexes
+        return data

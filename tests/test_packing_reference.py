@@ -1,0 +1,142 @@
+"""mmidx's packed batches equal a naive reference of BAGEL's per-sample rules, key by key."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from bagel_reference import pack as reference_pack
+from PIL import Image
+
+from mmidx.builder import DatasetBuilder, Element, StoredImage
+from mmidx.config import DataConfig
+from mmidx.dataset import MMIDXDataset
+from mmidx.packing import PackBuilder, PackItem, sample_randomness
+
+SPECIAL = {"bos_token_id": 1, "eos_token_id": 2, "start_of_image": 3, "end_of_image": 4}
+VAE = {"image_stride": 16, "max_image_size": 128, "min_image_size": 64}
+VIT = {"image_stride": 14, "max_image_size": 112, "min_image_size": 56}
+VLM = {"image_stride": 14, "max_image_size": 140, "min_image_size": 56, "max_pixels": 20000}
+GEOMETRY = {"vit_patch_size": 14, "max_num_patch_per_side": 70, "vae_image_downsample": 16, "max_latent_size": 64}
+
+
+def encoded(rng, mode):
+    width, height = (int(v) for v in rng.integers(40, 200, 2))
+    pixels = rng.integers(0, 256, (height, width, 4), dtype=np.uint8)
+    image = Image.fromarray(pixels, "RGBA")
+    if mode != "RGBA":
+        image = image.convert(mode)
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG" if mode in ("RGBA", "P", "L") else "JPEG")
+    return StoredImage(buffer.getvalue(), width, height, "PNG", mode)
+
+
+def text(rng):
+    return rng.integers(10, 500, rng.integers(0, 12)).tolist()
+
+
+def build_groups(tmp_path):
+    """Datasets shaped like t2i, edit, vlm (with multi-image and video-like clips) and chat."""
+    rng = np.random.default_rng(0)
+    with DatasetBuilder(tmp_path / "t2i", vocab_size=1000, special_tokens=SPECIAL) as builder:
+        for _ in range(4):
+            builder.add_sample([text(rng), text(rng)], [encoded(rng, "RGB")],
+                               [[Element("text", v, enable_cfg=True), Element("vae_image", 0, loss=True)]
+                                for v in range(2)])
+        builder.finalize()
+    with DatasetBuilder(tmp_path / "edit", vocab_size=1000, special_tokens=SPECIAL) as builder:
+        for _ in range(3):
+            images = [encoded(rng, mode) for mode in ("RGB", "RGBA", "P")]
+            steps = [Element("vae_image", 0, enable_cfg=True), Element("vit_image", 0, enable_cfg=True)]
+            for k in (1, 2):
+                steps += [Element("text", k - 1, enable_cfg=True), Element("vae_image", k, loss=True)]
+                if k == 1:
+                    steps += [Element("vae_image", 1, enable_cfg=True), Element("vit_image", 1, enable_cfg=True)]
+            builder.add_sample([text(rng), text(rng)], images, [steps])
+        builder.finalize()
+    with DatasetBuilder(tmp_path / "vlm", vocab_size=1000, special_tokens=SPECIAL) as builder:
+        for n in (1, 3):
+            images = [encoded(rng, "L") for _ in range(n)]
+            plan = [Element("text", 0)] + [Element("vit_image", j, img_num=n) for j in range(n)]
+            plan += [Element("text", 1, loss=True, special_token_loss=True, special_token_label=7)]
+            builder.add_sample([text(rng), text(rng)], images, [plan])
+        frames = [encoded(rng, "RGB") for _ in range(3)]
+        clip = [Element("vae_image", j, loss=True, split_start=j == 0, split_end=j == 2,
+                        frame_delta=2 if j < 2 else None) for j in range(3)]
+        builder.add_sample([text(rng)], frames, [[Element("text", 0, loss=True), *clip]])
+        builder.finalize()
+    groups = {
+        "t2i": {"datasets": [str(tmp_path / "t2i")], "image_transform_args": VAE, "is_mandatory": True},
+        "edit": {"datasets": [str(tmp_path / "edit")], "image_transform_args": VAE, "vit_image_transform_args": VIT},
+        "vlm": {"datasets": [str(tmp_path / "vlm")], "image_transform_args": VLM},
+    }
+    return groups
+
+
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory):
+    return build_groups(tmp_path_factory.mktemp("packing"))
+
+
+def reference_batch(config, items, pack_index, use_flex, groups):
+    group_args = list(groups.values())
+    samples = []
+    for position, item in enumerate(items):
+        sample = MMIDXDataset(config.groups[item.group].datasets[item.dataset])[item.sample]
+        plan = sample.sequence_plan(item.view)
+        uniforms, normals = sample_randomness(config.seed, pack_index, position, len(plan))
+        args = group_args[item.group]
+        samples.append({"plan": plan, "texts": sample.texts, "images": [image.data for image in sample.images],
+                        "uniforms": uniforms.tolist(), "normals": normals.tolist(),
+                        "vae_args": args["image_transform_args"],
+                        "vit_args": args.get("vit_image_transform_args", args["image_transform_args"])})
+    dropout = {"text": config.dropout.text, "vit": config.dropout.vit, "vae": config.dropout.vae}
+    return reference_pack(samples, SPECIAL, dropout, GEOMETRY, config.packing.max_num_tokens, use_flex)
+
+
+def assert_same(ours, expected):
+    assert sorted(ours) == sorted(set(expected) | {"batch_data_indexes"})
+    for key, value in expected.items():
+        got = ours[key]
+        if isinstance(value, torch.Tensor):
+            assert got.dtype == value.dtype, key
+            assert torch.equal(got, value), key
+        elif key == "nested_attention_masks":
+            assert len(got) == len(value)
+            assert all(torch.equal(a, b) for a, b in zip(got, value, strict=True))
+        else:
+            assert got == value, key
+
+
+@pytest.mark.parametrize("use_flex", [True, False])
+@pytest.mark.parametrize("dropout", [{"text": 0.0, "vit": 0.0, "vae": 0.0}, {"text": 0.5, "vit": 0.5, "vae": 0.5}])
+def test_packs_of_every_type_and_mixture_equal_the_reference(groups, use_flex, dropout):
+    config = DataConfig.from_dict({"groups": groups, "dropout": dropout, "geometry": GEOMETRY, "seed": 5,
+                                   "packing": {"max_num_tokens": 8192, "expected_num_tokens": 4096,
+                                               "max_num_tokens_per_sample": 4096}})
+    builder = PackBuilder(config, use_flex=use_flex)
+    rng = np.random.default_rng(1)
+    sizes = [len(MMIDXDataset(spec["datasets"][0])) for spec in groups.values()]
+    packs = [[PackItem(0, 0, i, i % 2) for i in range(4)],                       # t2i only, both views
+             [PackItem(1, 0, i, 0) for i in range(3)],                           # edit only
+             [PackItem(2, 0, i, 0) for i in range(3)]]                           # vlm incl. video clip
+    packs += [[PackItem(int(g), 0, int(rng.integers(sizes[g])), 0) for g in rng.integers(0, 3, 5)]
+              for _ in range(4)]                                                 # mixtures
+    for pack_index, items in enumerate(packs):
+        ours = builder.build(pack_index, items).to_dict()
+        assert_same(ours, reference_batch(config, items, pack_index, use_flex, groups))
+
+
+def test_dropout_decisions_depend_only_on_seed_pack_and_position(groups):
+    config = DataConfig.from_dict({"groups": groups, "geometry": GEOMETRY, "dropout": {"text": 0.5, "vae": 0.5}})
+    builder = PackBuilder(config)
+    items = [PackItem(1, 0, i, 0) for i in range(3)]
+    first = builder.build(7, items).to_dict()
+    again = PackBuilder(config).build(7, items).to_dict()
+    other = builder.build(8, items).to_dict()
+    assert torch.equal(first["packed_position_ids"], again["packed_position_ids"])
+    assert torch.equal(first["packed_timesteps"], again["packed_timesteps"])
+    def noised(batch):
+        return batch["packed_timesteps"][torch.isfinite(batch["packed_timesteps"])].unique()
+
+    assert len(noised(first)) > 0 and not torch.equal(noised(first), noised(other))
