@@ -1,0 +1,74 @@
+"""GPT text samples equal Megatron-Core's GPTDataset samples for the same data and config."""
+
+import numpy as np
+import pytest
+import torch
+
+from mmidx.builder import DatasetBuilder
+from mmidx.gpt import GPTTextDataset
+
+gpt_dataset = pytest.importorskip("megatron.core.datasets.gpt_dataset")
+
+
+class Tokenizer:
+    """What GPTDatasetConfig reads from a tokenizer (no pad token: Megatron then pads with -1)."""
+
+    vocab_size = 1000
+    eod = 0
+    def __init__(self):
+        self.unique_identifiers = {"class": "test"}
+        self.special_tokens = {}
+
+
+def megatron_dataset(prefix, tmp_path, seq_length, num_samples, seed, add_extra, reset=False, eod_mask=False):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.core.datasets.utils import Split
+
+    config = gpt_dataset.GPTDatasetConfig(
+        random_seed=seed, sequence_length=seq_length, blend=None, split="1,0,0", tokenizer=Tokenizer(),
+        reset_position_ids=reset, reset_attention_mask=False, eod_mask_loss=eod_mask,
+        add_extra_token_to_sequence=add_extra, path_to_cache=str(tmp_path / f"cache-{seed}-{add_extra}-{reset}"))
+    indexed = IndexedDataset(str(prefix))
+    return gpt_dataset.GPTDataset(indexed, str(prefix), np.arange(len(indexed.sequence_lengths), dtype=np.int32),
+                                  num_samples, Split.train, config)
+
+
+@pytest.fixture(scope="module")
+def text_prefix(tmp_path_factory):
+    prefix = tmp_path_factory.mktemp("gpt") / "text"
+    rng = np.random.default_rng(0)
+    with DatasetBuilder(prefix, kind="text", vocab_size=1000, special_tokens={"eod": 0}) as builder:
+        for _ in range(40):
+            builder.add_document([np.append(rng.integers(1, 1000, rng.integers(1, 60)), 0)])
+        builder.finalize()
+    return prefix
+
+
+@pytest.mark.parametrize(("num_samples", "add_extra", "seed"), [(None, True, 1), (100, True, 7), (75, False, 3)])
+def test_samples_equal_megatrons(text_prefix, tmp_path, num_samples, add_extra, seed):
+    ours = GPTTextDataset(text_prefix, seq_length=32, num_samples=num_samples, seed=seed, add_extra_token=add_extra)
+    theirs = megatron_dataset(text_prefix, tmp_path, 32, num_samples, seed, add_extra)
+    assert len(ours) == len(theirs)
+    for i in range(len(ours)):
+        mine, reference = ours[i], theirs[i]
+        for key in ("tokens", "labels", "loss_mask", "position_ids"):
+            assert torch.equal(mine[key], reference[key]), (i, key)
+
+
+def test_reset_position_ids_and_eod_mask_loss_equal_megatrons(text_prefix, tmp_path):
+    ours = GPTTextDataset(text_prefix, seq_length=48, num_samples=30, seed=2, reset_position_ids=True,
+                          eod_mask_loss=True)
+    theirs = megatron_dataset(text_prefix, tmp_path, 48, 30, 2, True, reset=True, eod_mask=True)
+    for i in range(len(ours)):
+        for key in ("tokens", "labels", "loss_mask", "position_ids"):
+            assert torch.equal(ours[i][key], theirs[i][key]), (i, key)
+
+
+def test_cu_seqlens_mark_where_documents_start(text_prefix):
+    ours = GPTTextDataset(text_prefix, seq_length=64, seed=5)
+    for i in range(len(ours)):
+        sample = ours[i]
+        cu = sample["cu_seqlens"].tolist()
+        assert cu[0] == 0 and cu[-1] == 64 and cu == sorted(set(cu))
+        eods = (torch.nonzero(sample["tokens"] == 0).flatten() + 1).tolist()
+        assert [p for p in eods if p < 64] == cu[1:-1]

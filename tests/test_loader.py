@@ -1,0 +1,69 @@
+"""The torch loader: same batches for any worker count, world size, and after resume."""
+
+import pytest
+import torch
+from test_pack_index import config_of
+from test_packing_reference import build_groups
+
+from mmidx.loader import GlobalBatchSampler, PackDataset, PackLoader
+from mmidx.pack_index import build_pack_index
+from mmidx.packing import PackBuilder
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    groups = build_groups(tmp_path_factory.mktemp("loader"))
+    config = config_of(groups, dropout={"text": 0.3, "vit": 0.3, "vae": 0.3})
+    packs = PackDataset(build_pack_index(config, num_samples=300), PackBuilder(config))
+    assert len(packs) >= 12
+    return packs
+
+
+def fingerprint(batch):
+    return (batch.packed_position_ids.sum().item(), batch.packed_text_ids.tolist(),
+            batch.packed_timesteps.nan_to_num(neginf=-1).sum().item() if "packed_timesteps" in batch.tensors else 0,
+            [d["sample"] for d in batch.batch_data_indexes])
+
+
+def test_same_batches_for_0_1_and_2_workers(dataset):
+    runs = [[fingerprint(b) for b in PackLoader(dataset, global_batch_size=2, num_workers=n)] for n in (0, 1, 2)]
+    assert len(runs[0]) == (len(dataset) // 2) * 2
+    assert runs[0] == runs[1] == runs[2]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_ranks_share_each_global_batch_whatever_the_world_size(world_size):
+    single = list(GlobalBatchSampler(103, global_batch_size=8))
+    ranks = [list(GlobalBatchSampler(103, global_batch_size=8, rank=r, world_size=world_size))
+             for r in range(world_size)]
+    for step in range(103 // 8):
+        share = 8 // world_size
+        union = sorted(p for r in ranks for p in r[step * share:(step + 1) * share])
+        assert union == sorted(single[step * 8:(step + 1) * 8])
+
+
+def test_resume_at_an_arbitrary_pack_continues_exactly(dataset):
+    full = [fingerprint(b) for b in PackLoader(dataset, global_batch_size=2)]
+    loader = PackLoader(dataset, global_batch_size=2, num_workers=2)
+    taken = []
+    for batch in loader:
+        taken.append(fingerprint(batch))
+        if len(taken) == 3:
+            break
+    state = loader.state_dict()
+    assert state == {"packs_consumed": 3}
+    resumed = PackLoader(dataset, global_batch_size=2)
+    resumed.load_state_dict(state)
+    assert taken + [fingerprint(b) for b in resumed] == full
+
+
+def test_pinned_batches_move_to_the_device_and_build_masks_there(dataset):
+    batch = next(iter(PackLoader(dataset, global_batch_size=1, pin_memory=torch.cuda.is_available(), device="cpu")))
+    data = batch.to_dict()
+    assert data["packed_text_ids"].device.type == "cpu"
+    assert data["split_lens"][-1] == batch.max_num_tokens - batch.sequence_length
+
+
+def test_world_size_must_divide_the_global_batch():
+    with pytest.raises(ValueError, match="multiple of the world size"):
+        GlobalBatchSampler(10, global_batch_size=6, world_size=4)
