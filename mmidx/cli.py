@@ -102,11 +102,87 @@ def _register_inspect_and_verify(commands: Commands) -> None:
     sub.add_argument("prefix", help="dataset prefix (path without .idx/.bin)")
 
 
+def _data_config(args: argparse.Namespace) -> Any:
+    from mmidx.config import ModelGeometry, config_for
+
+    overrides = {"seed": args.seed} if args.seed is not None else {}
+    if args.max_latent_size is not None:
+        overrides["geometry"] = ModelGeometry(max_latent_size=args.max_latent_size)
+    return config_for(args.config, **overrides)
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    if args.gpt:
+        from mmidx.gpt import GPTTextDataset
+
+        if args.seq_length is None:
+            print("mmidx index --gpt needs --seq-length", file=sys.stderr)
+            return 2
+        for prefix in args.config:
+            samples = GPTTextDataset(prefix, seq_length=args.seq_length, num_samples=args.num_samples,
+                                     seed=1234 if args.seed is None else args.seed, cache_dir=args.cache_dir)
+            print(f"{prefix}: {len(samples):,} GPT samples of {args.seq_length} tokens cached in {args.cache_dir}")
+        return 0
+    from mmidx.pack_index import build_pack_index
+
+    index = build_pack_index(_data_config(args), num_samples=args.num_samples, cache_dir=args.cache_dir)
+    if args.json:
+        print(json.dumps(index.stats, indent=1))
+        return 0
+    stats = index.stats
+    print(f"pack index {index.path or '(not cached)'}")
+    print(f"  samples {stats['samples']:,} ({', '.join(f'{k} {v:,}' for k, v in stats['groups'].items())})")
+    print(f"  packs {stats['num_packs']:,}   tokens {stats['tokens']:,}   fill {stats['fill_vs_max']:.3f} of "
+          f"max_num_tokens, {stats['fill_vs_expected']:.3f} of expected")
+    print(f"  excluded (over max_num_tokens_per_sample) {stats['excluded']:,}   deferred {stats['deferred']:,}   "
+          f"max deferral {stats['max_deferral']} packs   solo packs {stats['solo_packs']}")
+    print(f"  built in {stats['build_seconds']} s")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from mmidx.pack_index import build_pack_index
+    from mmidx.packing import PackBuilder
+    from mmidx.show import render
+
+    config = _data_config(args)
+    index = build_pack_index(config, num_samples=args.num_samples, cache_dir=args.cache_dir)
+    if not 0 <= args.pack < len(index):
+        print(f"mmidx: pack {args.pack} out of range: the index has {len(index)} packs", file=sys.stderr)
+        return 1
+    batch = PackBuilder(config).build(args.pack, index.items(args.pack))
+    render(batch, width=args.width).save(args.output)
+    print(f"{args.output}: pack {args.pack}, {batch.sequence_length:,} tokens in {len(batch.sample_lens)} samples")
+    return 0
+
+
+def _register_index_and_show(commands: Commands) -> None:
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("config", nargs="+", help="a data.yaml, or dataset prefixes (one group each)")
+        sub.add_argument("--num-samples", type=int, help="samples in the stream (default: one epoch of all)")
+        sub.add_argument("--cache-dir", help="folder of cached indices (default: build in memory)")
+        sub.add_argument("--seed", type=int, help="override the config's seed")
+        sub.add_argument("--max-latent-size", type=int, help="VAE latent grid side (BAGEL: 32, 64 to fine-tune)")
+
+    sub = add_command(commands, "index", cmd_index,
+                      "Build the pack index (or, with --gpt, Megatron GPT indices) and print its statistics.")
+    common(sub)
+    sub.add_argument("--gpt", action="store_true", help="build GPT sample indices of text datasets instead")
+    sub.add_argument("--seq-length", type=int, help="GPT sequence length (with --gpt)")
+    sub.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    sub = add_command(commands, "show", cmd_show, "Render a pack's layout above its attention mask to a PNG.")
+    common(sub)
+    sub.add_argument("--pack", type=int, default=0, help="pack number")
+    sub.add_argument("-o", "--output", default="pack.png", help="PNG file to write")
+    sub.add_argument("--width", type=int, default=1024, help="picture width in pixels")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmidx", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     # Each module that owns a command registers it here (one line each).
     _register_inspect_and_verify(commands)
+    _register_index_and_show(commands)
     return parser
 
 
@@ -114,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except FormatError as error:
+    except (FormatError, ValueError) as error:  # bad files or bad configuration: say what, not where
         print(f"mmidx: {error}", file=sys.stderr)
         return 1
 

@@ -162,5 +162,35 @@ class DataConfig:
         return hashlib.sha256(json.dumps(self.describe(), sort_keys=True).encode()).hexdigest()
 
 
+# BAGEL's transform arguments for each source type (data/configs/example.yaml), used when datasets are
+# named directly instead of through a data.yaml.
+VAE_ARGS = {"image_stride": 16, "max_image_size": 1024, "min_image_size": 512}
+EDIT_VIT_ARGS = {"image_stride": 14, "max_image_size": 518, "min_image_size": 224}
+VLM_ARGS = {"image_stride": 14, "max_image_size": 980, "min_image_size": 378, "max_pixels": 2_007_040}
+SOURCE_TRANSFORMS: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {
+    "t2i": (VAE_ARGS, None), "wds": (VAE_ARGS, None), "edit": (VAE_ARGS, EDIT_VIT_ARGS),
+    "prompts": (VAE_ARGS, EDIT_VIT_ARGS), "vlm": (VLM_ARGS, None), "chat": (None, None), "text": (None, None),
+}
+
+
+def config_for(paths: list[str], **overrides: Any) -> DataConfig:
+    """A data config from a ``data.yaml`` path, or from dataset prefixes (one equally weighted group each,
+    with BAGEL's transforms for the source type recorded in each dataset's metadata)."""
+    if len(paths) == 1 and paths[0].endswith((".yaml", ".yml")):
+        config = DataConfig.from_yaml(paths[0])
+        return DataConfig(**{**{f: getattr(config, f) for f in ("groups", "packing", "dropout", "geometry", "seed")},
+                             **overrides})
+    from mmidx.dataset import MMIDXDataset
+
+    groups = []
+    for number, prefix in enumerate(paths):
+        dataset = MMIDXDataset(prefix)
+        source = ((dataset.metadata or {}).get("build") or {}).get("source") or dataset.kind
+        vae, vit = SOURCE_TRANSFORMS.get(source, (VAE_ARGS, EDIT_VIT_ARGS))
+        groups.append(GroupConfig(name=f"{number}:{source}", datasets=(prefix,), image_transform=_transform(vae),
+                                  vit_image_transform=_transform(vit)))
+    return DataConfig(groups=tuple(groups), **overrides)
+
+
 def _transform(args: Mapping[str, Any] | None) -> ImageTransform | None:
     return None if args is None else ImageTransform.from_args(args)
