@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mmidx import build
 from mmidx.format import FormatError
 
 
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     # Each module that owns a command registers it here (one line each).
     _register_inspect_and_verify(commands)
+    build.register(commands)
     return parser
 
 
