@@ -2,8 +2,8 @@
 
 Every image a source stores passes :func:`ingest_image`:
 
-1. ``mmidx.images.probe`` reads the header only (width, height, format, mode, transparency) and
-   refuses images above ``max_image_pixels`` (decompression bombs) before any pixel is decoded.
+1. ``mmidx.images.probe`` reads the header only (width, height, format, mode, transparency);
+   images above ``max_image_pixels`` (decompression bombs) are refused before any pixel is decoded.
 2. The image must decode, so that a truncated or corrupt file fails here and not in a training
    job. JPEGs are decoded in PIL's draft mode (libjpeg's DCT scaling to 1/8 of each side), which
    still reads every entropy-coded byte and fails on truncated data, at about half the cost of a
@@ -53,21 +53,34 @@ def _check_decodes(data: bytes, info: images.ImageInfo, max_pixels: int) -> None
                                 f"{error}") from error
 
 
+def _pil_pixel_limit() -> int:
+    """The size above which PIL itself refuses to open an image (twice ``Image.MAX_IMAGE_PIXELS``)."""
+    return 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else 2**62
+
+
 def ingest_image(data: bytes, context: SourceContext) -> StoredImage:
-    """Probe, check and (optionally) downsize encoded image bytes; raise :class:`Skipped` if unusable."""
-    max_size, max_pixels = context.options.max_image_size, context.options.max_image_pixels or images.DEFAULT_MAX_PIXELS
+    """Probe, check and (optionally) downsize encoded image bytes; raise :class:`Skipped` if unusable.
+
+    The pixel limit is ``--max-image-pixels`` (default ``mmidx.images.DEFAULT_MAX_PIXELS``), checked
+    here on the probed size; images beyond PIL's own limit are refused by PIL while probing.
+    """
+    max_size = context.options.max_image_size
+    max_pixels = context.options.max_image_pixels or images.DEFAULT_MAX_PIXELS
+    pil_limit = _pil_pixel_limit()
     with context.timed("images"):
         try:
-            info = images.probe(data, max_pixels=max_pixels)
+            info = images.probe(data, max_pixels=pil_limit)
+            if info.width * info.height > max_pixels:
+                raise Skipped("decompression_bomb", f"{info.format} image of {info.width}x{info.height} = "
+                                                    f"{info.width * info.height} pixels, above {max_pixels}")
             if max_size and max(info.width, info.height) > max_size:
-                data = images.downsize_and_reencode(data, max_size, max_pixels=max_pixels)
-                info = images.probe(data, max_pixels=max_pixels)
+                data = images.downsize_and_reencode(data, max_size, max_pixels=pil_limit)
+                info = images.probe(data, max_pixels=pil_limit)
             else:
-                _check_decodes(data, info, max_pixels)
+                _check_decodes(data, info, pil_limit)
         except images.ImageError as error:
-            # mmidx.images words every pixel-limit refusal this way (its only distinction between them)
-            reason = "decompression_bomb" if str(error).startswith("decompression bomb") else "undecodable_image"
-            raise Skipped(reason, str(error)) from error
+            bomb = isinstance(error.__cause__, Image.DecompressionBombError)
+            raise Skipped("decompression_bomb" if bomb else "undecodable_image", str(error)) from error
     return StoredImage(data, info.width, info.height, info.format, info.mode, info.has_transparency)
 
 
