@@ -514,7 +514,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     single = (args.source, args.input, args.output)
     multi = (args.config, args.dataset_info, args.output_dir)
-    if all(single) == any(multi) or (not all(single) and not all(multi)):
+    if not (all(single) and not any(multi)) and not (all(multi) and not any(single)):
         print("mmidx build: give either --source, --input and --output, or --config, --dataset-info and "
               "--output-dir", file=sys.stderr)
         return 2
