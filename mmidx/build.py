@@ -232,11 +232,12 @@ def _worker_build_unit(plan: _Plan, index: int, unit: WorkUnit) -> dict[str, Any
 class _Progress:
     """A tqdm bar over rows with images/s and tokens/s beside it."""
 
-    def __init__(self, total: int | None, enabled: bool, label: str):
+    def __init__(self, total: int | None, done: int, enabled: bool, label: str):
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, unit="rows", disable=not enabled, desc=label, dynamic_ncols=True,
-                        file=sys.stderr)
+        # rows of reused shards count as done from the start, not in the rates
+        self.bar = tqdm(total=total, initial=done, unit="rows", disable=not enabled, desc=label,
+                        dynamic_ncols=True, file=sys.stderr)
         self.images = self.tokens = 0
         self.started = time.perf_counter()
 
@@ -375,10 +376,9 @@ def build_dataset(options: BuildOptions) -> BuildReport:
                    if (report := _finished_shard(plan, index, unit)) is not None}
         todo = [(index, unit) for index, unit in enumerate(units) if index not in reports]
         known_rows = [unit.rows for unit in units]
-        progress = _Progress(sum(known_rows) if None not in known_rows else None, options.progress,
+        progress = _Progress(sum(known_rows) if None not in known_rows else None,
+                             sum(report["rows"] for report in reports.values()), options.progress,
                              f"{options.source} → {os.path.basename(options.output)}")
-        for report in reports.values():
-            progress.update(report["rows"], report["images"], report["tokens"])
         reused = len(reports)
         try:
             reports.update(_run_units(plan, todo, tokenizer, progress))

@@ -56,3 +56,14 @@ def test_an_unknown_speaker_skips_the_row(tmp_path):
     dataset, report = build("chat", [path], tmp_path / "out")
     assert len(dataset) == 1 and dataset[0].origin[1] == 1
     assert report.data["skips"]["malformed_record"]["count"] == 1
+
+
+def test_rows_are_line_numbers_however_the_file_is_cut(tmp_path):
+    lines = [VICUNA, "", "{broken", OPENAI_WORDS, "", VICUNA, OPENAI_WORDS, VICUNA]
+    path = write_jsonl(tmp_path / "chat.jsonl", lines)
+    whole, _ = build("chat", [path], tmp_path / "whole")
+    cut, report = build("chat", [path], tmp_path / "cut", bytes_per_shard=200)
+    assert report.data["units"] >= 3
+    assert [cut[i].origin[1] for i in range(len(cut))] == [whole[i].origin[1] for i in range(len(whole))] \
+        == [0, 3, 5, 6, 7]
+    assert report.data["skips"]["invalid_json"]["examples"][0]["row"] == 2

@@ -176,3 +176,10 @@ def test_video_placeholder_in_a_later_turn_is_expanded_there(videos):
     count = len(_frame_numbers(dataset[3], 0))
     assert [e["type"] for e in plan] == ["text", "text", "text"] + ["vit_image"] * count + ["text", "text"]
     assert dataset[3].text(plan[2]["payload"]).tolist() == encode("Now")
+
+
+def test_image_names_default_to_the_jsonl_files_folder(images, tmp_path):
+    dataset, _ = images
+    path = dataset.metadata["build"]["inputs"][0]
+    again, _ = build("vlm", [path], tmp_path / "again")
+    assert [bytes(again[i].image(0).data) for i in (0, 1)] == [bytes(dataset[i].image(0).data) for i in (0, 1)]

@@ -2,7 +2,8 @@
 
 Input: JSONL lines ``{"conversations": [{"from": "human"|"gpt", "value": ...}], "image": name or
 [names]}`` or ``{..., "video": name}``; names are relative to ``--image-root`` (BAGEL's
-``data_dir``) unless absolute or URIs. Rules, as BAGEL's ``__iter__`` and ``change_format`` apply them:
+``data_dir``; default: the JSONL file's folder) unless absolute or URIs. Rules, as BAGEL's
+``__iter__`` and ``change_format`` apply them:
 
 * every listed image is loaded (a missing or undecodable one skips the row); ``image`` wins over
   ``video``; a row with neither is a text-only conversation;
@@ -38,7 +39,7 @@ from mmidx.sources.common import (
     plan_conversation,
     require_loss,
 )
-from mmidx.sources.inputs import jsonl_units, list_inputs, read_jsonl, resolve
+from mmidx.sources.inputs import jsonl_units, list_inputs, parent, read_jsonl, resolve
 from mmidx.sources.media import VideoFile, frame_indices, ingest_image_file
 
 KIND = "multimodal"
@@ -102,7 +103,7 @@ def _plan(turn_lists: Sequence[Sequence[tuple[str, str]]], image_lists: Sequence
 
 def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> SourceSample:
     turns = conversation_turns(record)
-    root = context.options.image_root
+    root = context.options.image_root or parent(unit.path)
     if "image" in record:
         stored = [ingest_image_file(resolve(root, name), context) for name in _image_names(record["image"])]
         views, tokens = _plan([turns], [list(range(len(stored)))], context)
