@@ -429,7 +429,7 @@ def _load_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _group_builds(group: str, spec: dict[str, Any], info: dict[str, Any], info_folder: str, output_dir: str,
-                  template: BuildOptions) -> list[BuildOptions]:
+                  settings: dict[str, Any]) -> list[BuildOptions]:
     """The builds of one group of a BAGEL data config: one per dataset name, inputs from the dataset info."""
     if group not in GROUP_SOURCES:
         raise BuildError(f"group {group!r}: mmidx builds the BAGEL groups {', '.join(GROUP_SOURCES)}")
@@ -440,7 +440,7 @@ def _group_builds(group: str, spec: dict[str, Any], info: dict[str, Any], info_f
         if not isinstance(entry, dict) or "data_dir" not in entry:
             raise BuildError(f"the dataset info has no data_dir for {group}/{name}")
         where = {key: os.path.join(info_folder, entry[key]) for key in ("data_dir", "jsonl_path") if key in entry}
-        options = template.source_options
+        options = settings["source_options"]
         if source == "vlm":
             if "jsonl_path" not in where:
                 raise BuildError(f"the dataset info has no jsonl_path for {group}/{name}")
@@ -449,28 +449,31 @@ def _group_builds(group: str, spec: dict[str, Any], info: dict[str, Any], info_f
                               min_frames=frames.get("min_num_frames", options.min_frames),
                               max_frames=frames.get("max_num_frames", options.max_frames))
         inputs = (where["jsonl_path"],) if source == "vlm" else (where["data_dir"],)
-        builds.append(replace(template, source=source, inputs=inputs, source_options=options,
-                              output=os.path.join(output_dir, group, name)))
+        builds.append(BuildOptions(source, inputs, output=os.path.join(output_dir, group, name),
+                                   **{**settings, "source_options": options}))
     return builds
 
 
 def build_from_config(config: str | os.PathLike, dataset_info: str | os.PathLike, output_dir: str | os.PathLike,
-                      template: BuildOptions) -> list[BuildReport]:
+                      *, tokenizer: str, source_options: SourceOptions | None = None, workers: int = 1,
+                      max_skip_rate: float = 0.01, progress: bool = True) -> list[BuildReport]:
     """Build every (group, dataset name) of a BAGEL data YAML and write ``output_dir/data.yaml``.
 
     ``config`` has BAGEL's ``data/configs/*.yaml`` shape; ``dataset_info`` maps group → dataset name →
     ``data_dir`` (parquet folder, or image folder for ``vlm_sft``) and ``jsonl_path``, as BAGEL's
-    ``DATASET_INFO`` (relative paths are relative to the info file). ``template`` gives the tokenizer,
-    workers and options shared by all builds. ``num_used_data`` is not applied: every file is built
-    once, and how often a group is drawn is its ``weight``. The data config is written only when
-    every build passed.
+    ``DATASET_INFO`` (relative paths are relative to the info file). The other arguments apply to
+    every build; a group's ``frame_sampler_args`` set its frame counts. ``num_used_data`` is not
+    applied: every file is built once, and how often a group is drawn is its ``weight``. The data
+    config is written only when every build passed.
     """
     import yaml
 
     groups, info = _load_yaml(config), _load_yaml(dataset_info)
     output_dir = os.fspath(output_dir)
     info_folder = os.path.dirname(os.path.abspath(dataset_info))
-    plans = {group: _group_builds(group, spec or {}, info, info_folder, output_dir, template)
+    settings = {"tokenizer": tokenizer, "source_options": source_options or SourceOptions(), "workers": workers,
+                "max_skip_rate": max_skip_rate, "progress": progress}
+    plans = {group: _group_builds(group, spec or {}, info, info_folder, output_dir, settings)
              for group, spec in groups.items()}
     reports = [build_dataset(options) for builds in plans.values() for options in builds]
     if all(report.ok for report in reports):
@@ -496,15 +499,12 @@ def _csv(value: str) -> tuple[str, ...]:
     return tuple(part for part in value.split(",") if part)
 
 
-def _options_from_args(args: argparse.Namespace) -> BuildOptions:
-    source_options = SourceOptions(
+def _source_options(args: argparse.Namespace) -> SourceOptions:
+    return SourceOptions(
         views=args.views, seed=args.seed, image_root=args.image_root, max_image_size=args.max_image_size,
         max_image_pixels=args.max_image_pixels, min_frames=args.min_frames, max_frames=args.max_frames,
         text_key=args.text_key, extra_keys=args.extra_keys, prompt_key=args.prompt_key,
         caption_key=args.caption_key, rows_per_shard=args.rows_per_shard, bytes_per_shard=args.bytes_per_shard)
-    return BuildOptions(source=args.source or "t2i", inputs=tuple(args.input or ()) or ("-",),
-                        tokenizer=args.tokenizer, output=args.output or "-", source_options=source_options,
-                        workers=args.workers, max_skip_rate=args.max_skip_rate, progress=not args.quiet)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -518,12 +518,15 @@ def cmd_build(args: argparse.Namespace) -> int:
         print("mmidx build: give either --source, --input and --output, or --config, --dataset-info and "
               "--output-dir", file=sys.stderr)
         return 2
+    settings = {"tokenizer": args.tokenizer, "workers": args.workers, "max_skip_rate": args.max_skip_rate,
+                "progress": not args.quiet}
     try:
-        template = _options_from_args(args)
         if all(single):
-            reports = [build_dataset(template)]
+            reports = [build_dataset(BuildOptions(args.source, tuple(args.input), output=args.output,
+                                                  source_options=_source_options(args), **settings))]
         else:
-            reports = build_from_config(args.config, args.dataset_info, args.output_dir, template)
+            reports = build_from_config(args.config, args.dataset_info, args.output_dir,
+                                        source_options=_source_options(args), **settings)
     except (BuildError, SourceError, TokenizerError, ValueError) as error:
         print(f"mmidx build: {error}", file=sys.stderr)
         return 1

@@ -73,8 +73,10 @@ def plan_conversation(items: Sequence[ConversationItem], table: TextTable, token
     for kind, text, loss in items:
         if kind == "image":
             elements.append(Element("vit_image", next(images), img_num=img_num))
-        elif tokens[table.add(text)]:
-            elements.append(Element("text", table.add(text), loss=loss))
+            continue
+        number = table.add(text)
+        if tokens[number]:
+            elements.append(Element("text", number, loss=loss))
     return elements
 
 

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 import av
 import numpy as np
+import pyarrow.fs as pafs
 from PIL import Image, ImageFile
 
 from mmidx import images
@@ -126,7 +127,7 @@ class VideoFile:
         self.location = location
         self.context = context
         fs, path = filesystem(location)
-        if fs.get_file_info(path).type.name != "File":
+        if fs.get_file_info(path).type != pafs.FileType.File:
             raise Skipped("missing_file", f"{location}: no such file")
         self._source = location if not is_uri(location) else io.BytesIO(read_media_file(location))
 
