@@ -110,6 +110,7 @@ def test_a_build_killed_mid_way_resumes_to_exactly_the_expected_samples(serial, 
     deadline = time.monotonic() + 60
     while not list(shards.glob("*.report.json")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
+    assert process.poll() is None, f"the build ended (exit {process.returncode}) before it could be killed"
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     finished = len(list(shards.glob("*.report.json")))
