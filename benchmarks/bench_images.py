@@ -1,0 +1,137 @@
+"""Speed of mmidx.images on a 512² JPEG, and of token counting over many probed sizes.
+
+    python benchmarks/bench_images.py [--bagel-repo DIR] [--repeats N]
+
+Prints a Markdown table (best of N runs, as timeit does, since shared cores only add noise; one
+thread). With ``--bagel-repo`` (a checkout of ByteDance-Seed/Bagel whose ``data/`` imports with
+torchvision installed) it times BAGEL's own ``pil_img2rgb``/``ImageTransform``/``patchify`` beside
+mmidx's and checks the outputs are equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import platform
+import sys
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import PIL
+import torch
+from PIL import Image
+
+from mmidx.images import (
+    BAGEL_VAE_TRANSFORM,
+    BAGEL_VIT_TRANSFORM,
+    decode_rgb,
+    num_image_tokens,
+    patchify,
+    probe,
+    resize_shape,
+)
+
+
+def photo_like_jpeg(size: int = 512, quality: int = 90) -> bytes:
+    """A smooth image with texture, closer to a photo's JPEG size and decode cost than pure noise."""
+    y, x = np.mgrid[0:size, 0:size] / size
+    rng = np.random.default_rng(0)
+    pixels = np.stack([np.sin(6 * x + 2 * y), np.cos(5 * y - 3 * x), np.sin(9 * x * y)], axis=-1) * 100 + 128
+    pixels += rng.normal(0, 12, pixels.shape)
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def best_seconds(function: Callable[[], Any], repeats: int) -> float:
+    function()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def torchvision_steps(image: Image.Image) -> torch.Tensor:
+    """ToTensor + Normalize(0.5, 0.5) as torchvision computes them, for comparison."""
+    tensor = torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous().to(torch.float32).div(255)
+    return tensor.sub_(0.5).div_(0.5)
+
+
+def import_bagel(repo: str) -> types.SimpleNamespace:
+    """BAGEL's data modules, importable beside the CPU torch wheel as BAGEL_SEMANTICS.md describes."""
+    stand_in = "torchvision._meta_registrations"
+    sys.modules.setdefault(stand_in, types.ModuleType(stand_in))
+    sys.modules.setdefault("cv2", types.ModuleType("cv2"))  # used only by augmentations we do not call
+    sys.path.insert(0, repo)
+    from data import data_utils, transforms
+
+    return types.SimpleNamespace(transforms=transforms, data_utils=data_utils)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bagel-repo", help="BAGEL checkout to time side by side (needs torchvision)")
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    data = photo_like_jpeg()
+    image = decode_rgb(data)
+    resized = BAGEL_VIT_TRANSFORM.resize(image)
+    vit_tensor = BAGEL_VIT_TRANSFORM(image)
+    rows: list[tuple[str, float, float | None]] = []
+    bagel = import_bagel(args.bagel_repo) if args.bagel_repo else None
+    bagel_vit = bagel and bagel.transforms.ImageTransform(518, 224, 14)
+    bagel_vae = bagel and bagel.transforms.ImageTransform(1024, 512, 16)
+
+    def row(name: str, ours: Callable[[], Any], theirs: Callable[[], Any] | None = None) -> None:
+        theirs_time = best_seconds(theirs, args.repeats) if theirs else None
+        rows.append((name, best_seconds(ours, args.repeats), theirs_time))
+
+    def bagel_decode() -> Image.Image:
+        return bagel.data_utils.pil_img2rgb(Image.open(io.BytesIO(data)))
+
+    row("probe (header only)", lambda: probe(data))
+    row("decode to RGB (open + to_rgb)", lambda: decode_rgb(data), bagel and bagel_decode)
+    row("to tensor, 512² (reference: torchvision's steps)", lambda: BAGEL_VAE_TRANSFORM.to_tensor(image),
+        lambda: torchvision_steps(image))
+    row("ViT resize 512² → 518² (PIL bicubic)", lambda: BAGEL_VIT_TRANSFORM.resize(image))
+    row("to tensor, 518²", lambda: BAGEL_VIT_TRANSFORM.to_tensor(resized), lambda: torchvision_steps(resized))
+    row("ViT transform 512² → 518² tensor", lambda: BAGEL_VIT_TRANSFORM(image),
+        bagel and (lambda: bagel_vit(image)))
+    row("VAE transform 512² → 512² tensor", lambda: BAGEL_VAE_TRANSFORM(image),
+        bagel and (lambda: bagel_vae(image)))
+    row("patchify 518², p=14", lambda: patchify(vit_tensor, 14),
+        bagel and (lambda: bagel.data_utils.patchify(vit_tensor, 14)))
+    row("decode + ViT transform + patchify", lambda: patchify(BAGEL_VIT_TRANSFORM(decode_rgb(data)), 14),
+        bagel and (lambda: bagel.data_utils.patchify(bagel_vit(bagel_decode()), 14)))
+    if bagel:
+        assert torch.equal(BAGEL_VIT_TRANSFORM(decode_rgb(data)), bagel_vit(bagel_decode()))
+        assert torch.equal(BAGEL_VAE_TRANSFORM(decode_rgb(data)), bagel_vae(bagel_decode()))
+
+    rng = np.random.default_rng(0)
+    widths, heights = rng.integers(64, 4096, 1_000_000), rng.integers(64, 4096, 1_000_000)
+    vectorised = best_seconds(lambda: num_image_tokens(widths, heights, BAGEL_VIT_TRANSFORM), 5)
+    sample = list(zip(widths[:20_000].tolist(), heights[:20_000].tolist(), strict=True))
+    kwargs = {"max_size": 518, "min_size": 224, "stride": 14, "max_pixels": BAGEL_VIT_TRANSFORM.max_pixels}
+    scalar = best_seconds(lambda: [resize_shape(w, h, **kwargs) for w, h in sample], 3) / len(sample) * 1e6
+
+    print(f"{len(data)}-byte 512² JPEG; {platform.processor() or platform.machine()}, one thread; "
+          f"Python {platform.python_version()}, Pillow {PIL.__version__}, numpy {np.__version__}, "
+          f"torch {torch.__version__}\n")
+    print("| step | mmidx (ms) | reference (ms) |\n|---|---:|---:|")
+    for name, ours, theirs in rows:
+        print(f"| {name} | {ours * 1e3:.2f} | {'' if theirs is None else f'{theirs * 1e3:.2f}'} |")
+    print(f"\nnum_image_tokens, 1M probed sizes (ViT preset): {vectorised * 1e3:.0f} ms "
+          f"({vectorised:.3f} µs per image); scalar resize_shape: {scalar:.1f} µs per image")
+    if bagel:
+        print("\nReference column: BAGEL's own code where one exists; transform outputs checked bit-equal.")
+
+
+if __name__ == "__main__":
+    main()
