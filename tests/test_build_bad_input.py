@@ -188,3 +188,10 @@ def test_cli_exits_one_when_the_skip_rate_exceeds_the_limit_and_says_why(tmp_pat
 def test_cli_exits_one_when_nothing_was_built(tmp_path, capsys):
     assert _cli_build(tmp_path, 10, "--max-skip-rate", "1") == 1
     assert "nothing was built from 10 rows" in capsys.readouterr().out
+
+
+def test_a_pixel_limit_above_pils_own_is_refused_up_front():
+    from mmidx.sources import SourceOptions, pil_pixel_limit
+
+    with pytest.raises(ValueError, match="PIL itself refuses larger images"):
+        SourceOptions(max_image_pixels=pil_pixel_limit() + 1)

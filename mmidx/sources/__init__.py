@@ -47,6 +47,13 @@ SKIP_REASONS = {
 }
 
 
+def pil_pixel_limit() -> int:
+    """The pixel count above which PIL itself refuses to open an image (2 × ``Image.MAX_IMAGE_PIXELS``)."""
+    from PIL import Image
+
+    return 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else 2**62
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """Everything that decides what a source builds from a row (recorded in the dataset's metadata)."""
@@ -73,6 +80,11 @@ class SourceOptions:
             raise ValueError(f"need 1 <= min_frames <= max_frames, got {self.min_frames}..{self.max_frames}")
         if self.rows_per_shard < 1 or self.bytes_per_shard < 1:
             raise ValueError("rows_per_shard and bytes_per_shard must be positive")
+        if self.max_image_pixels is not None:
+            pil_limit = pil_pixel_limit()
+            if not 1 <= self.max_image_pixels <= pil_limit:
+                raise ValueError(f"max_image_pixels must lie in 1..{pil_limit} (PIL itself refuses larger images), "
+                                 f"not {self.max_image_pixels}")
 
 
 @dataclass(frozen=True)

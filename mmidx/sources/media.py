@@ -32,7 +32,7 @@ from PIL import Image, ImageFile
 
 from mmidx import images
 from mmidx.builder import StoredImage
-from mmidx.sources import Skipped, SourceContext
+from mmidx.sources import Skipped, SourceContext, pil_pixel_limit
 from mmidx.sources.inputs import filesystem, is_uri, read_bytes
 
 _DRAFT_FORMATS = ("JPEG", "MPO")
@@ -54,11 +54,6 @@ def _check_decodes(data: bytes, info: images.ImageInfo, max_pixels: int) -> None
                                 f"{error}") from error
 
 
-def _pil_pixel_limit() -> int:
-    """The size above which PIL itself refuses to open an image (twice ``Image.MAX_IMAGE_PIXELS``)."""
-    return 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else 2**62
-
-
 def ingest_image(data: bytes, context: SourceContext) -> StoredImage:
     """Probe, check and (optionally) downsize encoded image bytes; raise :class:`Skipped` if unusable.
 
@@ -67,7 +62,7 @@ def ingest_image(data: bytes, context: SourceContext) -> StoredImage:
     """
     max_size = context.options.max_image_size
     max_pixels = context.options.max_image_pixels or images.DEFAULT_MAX_PIXELS
-    pil_limit = _pil_pixel_limit()
+    pil_limit = pil_pixel_limit()
     with context.timed("images"):
         try:
             info = images.probe(data, max_pixels=pil_limit)
