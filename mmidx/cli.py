@@ -180,9 +180,13 @@ def _register_index_and_show(commands: Commands) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmidx", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    from mmidx import build, demo  # they register through add_command, so they import this module
+
     # Each module that owns a command registers it here (one line each).
     _register_inspect_and_verify(commands)
     _register_index_and_show(commands)
+    build.register(commands)
+    demo.register(commands)
     return parser
 
 

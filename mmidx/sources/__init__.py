@@ -1,1 +1,194 @@
-"""One module per raw source type; each turns its input rows into samples for the builder."""
+"""One module per raw source type; each turns its input rows into samples for the builder.
+
+Every source module implements the same two functions and a few constants:
+
+* ``KIND``: ``"multimodal"`` or ``"text"``, the kind of dataset it writes;
+* ``EXTENSIONS``: the file name endings it reads when an input is a directory;
+* ``work_units(inputs, options) -> list[WorkUnit]``: cut the inputs into independent units (a file,
+  a row-group range of a large parquet file, a line-aligned byte range of a large JSONL file);
+  each unit becomes one shard of a parallel build;
+* ``read(unit, context) -> Iterator[SourceSample | SourceDocument | Skip]``: the unit's rows in
+  order, each either built or skipped with a reason from :data:`SKIP_REASONS`.
+
+Sources hold no state between rows. Every random draw comes from ``context.rng(file, row)``,
+so a row builds the same way in any worker, in any shard layout, on any rerun.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import posixpath
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from mmidx.builder import Element, StoredImage
+
+SOURCE_NAMES = ("t2i", "edit", "vlm", "chat", "text", "prompts", "wds")
+
+SKIP_REASONS = {
+    "undecodable_image": "image bytes that are not an image, or a truncated or corrupt image",
+    "decompression_bomb": "image with more pixels than --max-image-pixels",
+    "invalid_json": "a line or file that is not valid JSON",
+    "malformed_record": "valid JSON (or a parquet row) without the fields the source needs, or of the wrong type",
+    "missing_file": "image or video file named by a row that does not exist",
+    "undecodable_video": "video that PyAV cannot open or decode, or that has no frames",
+    "bad_captions": "captions missing or not a JSON object of strings",
+    "instruction_image_mismatch": "edit row whose instruction_list does not have one option list per step",
+    "no_loss_turn": "conversation without a text that carries loss (BAGEL skips these)",
+    "empty_text": "text, prompt or document that is missing or empty",
+    "unreadable_row_group": "parquet row group that cannot be read (every row of it is counted)",
+    "unreadable_file": "input file that cannot be opened or read to its end",
+}
+
+
+def pil_pixel_limit() -> int:
+    """The pixel count above which PIL itself refuses to open an image (2 × ``Image.MAX_IMAGE_PIXELS``)."""
+    from PIL import Image
+
+    return 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else 2**62
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Everything that decides what a source builds from a row (recorded in the dataset's metadata)."""
+
+    views: int = 4
+    seed: int = 0
+    image_root: str | None = None
+    max_image_size: int | None = None
+    max_image_pixels: int | None = None  # None: mmidx.images.DEFAULT_MAX_PIXELS
+    min_frames: int = 8
+    max_frames: int = 12
+    frame_quality: int = 95
+    text_key: str = "text"
+    extra_keys: tuple[str, ...] = ()
+    prompt_key: str = "prompt"
+    caption_key: str = "caption"
+    rows_per_shard: int = 20_000
+    bytes_per_shard: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        if self.views < 1:
+            raise ValueError(f"views must be at least 1, not {self.views}")
+        if not 1 <= self.min_frames <= self.max_frames:
+            raise ValueError(f"need 1 <= min_frames <= max_frames, got {self.min_frames}..{self.max_frames}")
+        if self.rows_per_shard < 1 or self.bytes_per_shard < 1:
+            raise ValueError("rows_per_shard and bytes_per_shard must be positive")
+        if self.max_image_pixels is not None:
+            pil_limit = pil_pixel_limit()
+            if not 1 <= self.max_image_pixels <= pil_limit:
+                raise ValueError(f"max_image_pixels must lie in 1..{pil_limit} (PIL itself refuses larger images), "
+                                 f"not {self.max_image_pixels}")
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """An independent piece of the input: rows ``[start, stop)`` of one file, in the file's own terms.
+
+    For parquet ``start``/``stop`` are row-group numbers, for JSONL byte offsets at line starts,
+    and ``(0, None)`` means the whole file. ``first_row`` is the row number of the unit's first row
+    in its file, so rows are numbered the same however a file is cut.
+    """
+
+    path: str
+    start: int = 0
+    stop: int | None = None
+    first_row: int = 0
+    rows: int | None = None  # rows in the unit, when the file's metadata says so
+    identity: str = ""  # size and modification time of the file when planned (reruns compare it)
+
+    @property
+    def label(self) -> str:
+        name = posixpath.basename(self.path.rstrip("/")) or self.path
+        return name if self.stop is None else f"{name}[{self.start}:{self.stop}]"
+
+
+@dataclass
+class SourceSample:
+    """One built row of a multimodal source: its texts, images and one sequence plan per view."""
+
+    row: int
+    texts: list[list[int]]
+    images: list[StoredImage]
+    views: list[list[Element]]
+    extra: dict[str, Any] | None = None
+
+
+@dataclass
+class SourceDocument:
+    """One built row of a text source: one token sequence (a Megatron document)."""
+
+    row: int
+    tokens: list[int]
+
+
+@dataclass
+class Skip:
+    """A row that was not built, and why (``reason`` is a key of :data:`SKIP_REASONS`)."""
+
+    row: int
+    reason: str
+    detail: str
+
+
+class Skipped(Exception):
+    """Raised while building a row to skip it with a counted reason."""
+
+    def __init__(self, reason: str, detail: str):
+        if reason not in SKIP_REASONS:
+            raise ValueError(f"unknown skip reason {reason!r}")
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+    def at(self, row: int) -> Skip:
+        return Skip(row, self.reason, self.detail)
+
+
+class SourceError(ValueError):
+    """Input that breaks a source's contract as a whole (not one bad row): the build stops."""
+
+
+@dataclass
+class SourceContext:
+    """What a source needs while reading a unit: tokenizer, options, seeded draws and timings."""
+
+    tokenizer: Any  # mmidx.tokenizer.Tokenizer (kept duck-typed so tests may pass a stand-in)
+    options: SourceOptions
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def rng(self, path: str, row: int) -> random.Random:
+        """The random generator of one row: a function of (seed, file name, row) only.
+
+        The file's base name (not its folder or URI scheme) is used, so moving data keeps its draws.
+        """
+        name = posixpath.basename(path.rstrip("/"))
+        key = hashlib.sha256(f"{self.options.seed}\0{name}\0{row}".encode()).digest()
+        return random.Random(int.from_bytes(key[:8], "little"))
+
+    @contextmanager
+    def timed(self, what: str) -> Iterator[None]:
+        """Add the time spent in the block to ``seconds[what]`` (reported per build)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - start
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of every text (timed as ``tokenize``)."""
+        with self.timed("tokenize"):
+            return self.tokenizer.encode_batch(texts)
+
+
+def get_source(name: str) -> ModuleType:
+    """The module implementing source ``name`` (one of :data:`SOURCE_NAMES`)."""
+    if name not in SOURCE_NAMES:
+        raise ValueError(f"unknown source {name!r}; choose one of {', '.join(SOURCE_NAMES)}")
+    return importlib.import_module(f"mmidx.sources.{name}")

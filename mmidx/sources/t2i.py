@@ -1,0 +1,62 @@
+"""``t2i``: text-to-image pairs in parquet, BAGEL's ``t2i_pretrain`` (``data/t2i_dataset.py``).
+
+Input: parquet files with columns ``image`` (encoded bytes) and ``captions`` (a JSON string
+``{"0": "...", "1": "...", ...}``). Rules, as BAGEL applies them:
+
+* the image is decoded (``pil_img2rgb(Image.open(...))``); a row whose image fails is skipped;
+* ``captions`` is parsed with ``json.loads``; a row whose captions are missing or do not parse is
+  skipped (as must be a value that is not an object of strings, on which BAGEL would crash);
+* every caption is tokenized with ``tokenizer.encode``; an empty object gives the single caption
+  ``" "``; BAGEL picks ``random.choice`` of them per epoch.
+
+mmidx stores every distinct caption once and the image once, and materialises K views that pick
+captions so that the first min(K, n) views show n distinct captions (a fresh shuffle per round,
+seeded by (seed, file, row)). Plan of every view: text(caption, enable_cfg=1, loss=0) →
+vae_image(loss=1, enable_cfg=0), the image referenced by its one noised-VAE element.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+
+from mmidx.sources import Skip, Skipped, SourceContext, SourceOptions, SourceSample, WorkUnit
+from mmidx.sources.common import caption_sample
+from mmidx.sources.inputs import list_inputs, parquet_units, read_parquet
+from mmidx.sources.media import ingest_image
+
+KIND = "multimodal"
+EXTENSIONS = (".parquet",)
+
+
+def work_units(inputs: Sequence[str], options: SourceOptions) -> list[WorkUnit]:
+    """Row-group ranges of the parquet inputs."""
+    return parquet_units(list_inputs(inputs, EXTENSIONS), options.rows_per_shard)
+
+
+def parse_captions(value: object) -> list[str]:
+    """The captions of a ``captions`` cell (JSON object of strings), in the object's order."""
+    try:
+        captions = json.loads(value)
+    except (TypeError, ValueError) as error:
+        raise Skipped("bad_captions", f"captions are not JSON ({error}): {str(value)[:80]!r}") from error
+    if not isinstance(captions, dict) or not all(isinstance(text, str) for text in captions.values()):
+        raise Skipped("bad_captions", f"captions are not an object of strings: {str(value)[:80]!r}")
+    return list(captions.values())
+
+
+def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip]:
+    """One sample per row; rows with an unusable image or captions are skipped."""
+    for item in read_parquet(unit, ("image", "captions")):
+        if isinstance(item, Skip):
+            yield item
+            continue
+        row, record = item
+        try:
+            if not isinstance(record["image"], bytes):
+                raise Skipped("malformed_record", f"image is {type(record['image']).__name__}, not bytes")
+            image = ingest_image(record["image"], context)
+            captions = parse_captions(record["captions"])
+            yield caption_sample(row, captions, image, context.rng(unit.path, row), context)
+        except Skipped as skipped:
+            yield skipped.at(row)

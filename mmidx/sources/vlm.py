@@ -1,0 +1,142 @@
+"""``vlm``: LLaVA-style conversations over images or a video, BAGEL's ``vlm_sft`` (``data/vlm_dataset.py``).
+
+Input: JSONL lines ``{"conversations": [{"from": "human"|"gpt", "value": ...}], "image": name or
+[names]}`` or ``{..., "video": name}``; names are relative to ``--image-root`` (BAGEL's
+``data_dir``; default: the JSONL file's folder) unless absolute or URIs. Rules, as BAGEL's
+``__iter__`` and ``change_format`` apply them:
+
+* every listed image is loaded (a missing or undecodable one skips the row); ``image`` wins over
+  ``video``; a row with neither is a text-only conversation;
+* a video gives n frames (:func:`mmidx.sources.media.frame_indices`, n in
+  [min_frames, max_frames], default 8..12) and ``<video>`` becomes n × ``<image>`` in the first
+  turn that contains it. (BAGEL's loop raises unless that is the *first* turn — its ``else`` sits
+  under the ``if`` instead of the ``for`` — and so drops such rows; mmidx keeps them. A video row
+  without ``<video>`` anywhere is skipped, as in BAGEL.)
+* ``change_format``: a human turn without ``<image>`` is one text (not stripped); with it, the
+  value is split on ``<image>``, each stripped non-empty piece is a text, and an image follows
+  every piece but the last while fewer than the sample's image count were placed; a gpt turn is
+  one text with loss; other speakers are ignored;
+* texts are tokenized with ``tokenizer.encode``; texts with no tokens are dropped; every element
+  has enable_cfg=0; images are vit_image elements (loss 0) with ``img_num`` = the number of images
+  (or frames) of the sample, which BAGEL's resize rule divides ``max_pixels`` by;
+* a row without any text with loss is skipped ("No loss defined").
+
+Views: an image or text row has one view (nothing is random); a video row has K views, K frame
+draws seeded by (seed, file, row). The frames are decoded with PyAV and stored once each as JPEG
+(the union over views); ``extra["video_frames"]`` lists the frame number of each stored image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from mmidx.sources import Skip, Skipped, SourceContext, SourceOptions, SourceSample, WorkUnit
+from mmidx.sources.common import (
+    ConversationItem,
+    TextTable,
+    assemble,
+    conversation_turns,
+    plan_conversation,
+    require_loss,
+)
+from mmidx.sources.inputs import jsonl_units, list_inputs, parent, read_jsonl, resolve
+from mmidx.sources.media import VideoFile, frame_indices, ingest_image_file
+
+KIND = "multimodal"
+EXTENSIONS = (".jsonl",)
+
+
+def work_units(inputs: Sequence[str], options: SourceOptions) -> list[WorkUnit]:
+    """Line-aligned byte ranges of the JSONL inputs."""
+    return jsonl_units(list_inputs(inputs, EXTENSIONS), options.bytes_per_shard)
+
+
+def change_format(turns: Sequence[tuple[str, str]], num_images: int) -> list[ConversationItem]:
+    """BAGEL's ``change_format``: the conversation as texts (with loss flags) and image placeholders."""
+    items: list[ConversationItem] = []
+    for speaker, value in turns:
+        if speaker == "human":
+            if "<image>" not in value:
+                items.append(("text", value, False))
+                continue
+            pieces = value.split("<image>")
+            for index, piece in enumerate(pieces):
+                if piece.strip():
+                    items.append(("text", piece.strip(), False))
+                if index != len(pieces) - 1 and index < num_images:
+                    items.append(("image", "", False))
+        elif speaker == "gpt":
+            items.append(("text", value, True))
+    return items
+
+
+def with_video_frames(turns: Sequence[tuple[str, str]], frames: int) -> list[tuple[str, str]]:
+    """``<video>`` replaced by ``frames`` × ``<image>`` in the first turn that holds it."""
+    for index, (speaker, value) in enumerate(turns):
+        if "<video>" in value:
+            return [*turns[:index], (speaker, value.replace("<video>", "<image>" * frames)), *turns[index + 1:]]
+    raise Skipped("malformed_record", "a video row whose conversation has no <video> placeholder")
+
+
+def _image_names(value: object) -> list[str]:
+    names = value if isinstance(value, list) else [value]
+    if not all(isinstance(name, str) for name in names):
+        raise Skipped("malformed_record", f"image is neither a file name nor a list of them: {str(value)[:80]!r}")
+    return names
+
+
+def _plan(turn_lists: Sequence[Sequence[tuple[str, str]]], image_lists: Sequence[Sequence[int]],
+          context: SourceContext) -> tuple[list[list], list[list[int]]]:
+    """Views (one per turn list, with its images) and the tokens of the row's texts."""
+    table = TextTable()
+    items = [change_format(turns, len(images)) for turns, images in zip(turn_lists, image_lists, strict=True)]
+    for view_items in items:
+        for kind, text, _ in view_items:
+            if kind == "text":
+                table.add(text)
+    tokens = table.encode(context)
+    views = [plan_conversation(view_items, table, tokens, images, max(1, len(images)))
+             for view_items, images in zip(items, image_lists, strict=True)]
+    require_loss(views)
+    return views, tokens
+
+
+def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> SourceSample:
+    turns = conversation_turns(record)
+    root = context.options.image_root or parent(unit.path)
+    if "image" in record:
+        stored = [ingest_image_file(resolve(root, name), context) for name in _image_names(record["image"])]
+        views, tokens = _plan([turns], [list(range(len(stored)))], context)
+        return assemble(row, views, tokens, stored.__getitem__)
+    if "video" in record:
+        if not isinstance(record["video"], str):
+            raise Skipped("malformed_record", f"video is not a file name: {str(record['video'])[:80]!r}")
+        video = VideoFile(resolve(root, record["video"]), context)
+        count = video.frame_count()
+        if count == 0:
+            raise Skipped("undecodable_video", f"{video.location}: no frames")
+        rng, options = context.rng(unit.path, row), context.options
+        draws = [frame_indices(rng, count, options.min_frames, options.max_frames) for _ in range(options.views)]
+        union = sorted({number for draw in draws for number in draw})
+        position = {number: j for j, number in enumerate(union)}
+        views, tokens = _plan([with_video_frames(turns, len(draw)) for draw in draws],
+                              [[position[number] for number in draw] for draw in draws], context)
+        used = sorted({e.payload for view in views for e in view if e.kind == "vit_image"})
+        frames = video.frames(union[j] for j in used)
+        return assemble(row, views, tokens, lambda j: frames[union[j]],
+                        {"video": record["video"], "video_frames": [union[j] for j in used]})
+    views, tokens = _plan([turns], [[]], context)
+    return assemble(row, views, tokens, lambda j: None)
+
+
+def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip]:
+    """One sample per line; lines that are not usable conversations are skipped."""
+    for item in read_jsonl(unit):
+        if isinstance(item, Skip):
+            yield item
+            continue
+        row, record = item
+        try:
+            yield _sample(unit, row, record, context)
+        except Skipped as skipped:
+            yield skipped.at(row)
