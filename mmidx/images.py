@@ -296,27 +296,44 @@ class ImageTransform:
 
     @cached_property
     def _mean_std(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``image_mean`` and ``image_std`` as (3, 1, 1) float32 tensors, as torchvision's Normalize uses."""
-        return (torch.tensor(self.image_mean, dtype=torch.float32).view(3, 1, 1),
-                torch.tensor(self.image_std, dtype=torch.float32).view(3, 1, 1))
+        """``image_mean`` and ``image_std`` as float32 tensors, as torchvision's Normalize uses."""
+        return (torch.tensor(self.image_mean, dtype=torch.float32),
+                torch.tensor(self.image_std, dtype=torch.float32))
+
+    def resized_pixels(self, image: Image.Image, img_num: int = 1) -> np.ndarray:
+        """``image`` resized by BAGEL's rule, as its (H, W, 3) uint8 pixels (a read-only view)."""
+        if image.mode != "RGB":
+            raise ValueError(f"ImageTransform expects an RGB image, got mode {image.mode!r}; "
+                             "convert it with to_rgb")
+        return np.asarray(self.resize(image, img_num))
+
+    def normalize_into(self, pixels: np.ndarray, out: torch.Tensor, *, channel_dim: int) -> torch.Tensor:
+        """Write BAGEL's normalised float32 values of uint8 ``pixels`` into CPU ``out`` (same shape, any strides).
+
+        torchvision computes ``((x / 255) - mean) / std`` in float32. With BAGEL's mean = std = 0.5
+        that equals ``x / 127.5 - 1`` in float32 for every one of the 256 levels (the tests check
+        each), so two passes replace three; other means and stds run torchvision's three steps.
+        Writing into a slice of a batch buffer saves the copies a separate tensor would cost; the
+        cast and any transpose are one numpy copy.
+        """
+        np.copyto(out.numpy(), pixels)
+        if self.image_mean == (0.5, 0.5, 0.5) and self.image_std == (0.5, 0.5, 0.5):
+            return out.div_(127.5).sub_(1.0)
+        shape = [1] * out.dim()
+        shape[channel_dim] = 3
+        mean, std = (value.view(shape) for value in self._mean_std)
+        return out.div_(255).sub_(mean).div_(std)
 
     def to_tensor(self, image: Image.Image) -> torch.Tensor:
         """An RGB image as BAGEL's normalised (3, H, W) float32 tensor, without resizing it.
 
-        torchvision's arithmetic, in its order and in float32 (``/ 255``, ``- mean``, ``/ std``),
-        so the values are bit-identical; but the HWC→CHW transpose and the uint8→float32
-        conversion are one numpy copy, and the three operations run in place on that one buffer.
-        (Measured faster than a 256-entry lookup table: numpy's gather is not vectorised, torch's
-        elementwise kernels are.)
+        Bit-identical to torchvision's ``ToTensor`` + ``Normalize`` (see ``normalize_into``).
         """
         if image.mode != "RGB":
             raise ValueError(f"ImageTransform expects an RGB image, got mode {image.mode!r}; "
                              "convert it with to_rgb")
-        pixels = np.asarray(image)
-        output = np.empty((3, image.height, image.width), dtype=np.float32)
-        np.copyto(output, pixels.transpose(2, 0, 1))
-        mean, std = self._mean_std
-        return torch.from_numpy(output).div_(255).sub_(mean).div_(std)
+        pixels = np.asarray(image).transpose(2, 0, 1)
+        return self.normalize_into(pixels, torch.empty(pixels.shape, dtype=torch.float32), channel_dim=0)
 
     def __call__(self, image: Image.Image, img_num: int = 1) -> torch.Tensor:
         """BAGEL's ``ImageTransform(image, img_num)``: resize, then ``to_tensor``."""
