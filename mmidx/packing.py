@@ -339,8 +339,7 @@ def _padded_images(jobs: list[_ImageJob], pixels: _Pixels) -> torch.Tensor:
     for slot, job in zip(padded, jobs, strict=True):
         slot[:, job.height:, :].zero_()
         slot[:, : job.height, job.width:].zero_()
-        job.transform.normalize_into(pixels(job).transpose(2, 0, 1), slot[:, : job.height, : job.width],
-                                     channel_dim=0)
+        job.transform.normalize_into(pixels(job), slot[:, : job.height, : job.width])
     return padded
 
 
@@ -350,10 +349,7 @@ def _vit_tokens(jobs: list[_ImageJob], counts: list[int], patch: int, pixels: _P
     tokens = _batch_buffer(sum(counts), patch * patch * 3)
     start = 0
     for job, count in zip(jobs, counts, strict=True):
-        rows, columns = job.height // patch, job.width // patch
-        grid = pixels(job).reshape(rows, patch, columns, patch, 3).transpose(0, 2, 1, 3, 4)
-        target = tokens[start:start + count].view(rows, columns, patch, patch, 3)
-        job.transform.normalize_into(grid, target, channel_dim=4)
+        job.transform.patches_into(pixels(job), tokens[start:start + count], patch)
         start += count
     return tokens
 

@@ -37,6 +37,7 @@ from mmidx.images import (
     probe,
     resize_shape,
     resize_shapes,
+    rgb_pixels,
     to_rgb,
     verify_decodable,
 )
@@ -521,3 +522,13 @@ def test_gpu_batch_decode_is_close_to_pil():
         assert tensor.device.type == "cuda"
         expected = torch.from_numpy(np.asarray(decode_rgb(data))).permute(2, 0, 1)
         assert (tensor.cpu().float() - expected.float()).abs().mean() < 2.0
+
+
+@pytest.mark.parametrize(("width", "height"), [(1, 1), (37, 5), (512, 384), (4100, 4100)])
+def test_rgb_pixels_equal_numpys_copy_whether_viewed_or_copied(width, height):
+    """Small images are exported as zero-copy views of Pillow's memory; huge ones (rows in
+    several blocks) fall back to a copy; both give exactly np.asarray's pixels."""
+    image = noise("RGB", width, height, seed=3)
+    pixels = rgb_pixels(image)
+    assert pixels.shape == (height, width, 3) and pixels.dtype == np.uint8
+    assert np.array_equal(pixels, np.asarray(image))

@@ -1,0 +1,230 @@
+"""Packed batches per second: mmidx vs BAGEL's own PackedDataset, on the same generated files.
+
+Generates (once, under --workdir) a BAGEL-format corpus of 512² JPEGs (:mod:`mmidx.synthetic`:
+t2i parquet, edit parquet, vlm JSONL + images), builds the mmidx datasets from it, and for t2i,
+edit, vlm and a 1:1:1 mix measures on one thread:
+
+* end-to-end tokens/s of ~32K-token packs: images decoded and transformed, batch tensors built,
+  split metadata instead of masks (flex); and the same plus dense masks built on the CPU (dense);
+* mask build time per pack on the CPU: dense per-sample masks (with an allocate-and-fill of the
+  same tensors, the memory floor, in the same run) and the FlexAttention BlockMask;
+* bytes per pack.
+
+With ``--bagel-src DIR`` (a checkout of ByteDance-Seed/Bagel; its ``data`` package is imported
+unmodified) BAGEL's ``PackedDataset`` reads the same raw files with the same tokenizer and
+budgets, in flex and dense mode, and the table shows the ratios. BAGEL needs torchvision (only
+its PIL-based ``ToTensor``/``Normalize``/``resize``), decord and cv2 importable; on a CPU-only
+torch, install them apart and pass ``--bagel-site DIR``:
+``pip install --target DIR --no-deps torchvision==0.28.0 decord opencv-python-headless pandas``.
+As BAGEL_SEMANTICS.md describes, an empty stand-in for ``torchvision._meta_registrations`` lets
+torchvision's Python parts import beside a CPU torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from mmidx.config import DataConfig
+from mmidx.demo import BAGEL_GROUPS
+from mmidx.masks import block_mask, dense_masks
+from mmidx.pack_index import build_pack_index
+from mmidx.packing import PackBuilder
+from mmidx.synthetic import CorpusSpec, write_corpus
+
+MODES = {"t2i": ["t2i_pretrain"], "edit": ["unified_edit"], "vlm": ["vlm_sft"],
+         "mix": ["t2i_pretrain", "unified_edit", "vlm_sft"]}
+BUDGETS = {"expected_num_tokens": 32768, "max_num_tokens": 36864, "max_num_tokens_per_sample": 16384,
+           "prefer_buffer_before": 16384, "max_buffer_size": 50}
+DROPOUT = {"text": 0.1, "vit": 0.3, "vae": 0.3}
+
+
+def prepare(workdir: Path) -> tuple[Path, Path]:
+    """The raw corpus and the mmidx datasets built from it (reused when present)."""
+    from mmidx.build import build_from_config
+
+    raw = workdir / "raw"
+    spec = CorpusSpec(t2i_files=4, t2i_rows=64, edit_files=4, edit_rows=32, vlm_lines=256, vlm_images=64)
+    if not (raw / "meta.json").exists():
+        write_corpus(raw, spec)
+    datasets = workdir / "datasets"
+    if not (datasets / "data.yaml").exists():
+        (workdir / "bagel.yaml").write_text(yaml.safe_dump(BAGEL_GROUPS, sort_keys=False))
+        (workdir / "dataset_info.yaml").write_text(yaml.safe_dump(dataset_info(raw)))
+        build_from_config(workdir / "bagel.yaml", workdir / "dataset_info.yaml", datasets,
+                          tokenizer=str(raw / "tokenizer"), workers=2, progress=False)
+    return raw, datasets
+
+
+def dataset_info(raw: Path) -> dict[str, Any]:
+    return {"t2i_pretrain": {"t2i": {"data_dir": str(raw / "t2i")}},
+            "unified_edit": {"seedxedit_multi": {
+                "data_dir": str(raw / "editing" / "seedxedit_multi"),
+                "parquet_info_path": str(raw / "editing" / "parquet_info" / "seedxedit_multi.json")}},
+            "vlm_sft": {"llava_ov": {"data_dir": str(raw / "vlm" / "images"),
+                                     "jsonl_path": str(raw / "vlm" / "sft.jsonl")}}}
+
+
+def batch_bytes(tensors: dict[str, Any]) -> int:
+    total = 0
+    for value in tensors.values():
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            total += sum(t.numel() * t.element_size() for t in value)
+    return total
+
+
+def run_mmidx(datasets: Path, groups: list[str], packs: int) -> dict[str, float]:
+    spec = yaml.safe_load((datasets / "data.yaml").read_text())
+    config = DataConfig.from_dict({"groups": {g: spec["groups"][g] for g in groups}, "packing": BUDGETS,
+                                   "dropout": DROPOUT}, base_dir=datasets)
+    index = build_pack_index(config, num_samples=packs * 40)
+    packs = min(packs, len(index) - 1)  # the last pack may be partial
+    items = [index.items(k) for k in range(packs)]
+    result: dict[str, float] = {}
+    for mode, use_flex in (("flex", True), ("dense", False)):
+        builder = PackBuilder(config, use_flex=use_flex)
+        builder.build(0, items[0])  # warm caches
+        tokens, nbytes, start = 0, 0, time.perf_counter()
+        for k in range(packs):
+            batch = builder.build(k, items[k])
+            data = batch.to_dict()
+            tokens += batch.sequence_length
+            nbytes += batch_bytes(data)
+        result[f"{mode}_tokens_per_s"] = tokens / (time.perf_counter() - start)
+        result[f"{mode}_mb_per_pack"] = nbytes / packs / 1e6
+    builder = PackBuilder(config)
+    dense_ms, floor_ms, block_ms = [], [], []
+    for k in range(packs):
+        batch = builder.build(k, items[k])
+        split_lens, attn_modes, sample_lens = batch.flat_split_metadata(pad=False)
+        start = time.perf_counter()
+        masks = dense_masks(split_lens, attn_modes, sample_lens, device="cpu")
+        dense_ms.append((time.perf_counter() - start) * 1e3)
+        del masks
+        start = time.perf_counter()
+        filled = [torch.empty(n, n).fill_(0.0) for n in sample_lens]
+        floor_ms.append((time.perf_counter() - start) * 1e3)
+        del filled
+        start = time.perf_counter()
+        block_mask(*batch.flat_split_metadata(pad=True), device="cpu")
+        block_ms.append((time.perf_counter() - start) * 1e3)
+    result.update(dense_mask_ms=statistics.median(dense_ms), fill_floor_ms=statistics.median(floor_ms),
+                  block_mask_ms=statistics.median(block_ms), packs=packs)
+    return result
+
+
+def run_bagel(raw: Path, groups: list[str], packs: int, bagel_src: str, bagel_site: str | None) -> dict[str, float]:
+    sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+    if bagel_site:
+        sys.path.append(bagel_site)
+    sys.path.insert(0, bagel_src)
+    import data.dataset_base as dataset_base  # BAGEL's own, unmodified
+    import data.dataset_info as dataset_info_module
+    from tokenizers import Tokenizer
+
+    for module in list(sys.modules.values()):  # BAGEL prints per skipped sample and per pack
+        if getattr(module, "__name__", "").startswith("data.") and hasattr(module, "__dict__"):
+            module.print = lambda *args, **kwargs: None
+
+    class BagelTokenizer:
+        """The part of Qwen2Tokenizer BAGEL's data code calls: ``encode`` (no special tokens)."""
+
+        def __init__(self, path: Path):
+            self.tokenizer = Tokenizer.from_file(str(path))
+
+        def encode(self, text: str) -> list[int]:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    tokenizer = BagelTokenizer(raw / "tokenizer" / "bpe.json")
+    ids = tokenizer.tokenizer.token_to_id
+    special = {"bos_token_id": ids("<|im_start|>"), "eos_token_id": ids("<|im_end|>"),
+               "start_of_image": ids("<|vision_start|>"), "end_of_image": ids("<|vision_end|>")}
+    info = dataset_info(raw)
+    meta = json.loads((raw / "meta.json").read_text())
+    used = {"t2i_pretrain": [meta["t2i_files"]], "unified_edit": [meta["edit_files"]], "vlm_sft": [meta["vlm_lines"]]}
+    result: dict[str, float] = {}
+    for mode, use_flex in (("flex", True), ("dense", False)):
+        dataset_info_module.DATASET_INFO.clear()
+        dataset_info_module.DATASET_INFO.update(info)
+        grouped = {}
+        for group in groups:
+            spec = {key: (dict(value) if isinstance(value, dict) else value)
+                    for key, value in BAGEL_GROUPS[group].items()}
+            spec["num_used_data"] = used[group]
+            if group == "vlm_sft":
+                spec.update(shuffle_lines=True, shuffle_seed=0)
+            grouped[group] = spec
+        data_config = dataset_base.DataConfig(grouped_datasets=grouped)
+        data_config.vit_patch_size, data_config.max_num_patch_per_side = 14, 70
+        data_config.vae_image_downsample, data_config.max_latent_size = 16, 32
+        data_config.text_cond_dropout_prob = DROPOUT["text"]
+        data_config.vit_cond_dropout_prob, data_config.vae_cond_dropout_prob = DROPOUT["vit"], DROPOUT["vae"]
+        packed = dataset_base.PackedDataset(
+            data_config, tokenizer=tokenizer, special_tokens=special, local_rank=0, world_size=1, num_workers=1,
+            interpolate_pos=False, use_flex=use_flex, data_status=None, **BUDGETS)
+        packed.set_epoch(0)
+        iterator = iter(packed)
+        next(iterator)  # warm up
+        tokens, nbytes, start = 0, 0, time.perf_counter()
+        for _ in range(packs):
+            data = next(iterator)
+            tokens += data["sequence_length"]
+            nbytes += batch_bytes(data)
+        result[f"{mode}_tokens_per_s"] = tokens / (time.perf_counter() - start)
+        result[f"{mode}_mb_per_pack"] = nbytes / packs / 1e6
+    return result
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default="/tmp/mmidx-bench-pack", help="generated corpus and datasets")
+    parser.add_argument("--packs", type=int, default=10, help="packs timed per mode")
+    parser.add_argument("--modes", default="t2i,edit,vlm,mix")
+    parser.add_argument("--bagel-src", help="checkout of ByteDance-Seed/Bagel to compare with")
+    parser.add_argument("--bagel-site", help="folder with torchvision, decord, cv2 for BAGEL (see the docstring)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    raw, datasets = prepare(Path(args.workdir))
+    print(f"# bench_pack — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per mode, 512² JPEGs")
+    print(f"# {machine()}")
+    header = (f"{'mode':<5} {'mmidx flex tok/s':>16} {'mmidx dense tok/s':>17} {'MB/pack':>8} {'dense ms':>9} "
+              f"{'fill ms':>8} {'ratio':>6} {'BlockMask ms':>12}")
+    if args.bagel_src:
+        header += f" {'BAGEL flex':>11} {'BAGEL dense':>11} {'flex ×':>7} {'dense ×':>8}"
+    print(header)
+    for mode in args.modes.split(","):
+        ours = run_mmidx(datasets, MODES[mode], args.packs)
+        line = (f"{mode:<5} {ours['flex_tokens_per_s']:>16,.0f} {ours['dense_tokens_per_s']:>17,.0f} "
+                f"{ours['flex_mb_per_pack']:>8.0f} {ours['dense_mask_ms']:>9.0f} {ours['fill_floor_ms']:>8.0f} "
+                f"{ours['dense_mask_ms'] / ours['fill_floor_ms']:>6.2f} {ours['block_mask_ms']:>12.1f}")
+        if args.bagel_src:
+            theirs = run_bagel(raw, MODES[mode], args.packs, args.bagel_src, args.bagel_site)
+            line += (f" {theirs['flex_tokens_per_s']:>11,.0f} {theirs['dense_tokens_per_s']:>11,.0f}"
+                     f" {ours['flex_tokens_per_s'] / theirs['flex_tokens_per_s']:>7.2f}"
+                     f" {ours['dense_tokens_per_s'] / theirs['dense_tokens_per_s']:>8.2f}")
+        print(line, flush=True)
+    print("# dense ms: mmidx dense masks of one pack; fill ms: allocating and filling tensors of the same shapes")
+    print("# (the memory floor); ratio = dense / fill. Medians over the packs. tok/s count real tokens, not padding.")
+
+
+if __name__ == "__main__":
+    main()
