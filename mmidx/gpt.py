@@ -10,6 +10,7 @@ document boundaries inside the sample, for attention kernels that keep documents
 from __future__ import annotations
 
 import os
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,25 @@ from mmidx.dataset import MMIDXDataset
 from mmidx.index import gpt_indices
 
 PAD_TOKEN_ID = -1  # Megatron's _PAD_TOKEN_ID when the tokenizer has no pad token
+
+
+@dataclass(frozen=True)
+class GPTIndexConfig:
+    """What Megatron's GPT indices of a dataset depend on (besides its sizes); validated on construction."""
+
+    seq_length: int
+    num_samples: int | None = None
+    seed: int = 1234
+    add_extra_token: bool = True
+    drop_last: bool = True
+
+    def __post_init__(self) -> None:
+        if self.seq_length < 2:
+            raise ValueError(f"seq_length must be at least 2 (Megatron's requirement), got {self.seq_length}")
+        if self.num_samples is not None and self.num_samples < 1:
+            raise ValueError(f"num_samples must be positive or None (one epoch), got {self.num_samples}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be non-negative (numpy's RandomState), got {self.seed}")
 
 
 class GPTTextDataset(torch.utils.data.Dataset):
@@ -35,6 +55,7 @@ class GPTTextDataset(torch.utils.data.Dataset):
                  eod_mask_loss: bool = False, reset_position_ids: bool = False,
                  cache_dir: str | os.PathLike | None = None):
         self.dataset = dataset if isinstance(dataset, MMIDXDataset) else MMIDXDataset(dataset)
+        self.config = GPTIndexConfig(seq_length, num_samples, seed, add_extra_token, drop_last)
         self.seq_length = seq_length
         self.add_extra_token = add_extra_token
         self.pad_token_id = pad_token_id
@@ -44,10 +65,8 @@ class GPTTextDataset(torch.utils.data.Dataset):
         self.eod_mask_loss = eod_mask_loss
         self.reset_position_ids = reset_position_ids
         sizes = self.dataset.tokens.sequence_lengths
-        description = {"kind": "gpt_indices", "dataset": (self.dataset.metadata or {}).get("meta_sha256",
-                                                                                          self.dataset.prefix),
-                       "sequences": len(sizes), "seq_length": seq_length, "num_samples": num_samples, "seed": seed,
-                       "add_extra_token": add_extra_token, "drop_last": drop_last}
+        description = {"kind": "gpt_indices", "sequences": len(sizes), "config": asdict(self.config),
+                       "dataset": (self.dataset.metadata or {}).get("meta_sha256", self.dataset.prefix)}
 
         def build() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             document, sample, shuffle = gpt_indices(sizes, seq_length=seq_length, num_samples=num_samples,

@@ -72,3 +72,17 @@ def test_cu_seqlens_mark_where_documents_start(text_prefix):
         assert cu[0] == 0 and cu[-1] == 64 and cu == sorted(set(cu))
         eods = (torch.nonzero(sample["tokens"] == 0).flatten() + 1).tolist()
         assert [p for p in eods if p < 64] == cu[1:-1]
+
+
+def test_the_index_configuration_is_validated(text_prefix):
+    for bad in ({"seq_length": 1}, {"seq_length": 8, "num_samples": 0}, {"seq_length": 8, "seed": -1}):
+        with pytest.raises(ValueError):
+            GPTTextDataset(text_prefix, **bad)
+
+
+def test_indices_are_cached_by_configuration(text_prefix, tmp_path):
+    first = GPTTextDataset(text_prefix, seq_length=16, seed=3, cache_dir=tmp_path)
+    again = GPTTextDataset(text_prefix, seq_length=16, seed=3, cache_dir=tmp_path)
+    assert isinstance(again.sample_index, np.memmap) and np.array_equal(first.sample_index, again.sample_index)
+    GPTTextDataset(text_prefix, seq_length=16, seed=3, add_extra_token=False, cache_dir=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 2  # add_extra_token is part of the key (Megatron's key omits it)
