@@ -1,13 +1,12 @@
 """GPT text samples equal Megatron-Core's GPTDataset samples for the same data and config."""
 
+import megatron.core.datasets.gpt_dataset as gpt_dataset
 import numpy as np
 import pytest
 import torch
 
 from mmidx.builder import DatasetBuilder
 from mmidx.gpt import GPTTextDataset
-
-gpt_dataset = pytest.importorskip("megatron.core.datasets.gpt_dataset")
 
 
 class Tokenizer:

@@ -1,7 +1,9 @@
 """Blending against megatron-core 0.16's helpers_cpp, and the multimodal stream built on it."""
 
+import megatron.core.datasets.helpers as helpers
 import numpy as np
 import pytest
+from megatron.core.datasets.utils import normalize
 
 from mmidx.index import (
     blending_indices,
@@ -9,9 +11,6 @@ from mmidx.index import (
     multimodal_stream,
     stream_views,
 )
-
-helpers = pytest.importorskip("megatron.core.datasets.helpers")
-from megatron.core.datasets.utils import normalize  # noqa: E402
 
 
 def megatron_blend(weights: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:

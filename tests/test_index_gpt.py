@@ -2,9 +2,13 @@
 
 import types
 
+import megatron.core.datasets.helpers as helpers
 import numpy as np
 import pytest
 import torch
+from megatron.core.datasets import gpt_dataset
+from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+from megatron.core.datasets.utils import Split
 
 from mmidx import _index
 from mmidx.index import (
@@ -14,11 +18,6 @@ from mmidx.index import (
     gpt_indices,
     legacy_shuffle,
 )
-
-helpers = pytest.importorskip("megatron.core.datasets.helpers")
-from megatron.core.datasets import gpt_dataset  # noqa: E402
-from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder  # noqa: E402
-from megatron.core.datasets.utils import Split  # noqa: E402
 
 
 def assert_same_state(a: np.random.RandomState, b: np.random.RandomState) -> None:

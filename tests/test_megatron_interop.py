@@ -1,5 +1,6 @@
 """Megatron-Core's IndexedDataset reads what mmidx writes, and mmidx reads what Megatron writes."""
 
+import megatron.core.datasets.indexed_dataset as megatron
 import numpy as np
 import pytest
 import torch
@@ -7,8 +8,6 @@ from helpers import build, small_dataset
 
 from mmidx.builder import DatasetBuilder
 from mmidx.dataset import MMIDXDataset
-
-megatron = pytest.importorskip("megatron.core.datasets.indexed_dataset")
 
 DTYPES = [(np.uint16, 1000), (np.int32, 152064)]
 
