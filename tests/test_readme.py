@@ -18,3 +18,12 @@ def test_quick_start_is_exactly_two_commands():
 def test_ci_runs_the_readme_test_command():
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert quick_start_commands()[1] in ci_lines
+
+
+def test_the_names_the_readme_imports_exist():
+    import mmidx
+
+    text = (ROOT / "README.md").read_text()
+    line = next(line for line in text.splitlines() if line.startswith("from mmidx import"))
+    for name in line.removeprefix("from mmidx import").split(","):
+        assert getattr(mmidx, name.strip()) is not None
