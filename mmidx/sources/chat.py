@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from mmidx.sources import Skip, Skipped, SourceContext, SourceOptions, SourceSample, WorkUnit
-from mmidx.sources.common import TextTable, assemble, conversation_turns, plan_conversation, require_loss
+from mmidx.sources.common import TextTable, assemble, conversation_turns, plan_conversation, require_loss, samples_of
 from mmidx.sources.inputs import jsonl_units, list_inputs, read_jsonl
 
 KIND = "multimodal"
@@ -55,12 +55,4 @@ def _sample(row: int, record: dict, context: SourceContext) -> SourceSample:
 
 def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip]:
     """One sample per line."""
-    for item in read_jsonl(unit):
-        if isinstance(item, Skip):
-            yield item
-            continue
-        row, record = item
-        try:
-            yield _sample(row, record, context)
-        except Skipped as skipped:
-            yield skipped.at(row)
+    return samples_of(read_jsonl(unit), lambda row, record: _sample(row, record, context))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 from mmidx.builder import Element, StoredImage
-from mmidx.sources import Skipped, SourceContext, SourceSample
+from mmidx.sources import Skip, Skipped, SourceContext, SourceSample
 
 
 class TextTable:
@@ -110,3 +111,18 @@ def conversation_turns(record: object) -> list[tuple[str, str]]:
             for turn in turns):
         raise Skipped("malformed_record", "no conversations list of {from, value} strings")
     return [(turn["from"], turn["value"]) for turn in turns]
+
+
+def samples_of(records: Iterable[tuple[int, Any] | Skip],
+               build: Callable[[int, Any], SourceSample]) -> Iterator[SourceSample | Skip]:
+    """One sample per (row, record) from ``build``; skips pass through, and a row whose ``build``
+    raises ``Skipped`` becomes a counted skip at that row: every row is accounted for."""
+    for item in records:
+        if isinstance(item, Skip):
+            yield item
+            continue
+        row, record = item
+        try:
+            yield build(row, record)
+        except Skipped as skipped:
+            yield skipped.at(row)

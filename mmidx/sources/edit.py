@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 
 from mmidx.builder import Element
 from mmidx.sources import Skip, Skipped, SourceContext, SourceOptions, SourceSample, WorkUnit
-from mmidx.sources.common import TextTable, assemble
+from mmidx.sources.common import TextTable, assemble, samples_of
 from mmidx.sources.inputs import list_inputs, parquet_units, read_parquet
 from mmidx.sources.media import ingest_image
 
@@ -82,18 +82,15 @@ def _check_row(images: object, instructions: object) -> None:
                                                     f"lists of instruction strings; got {shape}")
 
 
+def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> SourceSample:
+    images, instructions = record["image_list"], record["instruction_list"]
+    _check_row(images, instructions)
+    rng, table = context.rng(unit.path, row), TextTable()
+    views = [draw_view(rng, instructions, table) for _ in range(context.options.views)]
+    return assemble(row, views, table.encode(context), lambda j: ingest_image(images[j], context))
+
+
 def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip]:
     """One sample with K drawn views per row."""
-    for item in read_parquet(unit, ("image_list", "instruction_list")):
-        if isinstance(item, Skip):
-            yield item
-            continue
-        row, record = item
-        images, instructions = record["image_list"], record["instruction_list"]
-        try:
-            _check_row(images, instructions)
-            rng, table = context.rng(unit.path, row), TextTable()
-            views = [draw_view(rng, instructions, table) for _ in range(context.options.views)]
-            yield assemble(row, views, table.encode(context), lambda j, images=images: ingest_image(images[j], context))
-        except Skipped as skipped:
-            yield skipped.at(row)
+    return samples_of(read_parquet(unit, ("image_list", "instruction_list")),
+                      lambda row, record: _sample(unit, row, record, context))

@@ -35,7 +35,7 @@ from typing import Any
 
 from mmidx.builder import Element
 from mmidx.sources import Skip, Skipped, SourceContext, SourceError, SourceOptions, SourceSample, WorkUnit
-from mmidx.sources.common import TextTable, assemble
+from mmidx.sources.common import TextTable, assemble, samples_of
 from mmidx.sources.inputs import file_identity, list_inputs, parent, read_bytes, read_jsonl, read_lines, resolve
 from mmidx.sources.media import ingest_image_file
 
@@ -120,12 +120,4 @@ def _sample(unit: WorkUnit, index: int, entry: Any, context: SourceContext) -> S
 
 def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip]:
     """One sample per prompt entry."""
-    for item in _entries(unit):
-        if isinstance(item, Skip):
-            yield item
-            continue
-        index, entry = item
-        try:
-            yield _sample(unit, index, entry, context)
-        except Skipped as skipped:
-            yield skipped.at(index)
+    return samples_of(_entries(unit), lambda index, entry: _sample(unit, index, entry, context))

@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterator, Sequence
 
 from mmidx.sources import Skip, Skipped, SourceContext, SourceOptions, SourceSample, WorkUnit
-from mmidx.sources.common import caption_sample
+from mmidx.sources.common import caption_sample, samples_of
 from mmidx.sources.inputs import list_inputs, parquet_units, read_parquet
 from mmidx.sources.media import ingest_image
 
@@ -45,18 +45,15 @@ def parse_captions(value: object) -> list[str]:
     return list(captions.values())
 
 
+def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> SourceSample:
+    if not isinstance(record["image"], bytes):
+        raise Skipped("malformed_record", f"image is {type(record['image']).__name__}, not bytes")
+    image = ingest_image(record["image"], context)
+    captions = parse_captions(record["captions"])
+    return caption_sample(row, captions, image, context.rng(unit.path, row), context)
+
+
 def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip]:
     """One sample per row; rows with an unusable image or captions are skipped."""
-    for item in read_parquet(unit, ("image", "captions")):
-        if isinstance(item, Skip):
-            yield item
-            continue
-        row, record = item
-        try:
-            if not isinstance(record["image"], bytes):
-                raise Skipped("malformed_record", f"image is {type(record['image']).__name__}, not bytes")
-            image = ingest_image(record["image"], context)
-            captions = parse_captions(record["captions"])
-            yield caption_sample(row, captions, image, context.rng(unit.path, row), context)
-        except Skipped as skipped:
-            yield skipped.at(row)
+    return samples_of(read_parquet(unit, ("image", "captions")), lambda row, record: _sample(unit, row, record,
+                                                                                             context))

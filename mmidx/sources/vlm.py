@@ -38,6 +38,7 @@ from mmidx.sources.common import (
     conversation_turns,
     plan_conversation,
     require_loss,
+    samples_of,
 )
 from mmidx.sources.inputs import jsonl_units, list_inputs, parent, read_jsonl, resolve
 from mmidx.sources.media import VideoFile, frame_indices, ingest_image_file
@@ -131,12 +132,4 @@ def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> S
 
 def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip]:
     """One sample per line; lines that are not usable conversations are skipped."""
-    for item in read_jsonl(unit):
-        if isinstance(item, Skip):
-            yield item
-            continue
-        row, record = item
-        try:
-            yield _sample(unit, row, record, context)
-        except Skipped as skipped:
-            yield skipped.at(row)
+    return samples_of(read_jsonl(unit), lambda row, record: _sample(unit, row, record, context))
