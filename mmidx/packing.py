@@ -32,7 +32,14 @@ from mmidx import format as fmt
 from mmidx.config import DataConfig, GroupConfig
 from mmidx.dataset import MMIDXDataset, Sample
 from mmidx.format import FormatError
-from mmidx.images import ImageTransform, decode_rgb, position_ids_extrapolate, position_ids_interpolate
+from mmidx.images import (
+    ImageTransform,
+    decode_jpeg_batch,
+    decode_rgb,
+    patchify,
+    position_ids_extrapolate,
+    position_ids_interpolate,
+)
 
 SPECIAL_TOKEN_NAMES = ("bos_token_id", "eos_token_id", "start_of_image", "end_of_image")
 
@@ -140,13 +147,24 @@ class PackBuilder:
 
     ``datasets[g][d]`` is dataset d of group g (opened from the config when not given). Holds no
     mapped state that cannot be pickled: datasets re-map lazily in each worker.
+
+    ``decode_images="loader"`` (default) decodes and transforms images where the batch is built,
+    with BAGEL's exact pixels. ``"device"`` puts the encoded images in the batch instead and
+    decodes them where it moves (:class:`DeferredImages`): JPEGs on the GPU with nvJPEG when
+    torchvision is installed, resized with torch's antialiased bicubic in PIL's two passes (within
+    2 levels of PIL's pixels),
+    so loader workers ship compressed bytes and spend no time on pixels.
     """
 
     def __init__(self, config: DataConfig, *, use_flex: bool = True,
                  datasets: Sequence[Sequence[MMIDXDataset]] | None = None,
-                 special_tokens: dict[str, int] | None = None):
+                 special_tokens: dict[str, int] | None = None, decode_images: str = "loader"):
+        if decode_images not in ("loader", "device"):
+            raise ValueError(f"decode_images is 'loader' (exact BAGEL pixels, decoded where the batch is built) or "
+                             f"'device' (encoded bytes travel, decoded where the batch moves), not {decode_images!r}")
         self.config = config
         self.use_flex = use_flex
+        self.decode_images = decode_images
         self.datasets = [list(group) for group in datasets] if datasets is not None else \
             [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
         self.special_tokens = special_tokens or self._special_tokens_of_datasets()
@@ -181,7 +199,8 @@ class PackBuilder:
                 "dataset_name": self.config.groups[item.group].name, "dataset": dataset.prefix,
                 "sample": item.sample, "view": item.view, "data_indexes": list(sample.origin)})
         return PackedBatch.from_pack(pack, use_flex=self.use_flex, max_num_tokens=self.config.packing.max_num_tokens,
-                                     vit_patch_size=self.config.geometry.vit_patch_size)
+                                     vit_patch_size=self.config.geometry.vit_patch_size,
+                                     deferred=self.decode_images == "device")
 
     @staticmethod
     def _job(transform: ImageTransform | None, group: GroupConfig, kind: str, item: PackItem, sample: Sample,
@@ -354,6 +373,70 @@ def _vit_tokens(jobs: list[_ImageJob], counts: list[int], patch: int, pixels: _P
     return tokens
 
 
+@dataclass
+class DeferredImages:
+    """A pack's images, still encoded, with what each image element needs: decoded on the device.
+
+    ``encoded`` holds each distinct stored image once (uint8 CPU tensors of its bytes); ``vae`` and
+    ``vit`` list, in element order, (image number, transform, height, width). The same code runs
+    on CPU and CUDA: decode (:func:`mmidx.images.decode_jpeg_batch`), resize with antialiased
+    bicubic, normalise with torchvision's float32 arithmetic, write the batch keys.
+    """
+
+    encoded: list[torch.Tensor]
+    vae: list[tuple[int, ImageTransform, int, int]]
+    vit: list[tuple[int, ImageTransform, int, int]]
+    patch_size: int
+
+    @classmethod
+    def of(cls, vae_jobs: list[_ImageJob], vit_jobs: list[_ImageJob], patch_size: int) -> DeferredImages:
+        numbers: dict[tuple[int, ...], int] = {}
+        encoded: list[torch.Tensor] = []
+        for job in [*vae_jobs, *vit_jobs]:
+            if job.key not in numbers:
+                numbers[job.key] = len(encoded)
+                encoded.append(torch.frombuffer(bytearray(job.sample.image(job.key[3]).data), dtype=torch.uint8))
+
+        def entries(jobs: list[_ImageJob]) -> list[tuple[int, ImageTransform, int, int]]:
+            return [(numbers[job.key], job.transform, job.height, job.width) for job in jobs]
+
+        return cls(encoded, entries(vae_jobs), entries(vit_jobs), patch_size)
+
+    def pin_memory(self) -> DeferredImages:
+        return DeferredImages([data.pin_memory() for data in self.encoded], self.vae, self.vit, self.patch_size)
+
+    def render(self, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """``padded_images`` and ``packed_vit_tokens`` (those present) on ``device``."""
+        decoded = decode_jpeg_batch([data.numpy() for data in self.encoded], device)
+        resized: dict[tuple[int, int, int], torch.Tensor] = {}
+
+        def image(number: int, transform: ImageTransform, height: int, width: int) -> torch.Tensor:
+            if (number, height, width) not in resized:
+                pixels = decoded[number].float()[None]
+                # PIL resizes the width, rounds and clips to 8 bits, then the height: so does this (one
+                # 2-D pass instead differs by up to 24 levels where bicubic overshoots, e.g. on noise).
+                for size in ((pixels.shape[2], width), (height, width)):
+                    if pixels.shape[2:] != size:
+                        pixels = torch.nn.functional.interpolate(pixels, size=size, mode="bicubic", antialias=True,
+                                                                 align_corners=False).round_().clamp_(0, 255)
+                resized[number, height, width] = pixels[0]
+            pixels = resized[number, height, width]
+            mean, std = (torch.tensor(v, dtype=torch.float32, device=pixels.device).view(3, 1, 1)
+                         for v in (transform.image_mean, transform.image_std))
+            return pixels.div(255).sub_(mean).div_(std)
+
+        out: dict[str, torch.Tensor] = {}
+        if self.vae:
+            height, width = max(entry[2] for entry in self.vae), max(entry[3] for entry in self.vae)
+            padded = torch.zeros(len(self.vae), 3, height, width, device=device)
+            for slot, entry in zip(padded, self.vae, strict=True):
+                slot[:, : entry[2], : entry[3]] = image(*entry)
+            out["padded_images"] = padded
+        if self.vit:
+            out["packed_vit_tokens"] = torch.cat([patchify(image(*entry), self.patch_size) for entry in self.vit])
+        return out
+
+
 class PackedBatch:
     """One packed batch: BAGEL's keys as tensors, plus the split metadata masks are built from.
 
@@ -364,8 +447,9 @@ class PackedBatch:
 
     def __init__(self, tensors: dict[str, Any], *, split_lens: list[list[int]], attn_modes: list[list[str]],
                  sample_lens: list[int], use_flex: bool, max_num_tokens: int,
-                 batch_data_indexes: list[dict[str, Any]]):
+                 batch_data_indexes: list[dict[str, Any]], deferred: DeferredImages | None = None):
         self.tensors = tensors
+        self.deferred = deferred
         self.split_lens = split_lens
         self.attn_modes = attn_modes
         self.sample_lens = sample_lens
@@ -374,7 +458,8 @@ class PackedBatch:
         self.batch_data_indexes = batch_data_indexes
 
     @classmethod
-    def from_pack(cls, pack: _Pack, *, use_flex: bool, max_num_tokens: int, vit_patch_size: int) -> PackedBatch:
+    def from_pack(cls, pack: _Pack, *, use_flex: bool, max_num_tokens: int, vit_patch_size: int,
+                  deferred: bool = False) -> PackedBatch:
         pixels = _Pixels()
         tensors: dict[str, Any] = {
             "packed_text_ids": _cat(pack.text_ids, np.int64),
@@ -382,14 +467,15 @@ class PackedBatch:
             "packed_position_ids": _cat(pack.position_ids, np.int64),
         }
         if pack.vae_images:
-            tensors.update(padded_images=_padded_images(pack.vae_images, pixels),
-                           patchified_vae_latent_shapes=pack.vae_shapes,
+            if not deferred:
+                tensors["padded_images"] = _padded_images(pack.vae_images, pixels)
+            tensors.update(patchified_vae_latent_shapes=pack.vae_shapes,
                            packed_latent_position_ids=torch.cat(pack.latent_position_ids),
                            packed_vae_token_indexes=_cat(pack.vae_indexes, np.int64))
         if pack.vit_images:
-            vit_tokens = _vit_tokens(pack.vit_images, pack.vit_seqlens, vit_patch_size, pixels)
-            tensors.update(packed_vit_tokens=vit_tokens,
-                           packed_vit_position_ids=torch.cat(pack.vit_position_ids),
+            if not deferred:
+                tensors["packed_vit_tokens"] = _vit_tokens(pack.vit_images, pack.vit_seqlens, vit_patch_size, pixels)
+            tensors.update(packed_vit_position_ids=torch.cat(pack.vit_position_ids),
                            packed_vit_token_indexes=_cat(pack.vit_indexes, np.int64),
                            vit_token_seqlens=torch.tensor(pack.vit_seqlens, dtype=torch.int64))
         if pack.timesteps:
@@ -399,8 +485,11 @@ class PackedBatch:
             tensors.update(packed_label_ids=_cat(pack.label_ids, np.int64),
                            ce_loss_indexes=_cat(pack.ce_indexes, np.int64),
                            ce_loss_weights=_cat(pack.ce_weights, np.float32))
+        images = DeferredImages.of(pack.vae_images, pack.vit_images, vit_patch_size) \
+            if deferred and (pack.vae_images or pack.vit_images) else None
         return cls(tensors, split_lens=pack.split_lens, attn_modes=pack.attn_modes, sample_lens=pack.sample_lens,
-                   use_flex=use_flex, max_num_tokens=max_num_tokens, batch_data_indexes=pack.data_indexes)
+                   use_flex=use_flex, max_num_tokens=max_num_tokens, batch_data_indexes=pack.data_indexes,
+                   deferred=images)
 
     @property
     def sequence_length(self) -> int:
@@ -412,25 +501,37 @@ class PackedBatch:
         return self.tensors["packed_text_ids"].device
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._materialize()
         tensors = self.__dict__.get("tensors", {})
         if name in tensors:
             return tensors[name]
         raise AttributeError(f"PackedBatch has no {name!r} (present keys: {sorted(tensors)})")
 
-    def _map(self, function: Any) -> PackedBatch:
+    def _materialize(self) -> None:
+        """Decode deferred images where the batch is (a no-op for batches decoded in the loader)."""
+        if self.__dict__.get("deferred") is not None:
+            self.tensors.update(self.deferred.render(self.device))
+            self.deferred = None
+
+    def _map(self, function: Any, deferred: DeferredImages | None) -> PackedBatch:
         tensors = {key: function(value) if isinstance(value, torch.Tensor) else value
                    for key, value in self.tensors.items()}
         return PackedBatch(tensors, split_lens=self.split_lens, attn_modes=self.attn_modes,
                            sample_lens=self.sample_lens, use_flex=self.use_flex, max_num_tokens=self.max_num_tokens,
-                           batch_data_indexes=self.batch_data_indexes)
+                           batch_data_indexes=self.batch_data_indexes, deferred=deferred)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
-        """The batch with every tensor on ``device``."""
-        return self._map(lambda tensor: tensor.to(device, non_blocking=non_blocking))
+        """The batch with every tensor on ``device`` (deferred images are decoded there)."""
+        moved = self._map(lambda tensor: tensor.to(device, non_blocking=non_blocking), self.deferred)
+        moved._materialize()
+        return moved
 
     def pin_memory(self) -> PackedBatch:
-        """Page-locked copies (``DataLoader(pin_memory=True)`` calls this)."""
-        return self._map(lambda tensor: tensor.pin_memory())
+        """Page-locked copies (``DataLoader(pin_memory=True)`` calls this); deferred images stay encoded."""
+        return self._map(lambda tensor: tensor.pin_memory(),
+                         None if self.deferred is None else self.deferred.pin_memory())
 
     def flat_split_metadata(self, *, pad: bool) -> tuple[list[int], list[str], list[int]]:
         """(split_lens, attn_modes, sample_lens) over the whole pack, with the flex padding sample if ``pad``."""
@@ -455,6 +556,7 @@ class PackedBatch:
     def to_dict(self) -> dict[str, Any]:
         """BAGEL's batch dict: every present key, with ``nested_attention_masks`` (dense) built on the
         batch's device, or ``split_lens``/``attn_modes`` with the padding pseudo-sample (flex)."""
+        self._materialize()
         split_lens, attn_modes, sample_lens = self.flat_split_metadata(pad=self.use_flex)
         data: dict[str, Any] = {"sequence_length": self.sequence_length, "sample_lens": sample_lens}
         data.update(self.tensors)

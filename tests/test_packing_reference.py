@@ -1,6 +1,8 @@
 """mmidx's packed batches equal a naive reference of BAGEL's per-sample rules, key by key."""
 
+import functools
 import io
+import random
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from mmidx.builder import DatasetBuilder, Element, StoredImage
 from mmidx.config import DataConfig
 from mmidx.dataset import MMIDXDataset
 from mmidx.packing import PackBuilder, PackItem, sample_randomness
+from mmidx.synthetic import photo_jpeg
 
 SPECIAL = {"bos_token_id": 1, "eos_token_id": 2, "start_of_image": 3, "end_of_image": 4}
 VAE = {"image_stride": 16, "max_image_size": 128, "min_image_size": 64}
@@ -20,10 +23,16 @@ VLM = {"image_stride": 14, "max_image_size": 140, "min_image_size": 56, "max_pix
 GEOMETRY = {"vit_patch_size": 14, "max_num_patch_per_side": 70, "vae_image_downsample": 16, "max_latent_size": 64}
 
 
-def encoded(rng, mode):
+def _encoded(rng, mode, photo=False):
+    """A stored image of random size and ``mode``: pure noise (the hardest case for exactness), or a
+    photo-like picture (smooth fields, shapes) when ``photo``."""
     width, height = (int(v) for v in rng.integers(40, 200, 2))
-    pixels = rng.integers(0, 256, (height, width, 4), dtype=np.uint8)
-    image = Image.fromarray(pixels, "RGBA")
+    if photo:
+        rgb = Image.open(io.BytesIO(photo_jpeg(random.Random(int(rng.integers(1 << 30))), width, height, 90)))
+        image = rgb.convert("RGBA")
+        image.putalpha(int(rng.integers(192, 256)))  # RGBA images are composited on white
+    else:
+        image = Image.fromarray(rng.integers(0, 256, (height, width, 4), dtype=np.uint8), "RGBA")
     if mode != "RGBA":
         image = image.convert(mode)
     buffer = io.BytesIO()
@@ -35,9 +44,10 @@ def text(rng):
     return rng.integers(10, 500, rng.integers(0, 12)).tolist()
 
 
-def build_groups(tmp_path):
+def build_groups(tmp_path, photo=False):
     """Datasets shaped like t2i, edit, vlm (with multi-image and video-like clips) and chat."""
     rng = np.random.default_rng(0)
+    encoded = functools.partial(_encoded, photo=photo)
     with DatasetBuilder(tmp_path / "t2i", vocab_size=1000, special_tokens=SPECIAL) as builder:
         for _ in range(4):
             builder.add_sample([text(rng), text(rng)], [encoded(rng, "RGB")],
