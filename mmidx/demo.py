@@ -48,7 +48,7 @@ def run(workdir: str | Path, *, quick: bool = False) -> dict[str, Any]:
     from mmidx.packing import PackBuilder
     from mmidx.synthetic import CorpusSpec, write_corpus
 
-    workdir = Path(workdir)
+    workdir = Path(workdir).resolve()  # the dataset info below names absolute paths
     timings: dict[str, float] = {}
     spec = CorpusSpec(t2i_rows=8, edit_rows=4, vlm_lines=16, vlm_images=8, vlm_videos=1) if quick else \
         CorpusSpec(vlm_videos=2)

@@ -12,7 +12,11 @@ from mmidx.demo import format_summary, run
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    return run(tmp_path_factory.mktemp("demo"), quick=True)
+    """The demo in a relative folder, as the README's command runs it."""
+    folder = tmp_path_factory.mktemp("cwd")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        return run("mmidx-demo", quick=True)
 
 
 def test_demo_builds_indexes_and_packs_every_group(demo):
