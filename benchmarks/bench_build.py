@@ -23,16 +23,16 @@ import importlib.util
 import json
 import multiprocessing
 import os
-import platform
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker, for both contenders
+
+from common import best_of, machine
 
 from mmidx.build import BuildOptions, build_dataset
 from mmidx.sources import SourceOptions
@@ -117,15 +117,6 @@ def megatron_preprocess(corpus: Path, tokenizer_dir: str, prefix: Path, workers:
 # --------------------------------------------------------------------------- runs
 
 
-def best_of(repeats: int, run):
-    best = None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = run()
-        elapsed = time.perf_counter() - start
-        if best is None or elapsed < best[0]:
-            best = (elapsed, result)
-    return best
 
 
 def mmidx_build(source: str, inputs: Path, output: Path, workers: int, **options):
@@ -137,21 +128,6 @@ def mmidx_build(source: str, inputs: Path, output: Path, workers: int, **options
     return report.data
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as stream:
-            cpu = next(line.split(":", 1)[1].strip() for line in stream if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    import megatron.core
-    import PIL
-    import tokenizers
-    import transformers
-
-    return (f"{cpu}, {os.cpu_count()} cores (shared); Python {platform.python_version()}, "
-            f"transformers {transformers.__version__}, tokenizers {tokenizers.__version__}, "
-            f"megatron-core {megatron.core.__version__}, Pillow {PIL.__version__}")
 
 
 def main() -> None:
@@ -171,13 +147,13 @@ def main() -> None:
 
     rows = []
     for workers in (1, 2):
-        seconds, tokens = best_of(args.repeats, lambda w=workers: megatron_preprocess(
-            corpus, qwen_tokenizer_dir(), work / "megatron", w))
+        seconds, tokens = best_of(lambda w=workers: megatron_preprocess(
+            corpus, qwen_tokenizer_dir(), work / "megatron", w), args.repeats)
         rows.append(("text", "Megatron preprocess_data", workers, seconds,
                      f"{tokens / seconds / workers:,.0f} tokens/s", ""))
         shard_bytes = max(1, corpus.stat().st_size // (4 * workers))
-        seconds, report = best_of(args.repeats, lambda w=workers, b=shard_bytes: mmidx_build(
-            "text", corpus, work / "text", w, bytes_per_shard=b))
+        seconds, report = best_of(lambda w=workers, b=shard_bytes: mmidx_build(
+            "text", corpus, work / "text", w, bytes_per_shard=b), args.repeats)
         split = report["seconds"]
         rows.append(("text", "mmidx build --source text", workers, seconds,
                      f"{report['tokens'] / seconds / workers:,.0f} tokens/s",
@@ -185,15 +161,15 @@ def main() -> None:
                      f"total in workers {split['total']:.2f} s"))
     for workers in (1, 2):
         unit_rows = max(64, args.images // (4 * workers))
-        seconds, report = best_of(args.repeats, lambda w=workers, r=unit_rows: mmidx_build(
-            "t2i", parquet, work / "t2i", w, views=4, rows_per_shard=r))
+        seconds, report = best_of(lambda w=workers, r=unit_rows: mmidx_build(
+            "t2i", parquet, work / "t2i", w, views=4, rows_per_shard=r), args.repeats)
         split = report["seconds"]
         rows.append(("t2i", f"mmidx build --source t2i ({args.side}² JPEG)", workers, seconds,
                      f"{report['images'] / seconds / workers:,.0f} images/s",
                      f"probe+decode check {split.get('images', 0):.2f} s, tokenize {split.get('tokenize', 0):.2f} s, "
                      f"write {split.get('write', 0):.2f} s, total in workers {split['total']:.2f} s"))
 
-    print(f"\nmachine: {machine()}")
+    print(f"\nmachine: {machine('transformers', 'tokenizers', 'megatron-core', 'Pillow')}")
     print(f"text: {args.documents:,} documents, {corpus_mb:.1f} MB JSONL, Qwen2 tokenizer; "
           f"t2i: {args.images:,} rows, {parquet.stat().st_size / 1e6:.1f} MB parquet, 4 views\n")
     print("| input | pipeline | workers | wall s | per worker | where the workers' time went |")

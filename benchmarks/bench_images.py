@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import io
-import platform
 import sys
-import time
 import types
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import PIL
 import torch
+from common import best_of, machine
 from PIL import Image
 
 from mmidx.images import (
@@ -46,14 +44,6 @@ def photo_like_jpeg(size: int = 512, quality: int = 90) -> bytes:
     return buffer.getvalue()
 
 
-def best_seconds(function: Callable[[], Any], repeats: int) -> float:
-    function()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def torchvision_steps(image: Image.Image) -> torch.Tensor:
@@ -90,8 +80,8 @@ def main() -> None:
     bagel_vae = bagel and bagel.transforms.ImageTransform(1024, 512, 16)
 
     def row(name: str, ours: Callable[[], Any], theirs: Callable[[], Any] | None = None) -> None:
-        theirs_time = best_seconds(theirs, args.repeats) if theirs else None
-        rows.append((name, best_seconds(ours, args.repeats), theirs_time))
+        theirs_time = best_of(theirs, args.repeats, warmup=True)[0] if theirs else None
+        rows.append((name, best_of(ours, args.repeats, warmup=True)[0], theirs_time))
 
     def bagel_decode() -> Image.Image:
         return bagel.data_utils.pil_img2rgb(Image.open(io.BytesIO(data)))
@@ -116,14 +106,12 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     widths, heights = rng.integers(64, 4096, 1_000_000), rng.integers(64, 4096, 1_000_000)
-    vectorised = best_seconds(lambda: num_image_tokens(widths, heights, BAGEL_VIT_TRANSFORM), 5)
+    vectorised = best_of(lambda: num_image_tokens(widths, heights, BAGEL_VIT_TRANSFORM), 5, warmup=True)[0]
     sample = list(zip(widths[:20_000].tolist(), heights[:20_000].tolist(), strict=True))
     kwargs = {"max_size": 518, "min_size": 224, "stride": 14, "max_pixels": BAGEL_VIT_TRANSFORM.max_pixels}
-    scalar = best_seconds(lambda: [resize_shape(w, h, **kwargs) for w, h in sample], 3) / len(sample) * 1e6
+    scalar = best_of(lambda: [resize_shape(w, h, **kwargs) for w, h in sample], 3, warmup=True)[0] / len(sample) * 1e6
 
-    print(f"{len(data)}-byte 512² JPEG; {platform.processor() or platform.machine()}, one thread; "
-          f"Python {platform.python_version()}, Pillow {PIL.__version__}, numpy {np.__version__}, "
-          f"torch {torch.__version__}\n")
+    print(f"{len(data)}-byte 512² JPEG, one thread; {machine('Pillow', 'numpy', 'torch')}\n")
     print("| step | mmidx (ms) | reference (ms) |\n|---|---:|---:|")
     for name, ours, theirs in rows:
         print(f"| {name} | {ours * 1e3:.2f} | {'' if theirs is None else f'{theirs * 1e3:.2f}'} |")

@@ -10,9 +10,6 @@ of ``--repeat`` runs, each on one core (all kernels here are single-threaded).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import time
 import warnings
 from collections.abc import Callable
 from importlib.metadata import version
@@ -22,6 +19,7 @@ import numpy as np
 from mmidx import index
 
 warnings.filterwarnings("ignore")  # megatron-core warns about missing Apex / Transformer Engine
+from common import best_of, machine  # noqa: E402
 from megatron.core.datasets import gpt_dataset, helpers  # noqa: E402
 from megatron.core.datasets.utils import normalize  # noqa: E402
 
@@ -29,14 +27,6 @@ SEQ_LENGTH = 4096
 SEED = 1234
 
 
-def best_time(function: Callable[[], object], repeat: int) -> tuple[float, object]:
-    """Best wall time of ``repeat`` calls, and the last result."""
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = function()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def assert_same(ours, theirs) -> None:
@@ -79,17 +69,6 @@ def megatron_blend(weights: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarr
     return dataset_index, dataset_sample_index
 
 
-def machine() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    versions = ", ".join(
-        f"{name} {version(name)}" for name in ("numpy", "megatron-core", "Cython") if _installed(name)
-    )
-    return f"{model}, {os.cpu_count()} cores; Python {platform.python_version()}, {versions}"
 
 
 def _installed(name: str) -> bool:
@@ -120,8 +99,8 @@ def main() -> None:
     rows: list[tuple[str, float | None, float]] = []
 
     def compare(name: str, ours: Callable[[], object], theirs: Callable[[], object]) -> None:
-        their_time, their_result = best_time(theirs, args.repeat)
-        our_time, our_result = best_time(ours, args.repeat)
+        their_time, their_result = best_of(theirs, args.repeat)
+        our_time, our_result = best_of(ours, args.repeat)
         assert_same(our_result, their_result)
         rows.append((name, their_time, our_time))
         print(f"  {name}: Megatron {their_time:.3f} s, mmidx {our_time:.3f} s", flush=True)
@@ -166,18 +145,18 @@ def main() -> None:
 
     # A t2i / edit / vlm mix, ~1100 / ~5000 / ~1500 tokens a sample, with BAGEL's budgets.
     group_sizes, weights = [4_000_000, 1_000_000, 2_000_000], [0.5, 0.2, 0.3]
-    stream_time, (groups, _, _) = best_time(
+    stream_time, (groups, _, _) = best_of(
         lambda: index.multimodal_stream(group_sizes, weights, args.samples, SEED), args.repeat
     )
     rows.append((f"multimodal_stream, {samples}, 3 groups", None, stream_time))
     means = np.array([1100, 5000, 1500])
     counts = np.maximum(rng.normal(means[groups], 0.3 * means[groups]), 1).astype(np.int64)
-    pack_time, packed = best_time(
+    pack_time, packed = best_of(
         lambda: index.pack_samples(counts, groups, mandatory=[False] * 3), args.repeat
     )
     rows.append((f"pack_samples, {samples}, BAGEL budgets", None, pack_time))
 
-    print(f"\nMachine: {machine()}\n")
+    print(f"\nMachine: {machine('numpy', 'megatron-core', 'Cython')}\n")
     print("| operation | Megatron (s) | mmidx (s) | mmidx / Megatron |")
     print("|---|---:|---:|---:|")
     for name, theirs, ours in rows:

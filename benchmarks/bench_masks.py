@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
-import os
-import platform
 import random
 import re
 import statistics
@@ -27,6 +25,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from common import machine
 from torch.nn.attention.flex_attention import create_block_mask
 
 from mmidx.masks import block_mask, dense_masks, mask_predicate
@@ -75,16 +74,6 @@ def bagel_pack(kind: str, total: int, seed: int = 0) -> tuple[list[int], list[st
     return [*split_lens, padding], [*attn_modes, "causal"], [*sample_lens, padding]
 
 
-def machine() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            model = re.search(r"model name\s*:\s*(.*)", cpuinfo.read()).group(1)
-    except (OSError, AttributeError):
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return f"{model}, {cores} cores, torch {torch.__version__} ({torch.get_num_threads()} threads){gpu}"
 
 
 def _status_kib(field: str) -> int:
@@ -142,7 +131,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    print(f"machine: {machine()}")
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    print(f"machine: {machine('torch')} ({torch.get_num_threads()} threads){gpu}")
     print(f"packs: {args.tokens} tokens, median of {args.repeats} runs; memory = peak RSS rise\n")
     print(
         "| pack | samples | splits | dense ms | fill ms | ratio | dense MiB | fill MiB | ratio "

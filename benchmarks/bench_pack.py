@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -35,6 +33,7 @@ from typing import Any
 
 import torch
 import yaml
+from common import machine
 
 from mmidx.config import DataConfig
 from mmidx.demo import BAGEL_GROUPS
@@ -188,10 +187,6 @@ def run_bagel(raw: Path, groups: list[str], packs: int, bagel_src: str, bagel_si
     return result
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
 
 
 def main() -> None:
@@ -205,7 +200,7 @@ def main() -> None:
     torch.set_num_threads(1)
     raw, datasets = prepare(Path(args.workdir))
     print(f"# bench_pack — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per mode, 512² JPEGs")
-    print(f"# {machine()}")
+    print(f"# {machine('torch', 'Pillow')}")
     header = (f"{'mode':<5} {'mmidx flex tok/s':>16} {'mmidx dense tok/s':>17} {'MB/pack':>8} {'dense ms':>9} "
               f"{'fill ms':>8} {'ratio':>6} {'BlockMask ms':>12}")
     if args.bagel_src:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import platform
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
+from common import best_of, machine
 
 from mmidx.builder import DatasetBuilder
 from mmidx.dataset import MMIDXDataset
@@ -52,29 +52,8 @@ def latencies(function, indices: np.ndarray) -> np.ndarray:
     return out
 
 
-def best_of(repeats: int, function) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-
-    import megatron.core
-    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, numpy {np.__version__}, "
-            f"megatron-core {megatron.core.__version__}")
 
 
 def main() -> None:
@@ -127,8 +106,8 @@ def main() -> None:
             ours.gather(row)
 
     assert np.array_equal(ours.gather(batch[0])[0], np.concatenate([theirs.get(int(i)) for i in batch[0]]))
-    t_megatron = best_of(3, megatron_batch) / len(batch)
-    t_ours = best_of(3, ours_batch) / len(batch)
+    t_megatron = best_of(megatron_batch, 3)[0] / len(batch)
+    t_ours = best_of(ours_batch, 3)[0] / len(batch)
     rows.append(("gather 1024 random docs: Megatron loop + concatenate", f"{t_megatron * 1e3:.2f} ms", "", "1.00×"))
     rows.append(("gather 1024 random docs: mmidx gather (one call)", f"{t_ours * 1e3:.2f} ms", "",
                  f"{t_megatron / t_ours:.1f}× faster"))
@@ -150,12 +129,12 @@ def main() -> None:
 
     for name, function in (("raw memmap copy (floor)", scan_floor), ("Megatron slice reads", scan_megatron),
                            ("mmidx gather", scan_ours)):
-        seconds = best_of(2, function)
+        seconds, _ = best_of(function, 2)
         rows.append((f"sequential scan: {name}", f"{total_bytes / seconds / 1e9:.2f} GB/s", "", ""))
 
     print(f"# bench_read — {args.documents:,} documents, mean {args.mean_tokens} tokens, "
           f"{total_bytes / 1e9:.2f} GB of uint16 tokens")
-    print(f"# {machine()}")
+    print(f"# {machine('numpy', 'megatron-core')}")
     width = max(len(row[0]) for row in rows)
     for row in rows:
         print(f"{row[0]:<{width}}  {row[1]:>16}  {row[2]:>16}  {row[3]}")
