@@ -67,10 +67,7 @@ def _verify_plan(dataset: MMIDXDataset) -> list[str]:
         problems.append(f"{where}: elements with unknown flag bits")
     if np.any(elements["img_num"] < 1):
         problems.append(f"{where}: elements with img_num 0")
-    views_per_sample = np.diff(plan["sample_view_offsets"])
-    elements_per_view = np.diff(plan["view_element_offsets"])
-    sample_of_view = np.repeat(np.arange(len(dataset), dtype=np.int64), views_per_sample)
-    sample_of_element = np.repeat(sample_of_view, elements_per_view)
+    sample_of_element = dataset.element_samples()
     texts = np.diff(dataset.tokens.document_indices)[sample_of_element]
     images = np.diff(plan["sample_image_offsets"])[sample_of_element]
     limit = np.where(elements["kind"] == fmt.TEXT, texts, images)

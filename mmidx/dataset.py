@@ -327,6 +327,24 @@ class MMIDXDataset:
         """Ids of BAGEL's special tokens and the end-of-document token recorded at build time."""
         return (self._files.meta or {}).get("special_tokens", {})
 
+    @property
+    def checksum(self) -> str:
+        """What identifies this dataset's content, for cache keys: the metadata's own sha256, or for a
+        bare Megatron pair the size and modification time of its files (rewriting them changes it)."""
+        meta = self._files.meta
+        if meta is not None:
+            return meta["meta_sha256"]
+        stats = [fmt.file_path(self.prefix, role).stat() for role in ("idx", "bin")]
+        return "megatron:" + ":".join(f"{stat.st_size}:{stat.st_mtime_ns}" for stat in stats)
+
+    def element_samples(self) -> np.ndarray:
+        """The sample number of every element record of ``P.plan`` (int64; empty for text datasets)."""
+        plan = self.plan
+        if plan is None:
+            return np.zeros(0, dtype=np.int64)
+        views = np.repeat(np.arange(len(self), dtype=np.int64), np.diff(plan["sample_view_offsets"]))
+        return np.repeat(views, np.diff(plan["view_element_offsets"]))
+
     def __len__(self) -> int:
         return self._files.tokens.document_count
 

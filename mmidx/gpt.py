@@ -66,7 +66,7 @@ class GPTTextDataset(torch.utils.data.Dataset):
         self.reset_position_ids = reset_position_ids
         sizes = self.dataset.tokens.sequence_lengths
         description = {"kind": "gpt_indices", "sequences": len(sizes), "config": asdict(self.config),
-                       "dataset": (self.dataset.metadata or {}).get("meta_sha256", self.dataset.prefix)}
+                       "dataset": self.dataset.checksum}
 
         def build() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             document, sample, shuffle = gpt_indices(sizes, seq_length=seq_length, num_samples=num_samples,

@@ -50,8 +50,7 @@ def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
     elements = plan["elements"]
     view_offsets = plan["sample_view_offsets"].astype(np.int64)
     element_offsets = plan["view_element_offsets"].astype(np.int64)
-    sample_of_element = np.repeat(np.repeat(np.arange(len(dataset)), np.diff(view_offsets)),
-                                  np.diff(element_offsets))
+    sample_of_element = dataset.element_samples()
     counts = np.full(len(elements), 2, dtype=np.int64)
     kind = elements["kind"]
     payload = elements["payload"].astype(np.int64)
@@ -72,14 +71,6 @@ def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
                                              img_nums=elements["img_num"][selected], patch_size=patch)
     cumulative = np.concatenate([[0], np.cumsum(counts)])
     return view_offsets, np.diff(cumulative[element_offsets])
-
-
-def _dataset_checksum(dataset: MMIDXDataset) -> str:
-    meta = dataset.metadata
-    if meta is not None:
-        return meta["meta_sha256"]
-    stat = fmt.file_path(dataset.prefix, "idx").stat()  # bare Megatron pair: identify by index size and time
-    return f"megatron:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 @dataclass
@@ -128,7 +119,7 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
     num_samples = sum(group_sizes) if num_samples is None else int(num_samples)
     group_offsets = [np.concatenate([[0], np.cumsum([len(d) for d in group])]).astype(np.int64)
                      for group in datasets]
-    checksums = [[_dataset_checksum(d) for d in group] for group in datasets]
+    checksums = [[d.checksum for d in group] for group in datasets]
     description = {"kind": "pack_index", "version": INDEX_VERSION, "config": config.describe(),
                    "num_samples": num_samples, "datasets": checksums}
     arrays, stats, folder = cached_arrays(

@@ -85,3 +85,26 @@ def test_indices_are_cached_by_configuration(text_prefix, tmp_path):
     assert isinstance(again.sample_index, np.memmap) and np.array_equal(first.sample_index, again.sample_index)
     GPTTextDataset(text_prefix, seq_length=16, seed=3, add_extra_token=False, cache_dir=tmp_path)
     assert len(list(tmp_path.iterdir())) == 2  # add_extra_token is part of the key (Megatron's key omits it)
+
+
+def test_a_rewritten_megatron_pair_gets_new_indices_not_stale_cached_ones(tmp_path):
+    """A bare Megatron pair has no checksum of its own; the cache must still see that it changed."""
+    import os
+
+    import megatron.core.datasets.indexed_dataset as indexed
+
+    def write(documents, mtime):
+        builder = indexed.IndexedDatasetBuilder(str(tmp_path / "m.bin"), dtype=np.uint16)
+        for document in documents:
+            builder.add_item(torch.tensor(document))
+            builder.end_document()
+        builder.finalize(str(tmp_path / "m.idx"))
+        for suffix in (".idx", ".bin"):
+            os.utime(tmp_path / f"m{suffix}", ns=(mtime, mtime))
+
+    write([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]] * 4, 10**18)
+    first = GPTTextDataset(tmp_path / "m", seq_length=4, seed=1, cache_dir=tmp_path / "cache")
+    write([[9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4]] * 4, 2 * 10**18)  # as many sequences, longer
+    second = GPTTextDataset(tmp_path / "m", seq_length=4, seed=1, cache_dir=tmp_path / "cache")
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    assert len(first) == (4 * 10 - 1) // 4 and len(second) == (4 * 14 - 1) // 4
