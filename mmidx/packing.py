@@ -189,6 +189,8 @@ class PackBuilder:
     def build(self, pack_index: int, items: Sequence[PackItem]) -> PackedBatch:
         """The batch of pack ``pack_index`` made of ``items``, in order."""
         pack = _Pack()
+        worker = torch.utils.data.get_worker_info()
+        worker_id = 0 if worker is None else worker.id
         for position, item in enumerate(items):
             dataset = self.datasets[item.group][item.dataset]
             sample = dataset[item.sample]
@@ -196,8 +198,9 @@ class PackBuilder:
             uniforms, normals = sample_randomness(self.config.seed, pack_index, position, len(elements))
             self._add_sample(pack, item, sample, elements, uniforms, normals)
             pack.data_indexes.append({
-                "dataset_name": self.config.groups[item.group].name, "dataset": dataset.prefix,
-                "sample": item.sample, "view": item.view, "data_indexes": list(sample.origin)})
+                "dataset_name": self.config.groups[item.group].name, "worker_id": worker_id,
+                "data_indexes": list(sample.origin), "dataset": dataset.prefix, "sample": item.sample,
+                "view": item.view})
         return PackedBatch.from_pack(pack, use_flex=self.use_flex, max_num_tokens=self.config.packing.max_num_tokens,
                                      vit_patch_size=self.config.geometry.vit_patch_size,
                                      deferred=self.decode_images == "device")
@@ -527,6 +530,12 @@ class PackedBatch:
         moved = self._map(lambda tensor: tensor.to(device, non_blocking=non_blocking), self.deferred)
         moved._materialize()
         return moved
+
+    def cuda(self, device: torch.device | str | int | None = None, non_blocking: bool = False) -> PackedBatch:
+        """BAGEL's ``SimpleCustomBatch.cuda(device)``: :meth:`to` with a CUDA device (an int is its index)."""
+        if device is None or isinstance(device, int):
+            device = torch.device("cuda", device)
+        return self.to(device, non_blocking=non_blocking)
 
     def pin_memory(self) -> PackedBatch:
         """Page-locked copies (``DataLoader(pin_memory=True)`` calls this); deferred images stay encoded."""
