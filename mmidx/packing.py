@@ -7,13 +7,15 @@ images framed by ``<|vision_start|>``/``<|vision_end|>``, rope ids (text +len, v
 and attention modes, ViT patches with NaViT position ids, padded VAE inputs with latent position
 ids, one timestep per noised image or clip (-inf for clean ones), and the key groups present only
 when non-empty. It reproduces BAGEL's quirks too: a split is reset at ``split_start`` before CFG
-dropout is decided, a dropped element skips its ``split_end``, text and vit position ids advance
-by the running split length.
+dropout is decided, text and vit position ids advance by the running split length.
 
-Differences, by design: randomness (CFG dropout, timesteps) comes from Philox keyed by
-(seed, pack index, sample position) — no global RNG, so pack k is the same in any process, worker
-or resumed run; each stored image is decoded once per pack however many elements use it; attention
-masks are not built here (split metadata travels; :mod:`mmidx.masks` builds masks on the device).
+Differences, by design: a clip whose first or last frame is dropped by CFG dropout opens its split
+on the first kept frame and closes it on the last kept one (BAGEL then writes ``split_lens`` and
+``attn_modes`` of different lengths and ``sample_lens`` shorter than the tokens written);
+randomness (CFG dropout, timesteps) comes from Philox keyed by (seed, pack index, sample position)
+— no global RNG, so pack k is the same in any process, worker or resumed run; each stored image
+is decoded once per pack however many elements use it; attention masks are not built here (split
+metadata travels; :mod:`mmidx.masks` builds masks on the device).
 """
 
 from __future__ import annotations
@@ -225,16 +227,25 @@ class PackBuilder:
         split_len = 0
         timestep = None
         sample_len = 0
+        opening = False  # a split has started and none of its elements is kept yet
+        split_open = False  # a split holds kept elements and is not closed yet
+        probability = {fmt.TEXT: dropout.text, fmt.VIT_IMAGE: dropout.vit, fmt.VAE_IMAGE: dropout.vae}
         for e, record in enumerate(elements):
             kind, flags, payload = int(record["kind"]), int(record["flags"]), int(record["payload"])
             label = int(record["special_token_label"])
             special_loss_label = label if flags & fmt.FLAG_SPECIAL_TOKEN_LOSS else None
             if flags & fmt.FLAG_SPLIT_START:
                 split_len = 0
-            cfg = bool(flags & fmt.FLAG_ENABLE_CFG)
+                opening = True
+            if flags & fmt.FLAG_ENABLE_CFG and uniforms[e] < probability[kind]:
+                rope += kind != fmt.TEXT  # a dropped image leaves a rope gap, a dropped text none
+                if flags & fmt.FLAG_SPLIT_END and split_open:  # a clip's last frame: close on the last kept one
+                    split_lens.append(split_len)
+                    sample_len += split_len
+                    split_open = False
+                continue
+            opens, opening, split_open = opening, False, True
             if kind == fmt.TEXT:
-                if cfg and uniforms[e] < dropout.text:
-                    continue
                 ids = sample.text(payload).astype(np.int64)
                 shifted = len(ids) + 1
                 pack.text_ids.append(np.concatenate([[special["bos_token_id"]], ids]))
@@ -251,9 +262,6 @@ class PackBuilder:
                 pack.position_ids.append(np.arange(rope, rope + split_len))
                 rope += split_len
             elif kind == fmt.VIT_IMAGE:
-                if cfg and uniforms[e] < dropout.vit:
-                    rope += 1
-                    continue
                 pack.add_special(special["start_of_image"], None)
                 split_len += 1
                 job = self._job(group.vit_transform, group, "vit", item, sample, record)
@@ -272,9 +280,6 @@ class PackBuilder:
                 pack.position_ids.append(np.full(split_len, rope))
                 rope += 1
             else:
-                if cfg and uniforms[e] < dropout.vae:
-                    rope += 1
-                    continue
                 pack.add_special(special["start_of_image"], None)
                 split_len += 1
                 job = self._job(group.vae_transform, group, "vae", item, sample, record)
@@ -289,7 +294,7 @@ class PackBuilder:
                 noised = bool(flags & fmt.FLAG_LOSS)
                 if noised:
                     pack.mse_indexes.append(np.arange(pack.curr, pack.curr + latent_tokens))
-                    if flags & fmt.FLAG_SPLIT_START or timestep is None:
+                    if opens or timestep is None:
                         timestep = float(normals[e])
                     value = timestep
                 else:
@@ -300,7 +305,7 @@ class PackBuilder:
                 pack.add_special(special["end_of_image"], special_loss_label)
                 split_len += 1
                 has_frame_delta = bool(flags & fmt.FLAG_HAS_FRAME_DELTA)
-                if flags & fmt.FLAG_SPLIT_START:
+                if opens:  # a clip's first frame: the split opens on the first kept one
                     attn_modes.append("noise" if noised and not has_frame_delta else "full")
                 pack.position_ids.append(np.full(latent_tokens + 2, rope))
                 if has_frame_delta:
@@ -310,6 +315,7 @@ class PackBuilder:
             if flags & fmt.FLAG_SPLIT_END:
                 split_lens.append(split_len)
                 sample_len += split_len
+                split_open = False
         pack.sample_lens.append(sample_len)
         pack.split_lens.append(split_lens)
         pack.attn_modes.append(attn_modes)
