@@ -26,7 +26,7 @@ from mmidx import format as fmt
 from mmidx.cache import cached_arrays
 from mmidx.config import DataConfig, GroupConfig, ModelGeometry
 from mmidx.dataset import MMIDXDataset
-from mmidx.images import num_image_tokens
+from mmidx.images import ImageTransform, num_image_tokens
 from mmidx.index import multimodal_stream, pack_samples, stream_views
 from mmidx.packing import PackItem
 
@@ -58,8 +58,9 @@ def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
     counts[is_text] += lengths[documents[sample_of_element[is_text]] + payload[is_text]]
     images = plan["sample_image_offsets"][sample_of_element] + payload
     info = plan["image_info"]
-    for code, transform, patch in ((fmt.VAE_IMAGE, group.vae_transform, geometry.vae_image_downsample),
-                                   (fmt.VIT_IMAGE, group.vit_transform, geometry.vit_patch_size)):
+    for code, transform, patch, limit in (
+            (fmt.VAE_IMAGE, group.vae_transform, geometry.vae_image_downsample, "max_latent_size"),
+            (fmt.VIT_IMAGE, group.vit_transform, geometry.vit_patch_size, "max_num_patch_per_side")):
         selected = kind == code
         if not selected.any():
             continue
@@ -69,8 +70,35 @@ def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
         number = images[selected]
         counts[selected] += num_image_tokens(info["width"][number], info["height"][number], transform,
                                              img_nums=elements["img_num"][selected], patch_size=patch)
+        if not geometry.interpolate_pos:
+            _check_grids(dataset, group, np.flatnonzero(selected), transform, patch, limit,
+                         getattr(geometry, limit))
     cumulative = np.concatenate([[0], np.cumsum(counts)])
     return view_offsets, np.diff(cumulative[element_offsets])
+
+
+def _check_grids(dataset: MMIDXDataset, group: GroupConfig, selected: np.ndarray, transform: ImageTransform,
+                 patch: int, limit_name: str, limit: int) -> None:
+    """Refuse the index when an image element's patch grid is wider or taller than the model's position
+    table (BAGEL's extrapolated ids would collide), naming the largest such image and the value it needs."""
+    plan = dataset.plan
+    elements = plan["elements"][selected]
+    samples = dataset.element_samples()[selected]
+    number = plan["sample_image_offsets"][samples] + elements["payload"]
+    info = plan["image_info"][number]
+    widths, heights = transform.output_shapes(info["width"], info["height"], elements["img_num"])
+    sides = np.maximum(heights // patch, widths // patch)
+    if len(sides) == 0 or sides.max() <= limit:
+        return
+    worst = int(np.argmax(sides))
+    sample, image = int(samples[worst]), int(elements["payload"][worst])
+    source, row = dataset[sample].origin
+    where = f" ({source} row {row})" if source is not None else ""
+    raise ValueError(
+        f"group {group.name!r}, dataset {dataset.prefix}: image {image} of sample {sample}{where}, "
+        f"{int(info['width'][worst])}x{int(info['height'][worst])} stored, becomes a "
+        f"{int(heights[worst]) // patch}x{int(widths[worst]) // patch} grid of {patch}-pixel patches, more than "
+        f"{limit_name}={limit}; set {limit_name} to at least {int(sides.max())} or lower the group's max_image_size")
 
 
 @dataclass
