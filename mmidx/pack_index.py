@@ -29,6 +29,7 @@ from mmidx.dataset import MMIDXDataset
 from mmidx.images import ImageTransform, num_image_tokens
 from mmidx.index import multimodal_stream, pack_samples, stream_views
 from mmidx.packing import PackItem
+from mmidx.subsets import used_samples
 
 INDEX_VERSION = 1
 
@@ -101,6 +102,14 @@ def _check_grids(dataset: MMIDXDataset, group: GroupConfig, selected: np.ndarray
         f"{limit_name}={limit}; set {limit_name} to at least {int(sides.max())} or lower the group's max_image_size")
 
 
+def _selected_views(offsets: np.ndarray, tokens: np.ndarray, selection: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(view_offsets, view_tokens) of the samples ``selection`` (in that order, repeats allowed)."""
+    counts = np.diff(offsets)[selection]
+    selected = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    views = np.repeat(offsets[:-1][selection] - selected[:-1], counts) + np.arange(selected[-1])
+    return selected, tokens[views]
+
+
 @dataclass
 class PackIndex:
     """Loaded (memory-mapped) pack index: ``len()`` packs, ``items(k)`` → the samples of pack k."""
@@ -110,6 +119,7 @@ class PackIndex:
     stats: dict[str, Any]
     group_offsets: list[np.ndarray]  # per group: cumulative dataset sizes, to map group samples to datasets
     path: Path | None = None
+    selections: list[list[np.ndarray | None]] | None = None  # per group and dataset: used samples (None: all)
 
     def __len__(self) -> int:
         return len(self.arrays["pack_offsets"]) - 1
@@ -127,7 +137,9 @@ class PackIndex:
             view = int(self.arrays["stream_view"][position])
             bounds = self.group_offsets[group]
             dataset = int(np.searchsorted(bounds, sample, side="right")) - 1
-            items.append(PackItem(group, dataset, sample - int(bounds[dataset]), view))
+            sample -= int(bounds[dataset])
+            selection = self.selections[group][dataset] if self.selections else None
+            items.append(PackItem(group, dataset, sample if selection is None else int(selection[sample]), view))
         return items
 
 
@@ -140,29 +152,35 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
     the config, the size and every dataset are unchanged.
     """
     datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
-    group_sizes = [sum(len(d) for d in group) for group in datasets]
+    selections = [[used_samples(d, group, k) for k, d in enumerate(group_datasets)]
+                  for group, group_datasets in zip(config.groups, datasets, strict=True)]
+    sizes = [[len(d) if s is None else len(s) for d, s in zip(group, selected, strict=True)]
+             for group, selected in zip(datasets, selections, strict=True)]
+    group_sizes = [sum(group) for group in sizes]
     if min(group_sizes) == 0:
         empty = [g.name for g, n in zip(config.groups, group_sizes, strict=True) if n == 0]
         raise ValueError(f"groups {empty} have no samples")
     num_samples = sum(group_sizes) if num_samples is None else int(num_samples)
-    group_offsets = [np.concatenate([[0], np.cumsum([len(d) for d in group])]).astype(np.int64)
-                     for group in datasets]
+    group_offsets = [np.concatenate([[0], np.cumsum(group)]).astype(np.int64) for group in sizes]
     checksums = [[d.checksum for d in group] for group in datasets]
     description = {"kind": "pack_index", "version": INDEX_VERSION, "config": config.describe(),
                    "num_samples": num_samples, "datasets": checksums}
     arrays, stats, folder = cached_arrays(
-        cache_dir, description, lambda: _build_arrays(config, datasets, group_sizes, num_samples))
-    return PackIndex(config, arrays, stats, group_offsets, folder)
+        cache_dir, description, lambda: _build_arrays(config, datasets, selections, group_sizes, num_samples))
+    return PackIndex(config, arrays, stats, group_offsets, folder, selections)
 
 
-def _build_arrays(config: DataConfig, datasets: list[list[MMIDXDataset]], group_sizes: list[int],
+def _build_arrays(config: DataConfig, datasets: list[list[MMIDXDataset]],
+                  selections: list[list[np.ndarray | None]], group_sizes: list[int],
                   num_samples: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     start = time.perf_counter()
     view_offsets, view_tokens = [], []
-    for group, group_datasets in zip(config.groups, datasets, strict=True):
+    for group, group_datasets, group_selections in zip(config.groups, datasets, selections, strict=True):
         offsets_parts, token_parts, base = [np.zeros(1, np.int64)], [], 0
-        for dataset in group_datasets:
+        for dataset, selection in zip(group_datasets, group_selections, strict=True):
             offsets, tokens = view_token_counts(dataset, group, config.geometry)
+            if selection is not None:
+                offsets, tokens = _selected_views(offsets, tokens, selection)
             offsets_parts.append(offsets[1:] + base)
             token_parts.append(tokens)
             base += int(offsets[-1])
