@@ -1,4 +1,4 @@
-"""How to store decoded video frames: PNG vs lossless WebP (vs the lossy JPEG mmidx used before).
+"""How to store decoded video frames: PNG vs lossless WebP (vs the lossy JPEG mmidx stored before).
 
 A photo-like clip (smooth colour fields, shapes, mild noise, panning) is encoded with H.264, decoded
 with PyAV as ``mmidx build`` does, and every frame is stored each way. Printed per frame: stored
@@ -25,7 +25,9 @@ from mmidx.synthetic import photo_jpeg
 
 FORMATS = {
     "PNG (Pillow default, level 6)": {"format": "PNG"},
-    "WebP lossless (Pillow default effort)": {"format": "WEBP", "lossless": True},
+    "PNG level 1": {"format": "PNG", "compress_level": 1},
+    "WebP lossless, method 0 (mmidx)": {"format": "WEBP", "lossless": True, "method": 0, "quality": 0},
+    "WebP lossless, Pillow default effort": {"format": "WEBP", "lossless": True},
     "JPEG quality 95 (lossy, before)": {"format": "JPEG", "quality": 95},
 }
 

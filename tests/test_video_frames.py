@@ -11,7 +11,7 @@ import pytest
 from fixtures_sources import build, decoded, image_bytes, pyav_frames, write_jsonl
 from PIL import Image
 
-from mmidx.sources import SourceContext, SourceOptions
+from mmidx.sources import SourceContext, SourceOptions, media
 from mmidx.sources.media import frame_indices, frame_sampler_options
 
 VIEWS = 3
@@ -111,6 +111,16 @@ def test_stored_frames_equal_pyavs_decode_of_the_source_exactly(clip, tmp_path):
     frames = stored_frames(dataset[0])
     assert len(frames) >= 4
     for number, image in frames.items():
+        assert Image.open(io.BytesIO(bytes(image.data))).format == "WEBP"
+        assert np.array_equal(decoded(image.data), source[number])
+
+
+def test_frames_wider_than_webp_allows_are_stored_as_png(clip, tmp_path, monkeypatch):
+    folder, jsonl = clip
+    monkeypatch.setattr(media, "_WEBP_MAX_SIDE", 63)  # the clip is 64 pixels wide
+    dataset, _ = build("vlm", [jsonl], tmp_path / "out", views=1, min_frames=2, max_frames=2)
+    source = pyav_frames(folder / "noise.mp4")
+    for number, image in stored_frames(dataset[0]).items():
         assert Image.open(io.BytesIO(bytes(image.data))).format == "PNG"
         assert np.array_equal(decoded(image.data), source[number])
 

@@ -73,7 +73,7 @@ class SourceOptions:
     max_image_pixels: int | None = None  # None: mmidx.images.DEFAULT_MAX_PIXELS
     min_frames: int = 8
     max_frames: int = 12
-    frame_quality: int | None = None  # None: video frames stored losslessly (PNG); 1..100: JPEG quality
+    frame_quality: int | None = None  # None: video frames stored losslessly (WebP); 1..100: JPEG quality
     frame_sample: str = "rand"  # BAGEL's FrameSampler sample: rand, middle or fps<X>
     frame_fix_start: int | None = None  # with middle: frame = interval start + fix_start
     text_key: str = "text"

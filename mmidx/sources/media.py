@@ -17,10 +17,10 @@ Video (BAGEL's ``FrameSampler`` with decord, ``data/video_utils.py``): a view dr
 n = randint(min_frames, max_frames) frames with :func:`frame_indices`, BAGEL's
 ``get_frame_indices(n, vlen, sample)`` for ``sample`` = ``rand``, ``middle`` (optionally with
 ``fix_start``) or ``fpsX``; frames are decoded with PyAV in decode order (frame ``i`` is the ``i``-th
-frame ``container.decode(video=0)`` yields), converted to RGB and stored losslessly as PNG
-(``benchmarks/bench_frames.py``: lossless WebP is about a third smaller but 5× slower to encode
-and slower to decode in every epoch), or as JPEG when ``frame_quality`` is set. A name ending in
-``/`` is a folder of frame images (BAGEL's ``read_frames_folder``), stored as they are.
+frame ``container.decode(video=0)`` yields), converted to RGB and stored losslessly as WebP at
+its fastest effort (``benchmarks/bench_frames.py``: 25–40% smaller than PNG and 3–5× faster to
+encode, decoding between 0.6× and 1.4× PNG's time), or as JPEG when ``frame_quality`` is set. A name
+ending in ``/`` is a folder of frame images (BAGEL's ``read_frames_folder``), stored as they are.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def ingest_image_file(location: str, context: SourceContext) -> StoredImage:
 
 # --------------------------------------------------------------------------- video
 
+_WEBP_MAX_SIDE = 16383
 FRAME_SAMPLER_KEYS = ("min_num_frames", "max_num_frames", "sample", "fix_start")
 
 
@@ -203,8 +204,9 @@ class FrameFolder:
 class VideoFile:
     """A video named by a row, opened with PyAV; a failure to open or decode skips the row.
 
-    Frames are stored as PNG (lossless: they decode to exactly PyAV's RGB frame), or as JPEG of
-    ``frame_quality`` when that option is set (smaller, lossy).
+    Frames are stored losslessly (they decode to exactly PyAV's RGB frame) as WebP at its fastest
+    effort, or PNG past WebP's 16383-pixel side limit; as JPEG of ``frame_quality`` when that option
+    is set (smaller, lossy).
     """
 
     def __init__(self, location: str, context: SourceContext):
@@ -255,10 +257,13 @@ class VideoFile:
                 for number, frame in enumerate(container.decode(video=0)):
                     if number in wanted:
                         output = io.BytesIO()
-                        if quality is None:
-                            frame.to_image().save(output, format="PNG")
+                        image = frame.to_image()
+                        if quality is not None:
+                            image.save(output, format="JPEG", quality=quality)
+                        elif max(image.size) <= _WEBP_MAX_SIDE:
+                            image.save(output, format="WEBP", lossless=True, method=0, quality=0)
                         else:
-                            frame.to_image().save(output, format="JPEG", quality=quality)
+                            image.save(output, format="PNG")
                         found[number] = output.getvalue()
                     if number >= last:
                         break
