@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from test_pack_index import PACKING
 from test_packing_reference import GEOMETRY, SPECIAL, build_groups
 
 from mmidx.bagel import LOADER_STATE_NAME, trainer_loader
@@ -24,6 +23,9 @@ FORWARD_PARAMETERS = {
     "packed_vit_tokens", "packed_vit_token_indexes", "packed_vit_position_ids", "vit_token_seqlens",
     "padded_latent", "patchified_vae_latent_shapes", "packed_latent_position_ids", "packed_vae_token_indexes",
     "packed_timesteps", "mse_loss_indexes"}
+
+PACKING = {"max_num_tokens": 1200, "expected_num_tokens": 800, "max_num_tokens_per_sample": 1200,
+           "prefer_buffer_before": 400, "max_buffer_size": 4}  # small packs: a few samples each
 
 # BAGEL's DataConfig after the trainer set it from model_args (visual_gen and visual_und on)
 BAGEL_DATA_CONFIG = SimpleNamespace(text_cond_dropout_prob=0.3, vit_cond_dropout_prob=0.3, vae_cond_dropout_prob=0.3,
@@ -87,36 +89,36 @@ def checkpoint_round_trip(tmp_path, data_status, world_size=1):
 
 @pytest.mark.parametrize("use_flex", [True, False])
 def test_the_trainer_loop_runs_unchanged_and_resumes_with_the_same_next_batches(config_file, tmp_path, use_flex):
-    uninterrupted, _ = train(loader_of(config_file, use_flex=use_flex), total_steps=8)
-    assert len(uninterrupted) == 8
-    first, data_status = train(loader_of(config_file, use_flex=use_flex), total_steps=3)
-    assert data_status[LOADER_STATE_NAME] == {0: {"packs_consumed": 3}}
+    uninterrupted, _ = train(loader_of(config_file, use_flex=use_flex), total_steps=5)
+    assert len(uninterrupted) == 5
+    first, data_status = train(loader_of(config_file, use_flex=use_flex), total_steps=2)
+    assert data_status[LOADER_STATE_NAME] == {0: {"packs_consumed": 2}}
     groups = set(data_status) - {LOADER_STATE_NAME}
     assert groups and groups <= {"t2i", "edit", "vlm"}
     assert all(set(status) == {0} for status in data_status.values())  # worker ids, as BAGEL records them
     resumed_status = checkpoint_round_trip(tmp_path, data_status)[0]
-    rest, _ = train(loader_of(config_file, resumed_status, use_flex=use_flex), total_steps=8, train_step=3,
+    rest, _ = train(loader_of(config_file, resumed_status, use_flex=use_flex), total_steps=5, train_step=2,
                     data_status=resumed_status)
     assert first + rest == uninterrupted
 
 
 def test_worker_ids_are_the_dataloader_workers_that_built_the_packs(config_file):
-    _, data_status = train(loader_of(config_file, num_workers=2), total_steps=6)
+    _, data_status = train(loader_of(config_file, num_workers=2), total_steps=4)
     sample_workers = {worker for name, status in data_status.items() if name != LOADER_STATE_NAME for worker in status}
     assert sample_workers == {0, 1}
-    assert data_status[LOADER_STATE_NAME] == {0: {"packs_consumed": 6}}
+    assert data_status[LOADER_STATE_NAME] == {0: {"packs_consumed": 4}}
 
 
 def test_each_rank_resumes_from_its_own_data_status(config_file, tmp_path):
-    ranks = [train(loader_of(config_file, local_rank=r, world_size=2), total_steps=4)[0] for r in range(2)]
-    statuses = [train(loader_of(config_file, local_rank=r, world_size=2), total_steps=2)[1] for r in range(2)]
+    ranks = [train(loader_of(config_file, local_rank=r, world_size=2), total_steps=3)[0] for r in range(2)]
+    statuses = [train(loader_of(config_file, local_rank=r, world_size=2), total_steps=1)[1] for r in range(2)]
     path = tmp_path / "data_status.pt"
     torch.save(statuses, path)
     for rank in range(2):
         status = torch.load(path, weights_only=True, map_location="cpu")[rank]
-        assert status[LOADER_STATE_NAME] == {0: {"packs_consumed": 4}}
-        rest, _ = train(loader_of(config_file, status, local_rank=rank, world_size=2), total_steps=4, train_step=2)
-        assert rest == ranks[rank][2:]
+        assert status[LOADER_STATE_NAME] == {0: {"packs_consumed": 2}}
+        rest, _ = train(loader_of(config_file, status, local_rank=rank, world_size=2), total_steps=3, train_step=1)
+        assert rest == ranks[rank][1:]
 
 
 def test_a_data_status_from_bagels_own_loader_is_refused_with_the_way_out(config_file):
