@@ -449,9 +449,11 @@ class DeferredImages:
 class PackedBatch:
     """One packed batch: BAGEL's keys as tensors, plus the split metadata masks are built from.
 
-    ``to(device)`` moves every tensor; ``attention_masks()`` / ``to_dict()`` build the masks on
-    the batch's device (dense per-sample masks, or a FlexAttention ``BlockMask``), so masks never
-    travel between processes.
+    ``to(device)`` (and BAGEL's ``cuda(device)``) moves every tensor; ``attention_masks()`` /
+    ``to_dict()`` build the masks on the batch's device (dense per-sample masks, or a FlexAttention
+    ``BlockMask``), so masks never travel between processes. ``batch_data_indexes`` has one entry per
+    sample with BAGEL's ``dataset_name`` (the group), ``worker_id`` (the DataLoader worker that built
+    the pack) and ``data_indexes`` ([input file, row]), plus mmidx's ``dataset``, ``sample``, ``view``.
     """
 
     def __init__(self, tensors: dict[str, Any], *, split_lens: list[list[int]], attn_modes: list[list[str]],
