@@ -29,7 +29,7 @@ from mmidx.dataset import MMIDXDataset
 from mmidx.images import ImageTransform, num_image_tokens
 from mmidx.index import multimodal_stream, pack_samples, stream_views
 from mmidx.packing import PackItem
-from mmidx.subsets import used_samples
+from mmidx.subsets import selected_views, used_samples
 
 INDEX_VERSION = 1
 
@@ -102,14 +102,6 @@ def _check_grids(dataset: MMIDXDataset, group: GroupConfig, selected: np.ndarray
         f"{limit_name}={limit}; set {limit_name} to at least {int(sides.max())} or lower the group's max_image_size")
 
 
-def _selected_views(offsets: np.ndarray, tokens: np.ndarray, selection: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(view_offsets, view_tokens) of the samples ``selection`` (in that order, repeats allowed)."""
-    counts = np.diff(offsets)[selection]
-    selected = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    views = np.repeat(offsets[:-1][selection] - selected[:-1], counts) + np.arange(selected[-1])
-    return selected, tokens[views]
-
-
 @dataclass
 class PackIndex:
     """Loaded (memory-mapped) pack index: ``len()`` packs, ``items(k)`` → the samples of pack k."""
@@ -180,7 +172,7 @@ def _build_arrays(config: DataConfig, datasets: list[list[MMIDXDataset]],
         for dataset, selection in zip(group_datasets, group_selections, strict=True):
             offsets, tokens = view_token_counts(dataset, group, config.geometry)
             if selection is not None:
-                offsets, tokens = _selected_views(offsets, tokens, selection)
+                offsets, tokens = selected_views(offsets, tokens, selection)
             offsets_parts.append(offsets[1:] + base)
             token_parts.append(tokens)
             base += int(offsets[-1])

@@ -45,6 +45,15 @@ def used_samples(dataset: MMIDXDataset, group: GroupConfig, position: int) -> np
     return _used_files(files, origins, count)
 
 
+def selected_views(offsets: np.ndarray, tokens: np.ndarray, selection: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(view_offsets, view_tokens) of the samples ``selection`` (in that order, repeats allowed), from
+    those of every sample (:func:`mmidx.pack_index.view_token_counts`)."""
+    counts = np.diff(offsets)[selection]
+    selected = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    views = np.repeat(offsets[:-1][selection] - selected[:-1], counts) + np.arange(selected[-1])
+    return selected, tokens[views]
+
+
 def _used_lines(dataset: MMIDXDataset, files: list[str], origins: np.ndarray, count: int | None,
                 group: GroupConfig) -> np.ndarray:
     keep = np.zeros(len(origins), dtype=bool)
