@@ -13,6 +13,10 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
     packing: {expected_num_tokens: 32768, max_num_tokens: 36864}     # optional, BAGEL's defaults
     dropout: {text: 0.1, vit: 0.3, vae: 0.3}                          # optional
 
+BAGEL's ``num_used_data`` (one count per dataset), ``shuffle_lines`` and ``shuffle_seed`` choose which
+samples a group uses, with BAGEL's meaning (:mod:`mmidx.subsets`); ``resume_data_status`` is accepted
+and ignored (a note says why); any other key is refused.
+
 VAE elements use ``image_transform_args``; ViT elements use ``vit_image_transform_args`` when given
 and ``image_transform_args`` otherwise — as BAGEL's ``vlm_sft`` group does.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +47,9 @@ class GroupConfig:
     is_mandatory: bool = False
     image_transform: ImageTransform | None = None
     vit_image_transform: ImageTransform | None = None
+    num_used_data: tuple[int, ...] | None = None  # BAGEL's: per dataset, lines (vlm) or parquet files used
+    shuffle_lines: bool = False  # BAGEL's (vlm): which lines num_used_data keeps, shuffled by shuffle_seed
+    shuffle_seed: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "datasets", tuple(os.fspath(d) for d in self.datasets))
@@ -49,6 +57,11 @@ class GroupConfig:
             raise ValueError(f"group {self.name!r} lists no datasets")
         if not self.weight > 0:
             raise ValueError(f"group {self.name!r}: weight must be positive, got {self.weight}")
+        if self.num_used_data is not None:
+            object.__setattr__(self, "num_used_data", tuple(int(n) for n in self.num_used_data))
+            if len(self.num_used_data) != len(self.datasets) or min(self.num_used_data) < 1:
+                raise ValueError(f"group {self.name!r}: num_used_data needs one positive count per dataset "
+                                 f"({len(self.datasets)}), got {list(self.num_used_data)}")
 
     @property
     def vae_transform(self) -> ImageTransform | None:
@@ -133,16 +146,16 @@ class DataConfig:
         groups = []
         for name, spec in dict(data.get("groups") or {}).items():
             spec = dict(spec)
-            extra = set(spec) - {"datasets", "weight", "is_mandatory", "image_transform_args",
-                                 "vit_image_transform_args"}
-            if extra:
-                raise ValueError(f"group {name!r}: unknown keys {sorted(extra)}")
+            _check_group_keys(name, spec, GROUP_KEYS)
             datasets = [d if os.path.isabs(d) else os.path.join(base_dir, d) for d in spec.get("datasets", [])]
+            used = spec.get("num_used_data")
             groups.append(GroupConfig(
                 name=name, datasets=tuple(datasets), weight=float(spec.get("weight", 1.0)),
                 is_mandatory=bool(spec.get("is_mandatory", False)),
                 image_transform=_transform(spec.get("image_transform_args")),
-                vit_image_transform=_transform(spec.get("vit_image_transform_args"))))
+                vit_image_transform=_transform(spec.get("vit_image_transform_args")),
+                num_used_data=None if used is None else tuple(used),
+                shuffle_lines=bool(spec.get("shuffle_lines", False)), shuffle_seed=int(spec.get("shuffle_seed", 0))))
         return cls(groups=tuple(groups), packing=PackingConfig(**data.get("packing", {})),
                    dropout=DropoutConfig(**data.get("dropout", {})),
                    geometry=ModelGeometry(**data.get("geometry", {})), seed=int(data.get("seed", 0)))
@@ -190,6 +203,38 @@ def config_for(paths: list[str], **overrides: Any) -> DataConfig:
         groups.append(GroupConfig(name=f"{number}:{source}", datasets=(prefix,), image_transform=_transform(vae),
                                   vit_image_transform=_transform(vit)))
     return DataConfig(groups=tuple(groups), **overrides)
+
+
+# Group keys of a data.yaml; BAGEL's data/configs/*.yaml groups have the same ones with dataset_names instead
+# of datasets. Keys that mean nothing once datasets are built are accepted, with the note saying why.
+GROUP_KEYS = ("datasets", "weight", "is_mandatory", "image_transform_args", "vit_image_transform_args",
+              "num_used_data", "shuffle_lines", "shuffle_seed")
+BAGEL_GROUP_KEYS = ("dataset_names", *GROUP_KEYS[1:], "frame_sampler_args")
+IGNORED_GROUP_KEYS = {
+    "resume_data_status": "mmidx resumes from the loader's packs consumed (saved in data_status['mmidx']), "
+                          "never from per-dataset rows",
+}
+
+
+def _check_group_keys(name: str, spec: Mapping[str, Any], known: tuple[str, ...]) -> None:
+    """Refuse unknown keys of a group, naming them; note the ignored ones."""
+    for key in sorted(set(spec) & set(IGNORED_GROUP_KEYS)):
+        warnings.warn(f"group {name!r}: {key} is ignored: {IGNORED_GROUP_KEYS[key]}", stacklevel=3)
+    unknown = sorted(set(spec) - set(known) - set(IGNORED_GROUP_KEYS))
+    if unknown:
+        raise ValueError(f"group {name!r}: unknown keys {unknown}; the known ones are {', '.join(known)}")
+
+
+def data_yaml_group(name: str, spec: Mapping[str, Any], datasets: list[str]) -> dict[str, Any]:
+    """The data.yaml entry of one group of a BAGEL data config, whose dataset names were built as
+    ``datasets``: BAGEL's keys carried over, unknown keys refused (``frame_sampler_args`` is used
+    by the build, not here)."""
+    _check_group_keys(name, spec, BAGEL_GROUP_KEYS)
+    entry: dict[str, Any] = {"datasets": list(datasets), "weight": float(spec.get("weight", 1.0)),
+                             "is_mandatory": bool(spec.get("is_mandatory", False)),
+                             "image_transform_args": dict(spec.get("image_transform_args", {}))}
+    entry.update({key: spec[key] for key in GROUP_KEYS[4:] if key in spec})
+    return entry
 
 
 def _transform(args: Mapping[str, Any] | None) -> ImageTransform | None:

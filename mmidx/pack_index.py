@@ -26,9 +26,10 @@ from mmidx import format as fmt
 from mmidx.cache import cached_arrays
 from mmidx.config import DataConfig, GroupConfig, ModelGeometry
 from mmidx.dataset import MMIDXDataset
-from mmidx.images import num_image_tokens
+from mmidx.images import ImageTransform, num_image_tokens
 from mmidx.index import multimodal_stream, pack_samples, stream_views
 from mmidx.packing import PackItem
+from mmidx.subsets import selected_views, used_samples
 
 INDEX_VERSION = 1
 
@@ -58,8 +59,9 @@ def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
     counts[is_text] += lengths[documents[sample_of_element[is_text]] + payload[is_text]]
     images = plan["sample_image_offsets"][sample_of_element] + payload
     info = plan["image_info"]
-    for code, transform, patch in ((fmt.VAE_IMAGE, group.vae_transform, geometry.vae_image_downsample),
-                                   (fmt.VIT_IMAGE, group.vit_transform, geometry.vit_patch_size)):
+    for code, transform, patch, limit in (
+            (fmt.VAE_IMAGE, group.vae_transform, geometry.vae_image_downsample, "max_latent_size"),
+            (fmt.VIT_IMAGE, group.vit_transform, geometry.vit_patch_size, "max_num_patch_per_side")):
         selected = kind == code
         if not selected.any():
             continue
@@ -69,8 +71,35 @@ def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
         number = images[selected]
         counts[selected] += num_image_tokens(info["width"][number], info["height"][number], transform,
                                              img_nums=elements["img_num"][selected], patch_size=patch)
+        if not geometry.interpolate_pos:
+            _check_grids(dataset, group, np.flatnonzero(selected), transform, patch, limit,
+                         getattr(geometry, limit))
     cumulative = np.concatenate([[0], np.cumsum(counts)])
     return view_offsets, np.diff(cumulative[element_offsets])
+
+
+def _check_grids(dataset: MMIDXDataset, group: GroupConfig, selected: np.ndarray, transform: ImageTransform,
+                 patch: int, limit_name: str, limit: int) -> None:
+    """Refuse the index when an image element's patch grid is wider or taller than the model's position
+    table (BAGEL's extrapolated ids would collide), naming the largest such image and the value it needs."""
+    plan = dataset.plan
+    elements = plan["elements"][selected]
+    samples = dataset.element_samples()[selected]
+    number = plan["sample_image_offsets"][samples] + elements["payload"]
+    info = plan["image_info"][number]
+    widths, heights = transform.output_shapes(info["width"], info["height"], elements["img_num"])
+    sides = np.maximum(heights // patch, widths // patch)
+    if len(sides) == 0 or sides.max() <= limit:
+        return
+    worst = int(np.argmax(sides))
+    sample, image = int(samples[worst]), int(elements["payload"][worst])
+    source, row = dataset[sample].origin
+    where = f" ({source} row {row})" if source is not None else ""
+    raise ValueError(
+        f"group {group.name!r}, dataset {dataset.prefix}: image {image} of sample {sample}{where}, "
+        f"{int(info['width'][worst])}x{int(info['height'][worst])} stored, becomes a "
+        f"{int(heights[worst]) // patch}x{int(widths[worst]) // patch} grid of {patch}-pixel patches, more than "
+        f"{limit_name}={limit}; set {limit_name} to at least {int(sides.max())} or lower the group's max_image_size")
 
 
 @dataclass
@@ -82,6 +111,7 @@ class PackIndex:
     stats: dict[str, Any]
     group_offsets: list[np.ndarray]  # per group: cumulative dataset sizes, to map group samples to datasets
     path: Path | None = None
+    selections: list[list[np.ndarray | None]] | None = None  # per group and dataset: used samples (None: all)
 
     def __len__(self) -> int:
         return len(self.arrays["pack_offsets"]) - 1
@@ -99,7 +129,9 @@ class PackIndex:
             view = int(self.arrays["stream_view"][position])
             bounds = self.group_offsets[group]
             dataset = int(np.searchsorted(bounds, sample, side="right")) - 1
-            items.append(PackItem(group, dataset, sample - int(bounds[dataset]), view))
+            sample -= int(bounds[dataset])
+            selection = self.selections[group][dataset] if self.selections else None
+            items.append(PackItem(group, dataset, sample if selection is None else int(selection[sample]), view))
         return items
 
 
@@ -112,29 +144,35 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
     the config, the size and every dataset are unchanged.
     """
     datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
-    group_sizes = [sum(len(d) for d in group) for group in datasets]
+    selections = [[used_samples(d, group, k) for k, d in enumerate(group_datasets)]
+                  for group, group_datasets in zip(config.groups, datasets, strict=True)]
+    sizes = [[len(d) if s is None else len(s) for d, s in zip(group, selected, strict=True)]
+             for group, selected in zip(datasets, selections, strict=True)]
+    group_sizes = [sum(group) for group in sizes]
     if min(group_sizes) == 0:
         empty = [g.name for g, n in zip(config.groups, group_sizes, strict=True) if n == 0]
         raise ValueError(f"groups {empty} have no samples")
     num_samples = sum(group_sizes) if num_samples is None else int(num_samples)
-    group_offsets = [np.concatenate([[0], np.cumsum([len(d) for d in group])]).astype(np.int64)
-                     for group in datasets]
+    group_offsets = [np.concatenate([[0], np.cumsum(group)]).astype(np.int64) for group in sizes]
     checksums = [[d.checksum for d in group] for group in datasets]
     description = {"kind": "pack_index", "version": INDEX_VERSION, "config": config.describe(),
                    "num_samples": num_samples, "datasets": checksums}
     arrays, stats, folder = cached_arrays(
-        cache_dir, description, lambda: _build_arrays(config, datasets, group_sizes, num_samples))
-    return PackIndex(config, arrays, stats, group_offsets, folder)
+        cache_dir, description, lambda: _build_arrays(config, datasets, selections, group_sizes, num_samples))
+    return PackIndex(config, arrays, stats, group_offsets, folder, selections)
 
 
-def _build_arrays(config: DataConfig, datasets: list[list[MMIDXDataset]], group_sizes: list[int],
+def _build_arrays(config: DataConfig, datasets: list[list[MMIDXDataset]],
+                  selections: list[list[np.ndarray | None]], group_sizes: list[int],
                   num_samples: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     start = time.perf_counter()
     view_offsets, view_tokens = [], []
-    for group, group_datasets in zip(config.groups, datasets, strict=True):
+    for group, group_datasets, group_selections in zip(config.groups, datasets, selections, strict=True):
         offsets_parts, token_parts, base = [np.zeros(1, np.int64)], [], 0
-        for dataset in group_datasets:
+        for dataset, selection in zip(group_datasets, group_selections, strict=True):
             offsets, tokens = view_token_counts(dataset, group, config.geometry)
+            if selection is not None:
+                offsets, tokens = selected_views(offsets, tokens, selection)
             offsets_parts.append(offsets[1:] + base)
             token_parts.append(tokens)
             base += int(offsets[-1])

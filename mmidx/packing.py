@@ -7,13 +7,15 @@ images framed by ``<|vision_start|>``/``<|vision_end|>``, rope ids (text +len, v
 and attention modes, ViT patches with NaViT position ids, padded VAE inputs with latent position
 ids, one timestep per noised image or clip (-inf for clean ones), and the key groups present only
 when non-empty. It reproduces BAGEL's quirks too: a split is reset at ``split_start`` before CFG
-dropout is decided, a dropped element skips its ``split_end``, text and vit position ids advance
-by the running split length.
+dropout is decided, text and vit position ids advance by the running split length.
 
-Differences, by design: randomness (CFG dropout, timesteps) comes from Philox keyed by
-(seed, pack index, sample position) — no global RNG, so pack k is the same in any process, worker
-or resumed run; each stored image is decoded once per pack however many elements use it; attention
-masks are not built here (split metadata travels; :mod:`mmidx.masks` builds masks on the device).
+Differences, by design: a clip whose first or last frame is dropped by CFG dropout opens its split
+on the first kept frame and closes it on the last kept one (BAGEL then writes ``split_lens`` and
+``attn_modes`` of different lengths and ``sample_lens`` shorter than the tokens written);
+randomness (CFG dropout, timesteps) comes from Philox keyed by (seed, pack index, sample position)
+— no global RNG, so pack k is the same in any process, worker or resumed run; each stored image
+is decoded once per pack however many elements use it; attention masks are not built here (split
+metadata travels; :mod:`mmidx.masks` builds masks on the device).
 """
 
 from __future__ import annotations
@@ -189,6 +191,8 @@ class PackBuilder:
     def build(self, pack_index: int, items: Sequence[PackItem]) -> PackedBatch:
         """The batch of pack ``pack_index`` made of ``items``, in order."""
         pack = _Pack()
+        worker = torch.utils.data.get_worker_info()
+        worker_id = 0 if worker is None else worker.id
         for position, item in enumerate(items):
             dataset = self.datasets[item.group][item.dataset]
             sample = dataset[item.sample]
@@ -196,8 +200,9 @@ class PackBuilder:
             uniforms, normals = sample_randomness(self.config.seed, pack_index, position, len(elements))
             self._add_sample(pack, item, sample, elements, uniforms, normals)
             pack.data_indexes.append({
-                "dataset_name": self.config.groups[item.group].name, "dataset": dataset.prefix,
-                "sample": item.sample, "view": item.view, "data_indexes": list(sample.origin)})
+                "dataset_name": self.config.groups[item.group].name, "worker_id": worker_id,
+                "data_indexes": list(sample.origin), "dataset": dataset.prefix, "sample": item.sample,
+                "view": item.view})
         return PackedBatch.from_pack(pack, use_flex=self.use_flex, max_num_tokens=self.config.packing.max_num_tokens,
                                      vit_patch_size=self.config.geometry.vit_patch_size,
                                      deferred=self.decode_images == "device")
@@ -222,16 +227,25 @@ class PackBuilder:
         split_len = 0
         timestep = None
         sample_len = 0
+        opening = False  # a split has started and none of its elements is kept yet
+        split_open = False  # a split holds kept elements and is not closed yet
+        probability = {fmt.TEXT: dropout.text, fmt.VIT_IMAGE: dropout.vit, fmt.VAE_IMAGE: dropout.vae}
         for e, record in enumerate(elements):
             kind, flags, payload = int(record["kind"]), int(record["flags"]), int(record["payload"])
             label = int(record["special_token_label"])
             special_loss_label = label if flags & fmt.FLAG_SPECIAL_TOKEN_LOSS else None
             if flags & fmt.FLAG_SPLIT_START:
                 split_len = 0
-            cfg = bool(flags & fmt.FLAG_ENABLE_CFG)
+                opening = True
+            if flags & fmt.FLAG_ENABLE_CFG and uniforms[e] < probability[kind]:
+                rope += kind != fmt.TEXT  # a dropped image leaves a rope gap, a dropped text none
+                if flags & fmt.FLAG_SPLIT_END and split_open:  # a clip's last frame: close on the last kept one
+                    split_lens.append(split_len)
+                    sample_len += split_len
+                    split_open = False
+                continue
+            opens, opening, split_open = opening, False, True
             if kind == fmt.TEXT:
-                if cfg and uniforms[e] < dropout.text:
-                    continue
                 ids = sample.text(payload).astype(np.int64)
                 shifted = len(ids) + 1
                 pack.text_ids.append(np.concatenate([[special["bos_token_id"]], ids]))
@@ -248,9 +262,6 @@ class PackBuilder:
                 pack.position_ids.append(np.arange(rope, rope + split_len))
                 rope += split_len
             elif kind == fmt.VIT_IMAGE:
-                if cfg and uniforms[e] < dropout.vit:
-                    rope += 1
-                    continue
                 pack.add_special(special["start_of_image"], None)
                 split_len += 1
                 job = self._job(group.vit_transform, group, "vit", item, sample, record)
@@ -269,9 +280,6 @@ class PackBuilder:
                 pack.position_ids.append(np.full(split_len, rope))
                 rope += 1
             else:
-                if cfg and uniforms[e] < dropout.vae:
-                    rope += 1
-                    continue
                 pack.add_special(special["start_of_image"], None)
                 split_len += 1
                 job = self._job(group.vae_transform, group, "vae", item, sample, record)
@@ -286,7 +294,7 @@ class PackBuilder:
                 noised = bool(flags & fmt.FLAG_LOSS)
                 if noised:
                     pack.mse_indexes.append(np.arange(pack.curr, pack.curr + latent_tokens))
-                    if flags & fmt.FLAG_SPLIT_START or timestep is None:
+                    if opens or timestep is None:
                         timestep = float(normals[e])
                     value = timestep
                 else:
@@ -297,7 +305,7 @@ class PackBuilder:
                 pack.add_special(special["end_of_image"], special_loss_label)
                 split_len += 1
                 has_frame_delta = bool(flags & fmt.FLAG_HAS_FRAME_DELTA)
-                if flags & fmt.FLAG_SPLIT_START:
+                if opens:  # a clip's first frame: the split opens on the first kept one
                     attn_modes.append("noise" if noised and not has_frame_delta else "full")
                 pack.position_ids.append(np.full(latent_tokens + 2, rope))
                 if has_frame_delta:
@@ -307,6 +315,7 @@ class PackBuilder:
             if flags & fmt.FLAG_SPLIT_END:
                 split_lens.append(split_len)
                 sample_len += split_len
+                split_open = False
         pack.sample_lens.append(sample_len)
         pack.split_lens.append(split_lens)
         pack.attn_modes.append(attn_modes)
@@ -440,9 +449,11 @@ class DeferredImages:
 class PackedBatch:
     """One packed batch: BAGEL's keys as tensors, plus the split metadata masks are built from.
 
-    ``to(device)`` moves every tensor; ``attention_masks()`` / ``to_dict()`` build the masks on
-    the batch's device (dense per-sample masks, or a FlexAttention ``BlockMask``), so masks never
-    travel between processes.
+    ``to(device)`` (and BAGEL's ``cuda(device)``) moves every tensor; ``attention_masks()`` /
+    ``to_dict()`` build the masks on the batch's device (dense per-sample masks, or a FlexAttention
+    ``BlockMask``), so masks never travel between processes. ``batch_data_indexes`` has one entry per
+    sample with BAGEL's ``dataset_name`` (the group), ``worker_id`` (the DataLoader worker that built
+    the pack) and ``data_indexes`` ([input file, row]), plus mmidx's ``dataset``, ``sample``, ``view``.
     """
 
     def __init__(self, tensors: dict[str, Any], *, split_lens: list[list[int]], attn_modes: list[list[str]],
@@ -527,6 +538,12 @@ class PackedBatch:
         moved = self._map(lambda tensor: tensor.to(device, non_blocking=non_blocking), self.deferred)
         moved._materialize()
         return moved
+
+    def cuda(self, device: torch.device | str | int | None = None, non_blocking: bool = False) -> PackedBatch:
+        """BAGEL's ``SimpleCustomBatch.cuda(device)``: :meth:`to` with a CUDA device (an int is its index)."""
+        if device is None or isinstance(device, int):
+            device = torch.device("cuda", device)
+        return self.to(device, non_blocking=non_blocking)
 
     def pin_memory(self) -> PackedBatch:
         """Page-locked copies (``DataLoader(pin_memory=True)`` calls this); deferred images stay encoded."""

@@ -54,6 +54,14 @@ def pil_pixel_limit() -> int:
     return 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else 2**62
 
 
+def _fps_sampling(sample: str) -> bool:
+    """Whether ``sample`` is BAGEL's ``fps<X>`` with a finite X > 0."""
+    try:
+        return sample.startswith("fps") and 0 < float(sample[3:]) < float("inf")
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """Everything that decides what a source builds from a row (recorded in the dataset's metadata)."""
@@ -65,7 +73,9 @@ class SourceOptions:
     max_image_pixels: int | None = None  # None: mmidx.images.DEFAULT_MAX_PIXELS
     min_frames: int = 8
     max_frames: int = 12
-    frame_quality: int = 95
+    frame_quality: int | None = None  # None: video frames stored losslessly (WebP); 1..100: JPEG quality
+    frame_sample: str = "rand"  # BAGEL's FrameSampler sample: rand, middle or fps<X>
+    frame_fix_start: int | None = None  # with middle: frame = interval start + fix_start
     text_key: str = "text"
     extra_keys: tuple[str, ...] = ()
     prompt_key: str = "prompt"
@@ -78,6 +88,13 @@ class SourceOptions:
             raise ValueError(f"views must be at least 1, not {self.views}")
         if not 1 <= self.min_frames <= self.max_frames:
             raise ValueError(f"need 1 <= min_frames <= max_frames, got {self.min_frames}..{self.max_frames}")
+        if self.frame_quality is not None and not 1 <= self.frame_quality <= 100:
+            raise ValueError(f"frame_quality is a JPEG quality in 1..100 (or None: lossless), not {self.frame_quality}")
+        if self.frame_sample not in ("rand", "middle") and not _fps_sampling(self.frame_sample):
+            raise ValueError(f"frame sampling {self.frame_sample!r} is not one of BAGEL's: rand, middle, fps<X> "
+                             "(e.g. fps0.5)")
+        if self.frame_fix_start is not None and (self.frame_sample != "middle" or self.frame_fix_start < 0):
+            raise ValueError("fix_start is a frame offset (>= 0) that only sample 'middle' uses")
         if self.rows_per_shard < 1 or self.bytes_per_shard < 1:
             raise ValueError("rows_per_shard and bytes_per_shard must be positive")
         if self.max_image_pixels is not None:

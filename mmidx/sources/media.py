@@ -15,15 +15,23 @@ Every image a source stores passes :func:`ingest_image`:
 
 Video (BAGEL's ``FrameSampler`` with decord, ``data/video_utils.py``): a view draws
 n = randint(min_frames, max_frames) frames with :func:`frame_indices`, BAGEL's
-``get_frame_indices(n, vlen, 'rand')``; frames are decoded with PyAV in decode order (frame ``i``
-is the ``i``-th frame ``container.decode(video=0)`` yields), converted to RGB and stored as JPEG.
+``get_frame_indices(n, vlen, sample)`` for ``sample`` = ``rand``, ``middle`` (optionally with
+``fix_start``) or ``fpsX``; frames are decoded with PyAV in decode order (frame ``i`` is the ``i``-th
+frame ``container.decode(video=0)`` yields), converted to RGB and stored losslessly as WebP at
+its fastest effort (``benchmarks/bench_frames.py``: 25–40% smaller than PNG and 3–5× faster to
+encode, decoding between 0.6× and 1.4× PNG's time), or as JPEG when ``frame_quality`` is set. A name
+ending in ``/`` is a folder of frame images (BAGEL's ``read_frames_folder``), stored as they are.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
-from collections.abc import Iterable
+import posixpath
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
 
 import av
 import numpy as np
@@ -32,8 +40,8 @@ from PIL import Image, ImageFile
 
 from mmidx import images
 from mmidx.builder import StoredImage
-from mmidx.sources import Skipped, SourceContext, pil_pixel_limit
-from mmidx.sources.inputs import filesystem, is_uri, read_bytes
+from mmidx.sources import Skipped, SourceContext, SourceOptions, pil_pixel_limit
+from mmidx.sources.inputs import filesystem, is_uri, read_bytes, resolve
 
 _DRAFT_FORMATS = ("JPEG", "MPO")
 
@@ -95,28 +103,111 @@ def ingest_image_file(location: str, context: SourceContext) -> StoredImage:
 
 # --------------------------------------------------------------------------- video
 
+_WEBP_MAX_SIDE = 16383
+FRAME_SAMPLER_KEYS = ("min_num_frames", "max_num_frames", "sample", "fix_start")
 
-def frame_indices(rng, vlen: int, min_frames: int, max_frames: int) -> list[int]:
-    """Frame numbers of one draw, as BAGEL's ``read_frames_decord`` + ``get_frame_indices(..., 'rand')``.
 
-    n = randint(min_frames, max_frames); the video is split into min(n, vlen) intervals
-    (``linspace(0, vlen, k + 1).astype(int)``) and one frame is drawn from ``range(a, b - 1)`` of each
-    interval [a, b) — BAGEL's range stops one short of the interval's last frame. If an interval
-    is too short for that, BAGEL falls back to a sorted random subset of k frames. Fewer than n
-    frames (a short video) are padded with the last one, so a draw always has n entries. ``rng``
-    is a ``random.Random``; it stands in for both ``random`` and ``np.random`` of BAGEL.
+def frame_sampler_options(options: SourceOptions, frame_sampler_args: Mapping[str, Any]) -> SourceOptions:
+    """``options`` with a BAGEL group's ``frame_sampler_args`` applied; unknown keys are refused.
+
+    ``min_num_frames``/``max_num_frames``/``sample`` are BAGEL's ``FrameSampler`` arguments;
+    ``fix_start`` is ``get_frame_indices``'s (BAGEL's sampler never passes it): with ``middle``,
+    frame = interval start + fix_start.
     """
-    count = rng.randint(min_frames, max_frames)
+    unknown = sorted(set(frame_sampler_args) - set(FRAME_SAMPLER_KEYS))
+    if unknown:
+        raise ValueError(f"frame_sampler_args: unknown keys {unknown}; the known ones are "
+                         f"{', '.join(FRAME_SAMPLER_KEYS)}")
+    args = frame_sampler_args
+    return replace(options, min_frames=args.get("min_num_frames", options.min_frames),
+                   max_frames=args.get("max_num_frames", options.max_frames),
+                   frame_sample=args.get("sample", options.frame_sample),
+                   frame_fix_start=args.get("fix_start", options.frame_fix_start))
+
+
+def sampled_frames(rng, count: int, vlen: int, sample: str, fix_start: int | None = None,
+                   fps: float = 1.0) -> list[int]:
+    """BAGEL's ``get_frame_indices(count, vlen, sample, fix_start, input_fps=fps)``.
+
+    ``rand``/``middle``: the video is cut into k = min(count, vlen) intervals at
+    ``linspace(0, vlen, k + 1).astype(int)``; of each interval [a, b), ``rand`` draws from
+    ``range(a, b - 1)`` (BAGEL stops one short of the last frame; intervals too short for that make
+    it fall back to a sorted random subset of k frames), ``middle`` takes (a + b - 1) // 2, and
+    ``middle`` with ``fix_start`` takes a + fix_start. Fewer than ``count`` frames are padded with the
+    last. ``fpsX``: one frame every 1/X s at the middle of its slot, ``round((j + 1/2) / X · fps)``,
+    while below vlen (no count, no padding). ``rng`` is a ``random.Random`` standing in for BAGEL's
+    ``random`` and ``np.random``.
+    """
+    if sample.startswith("fps"):
+        delta = 1 / float(sample[3:])
+        seconds = np.arange(delta / 2, vlen / fps + delta / 2, delta)
+        return [int(i) for i in np.around(seconds * fps).astype(int) if i < vlen]
     intervals = np.linspace(start=0, stop=vlen, num=min(count, vlen) + 1).astype(int).tolist()
-    try:
-        chosen = [rng.choice(range(low, high - 1)) for low, high in itertools.pairwise(intervals)]
-    except IndexError:  # BAGEL's fallback for intervals of one or two frames
-        chosen = sorted(rng.sample(range(vlen), min(count, vlen)))
+    if sample == "rand":
+        try:
+            chosen = [rng.choice(range(low, high - 1)) for low, high in itertools.pairwise(intervals)]
+        except IndexError:  # BAGEL's fallback for intervals of one or two frames
+            chosen = sorted(rng.sample(range(vlen), min(count, vlen)))
+    elif fix_start is not None:
+        chosen = [low + fix_start for low in intervals[:-1]]
+    else:
+        chosen = [(low + high - 1) // 2 for low, high in itertools.pairwise(intervals)]
     return chosen + chosen[-1:] * (count - len(chosen))
 
 
+def frame_indices(rng, vlen: int, options: SourceOptions, *, fps: float = 1.0, folder: bool = False) -> list[int]:
+    """The frame numbers of one draw, as BAGEL's ``FrameSampler`` picks them.
+
+    n = randint(min_frames, max_frames) is drawn first (in every mode, as BAGEL does), then
+    :func:`sampled_frames`. A frame folder (BAGEL's ``read_frames_folder``) samples only when it
+    holds more than n frames, with fps = 1, and otherwise gives all its frames.
+    """
+    count = rng.randint(options.min_frames, options.max_frames)
+    if folder and vlen <= count:
+        return list(range(vlen))
+    return sampled_frames(rng, count, vlen, options.frame_sample, options.frame_fix_start, fps)
+
+
+def _frame_number(name: str) -> int:
+    """BAGEL's ``extract_frame_number``: the number in ``..._<n>.jpg``, else -1."""
+    match = re.search(r"_(\d+).jpg$", name)
+    return int(match.group(1)) if match else -1
+
+
+class FrameFolder:
+    """A video given as a folder of frame images (a name ending in ``/``), in BAGEL's frame order:
+    by the number in ``name_<n>.jpg`` (others first), then by name. Frames are stored as they are."""
+
+    def __init__(self, location: str, context: SourceContext):
+        self.location = location
+        self.context = context
+        fs, path = filesystem(location)
+        if fs.get_file_info(path).type != pafs.FileType.Directory:
+            raise Skipped("missing_file", f"{location}: no such folder")
+        names = [posixpath.basename(entry.path) for entry in fs.get_file_info(pafs.FileSelector(path))
+                 if entry.type == pafs.FileType.File]
+        self.names = sorted(names, key=lambda name: (_frame_number(name), name))
+
+    def frame_count(self) -> int:
+        return len(self.names)
+
+    def fps(self) -> float:
+        """BAGEL samples frame folders with ``input_fps`` 1."""
+        return 1.0
+
+    def frames(self, wanted: Iterable[int]) -> dict[int, StoredImage]:
+        """The frames numbered ``wanted`` (positions in frame order), ingested as stored images."""
+        return {number: ingest_image_file(resolve(self.location, self.names[number]), self.context)
+                for number in wanted}
+
+
 class VideoFile:
-    """A video named by a row, opened with PyAV; a failure to open or decode skips the row."""
+    """A video named by a row, opened with PyAV; a failure to open or decode skips the row.
+
+    Frames are stored losslessly (they decode to exactly PyAV's RGB frame) as WebP at its fastest
+    effort, or PNG past WebP's 16383-pixel side limit; as JPEG of ``frame_quality`` when that option
+    is set (smaller, lossy).
+    """
 
     def __init__(self, location: str, context: SourceContext):
         self.location = location
@@ -134,27 +225,45 @@ class VideoFile:
         except av.FFmpegError as error:
             raise Skipped("undecodable_video", f"{self.location}: {error}") from error
 
+    def _stream(self, container: av.container.InputContainer) -> av.video.stream.VideoStream:
+        if not container.streams.video:
+            raise Skipped("undecodable_video", f"{self.location}: no video stream")
+        return container.streams.video[0]
+
     def frame_count(self) -> int:
         """Frames in the first video stream: the container's count, or the packets when it has none."""
         with self.context.timed("video"), self._open() as container:
-            if not container.streams.video:
-                raise Skipped("undecodable_video", f"{self.location}: no video stream")
-            stream = container.streams.video[0]
+            stream = self._stream(container)
             if stream.frames:
                 return stream.frames
             return sum(1 for packet in container.demux(stream) if packet.size)
 
+    def fps(self) -> float:
+        """The stream's average frame rate (decord's ``get_avg_fps``), which ``fpsX`` sampling reads."""
+        with self._open() as container:
+            rate = self._stream(container).average_rate
+        if not rate:
+            raise Skipped("undecodable_video", f"{self.location}: no frame rate, which fps sampling needs")
+        return float(rate)
+
     def frames(self, wanted: Iterable[int]) -> dict[int, StoredImage]:
-        """The frames numbered ``wanted`` (decode order), as ingested JPEG images."""
+        """The frames numbered ``wanted`` (decode order), as ingested images."""
         wanted = set(wanted)
-        found: dict[int, StoredImage] = {}
+        found: dict[int, bytes] = {}
         last = max(wanted, default=-1)
+        quality = self.context.options.frame_quality
         with self.context.timed("video"), self._open() as container:
             try:
                 for number, frame in enumerate(container.decode(video=0)):
                     if number in wanted:
                         output = io.BytesIO()
-                        frame.to_image().save(output, format="JPEG", quality=self.context.options.frame_quality)
+                        image = frame.to_image()
+                        if quality is not None:
+                            image.save(output, format="JPEG", quality=quality)
+                        elif max(image.size) <= _WEBP_MAX_SIDE:
+                            image.save(output, format="WEBP", lossless=True, method=0, quality=0)
+                        else:
+                            image.save(output, format="PNG")
                         found[number] = output.getvalue()
                     if number >= last:
                         break

@@ -7,11 +7,13 @@ Input: JSONL lines ``{"conversations": [{"from": "human"|"gpt", "value": ...}], 
 
 * every listed image is loaded (a missing or undecodable one skips the row); ``image`` wins over
   ``video``; a row with neither is a text-only conversation;
-* a video gives n frames (:func:`mmidx.sources.media.frame_indices`, n in
-  [min_frames, max_frames], default 8..12) and ``<video>`` becomes n × ``<image>`` in the first
-  turn that contains it. (BAGEL's loop raises unless that is the *first* turn — its ``else`` sits
-  under the ``if`` instead of the ``for`` — and so drops such rows; mmidx keeps them. A video row
-  without ``<video>`` anywhere is skipped, as in BAGEL.)
+* a video (a file, or a folder of frame images when the name ends in ``/``) gives n frames
+  (:func:`mmidx.sources.media.frame_indices`: BAGEL's ``FrameSampler`` modes ``rand``, ``middle``,
+  ``fpsX``, n in [min_frames, max_frames], default 8..12) and ``<video>`` becomes n × ``<image>``
+  in the first turn that contains it. (BAGEL's loop raises unless that is the *first* turn — its
+  ``else`` sits under the ``if`` instead of the ``for`` — and so drops such rows; mmidx keeps them.
+  A video row without ``<video>`` anywhere is skipped, as in BAGEL.) A draw with no frame, or with
+  frames past the end (``fix_start`` too large), skips the row, as BAGEL's failing frame read does;
 * ``change_format``: a human turn without ``<image>`` is one text (not stripped); with it, the
   value is split on ``<image>``, each stripped non-empty piece is a text, and an image follows
   every piece but the last while fewer than the sample's image count were placed; a gpt turn is
@@ -22,8 +24,9 @@ Input: JSONL lines ``{"conversations": [{"from": "human"|"gpt", "value": ...}], 
 * a row without any text with loss is skipped ("No loss defined").
 
 Views: an image or text row has one view (nothing is random); a video row has K views, K frame
-draws seeded by (seed, file, row). The frames are decoded with PyAV and stored once each as JPEG
-(the union over views); ``extra["video_frames"]`` lists the frame number of each stored image.
+draws seeded by (seed, file, row). The frames are decoded with PyAV and stored once each (the
+union over views), losslessly unless ``frame_quality`` is set; ``extra["video_frames"]`` lists
+the frame number of each stored image.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from mmidx.sources.common import (
     samples_of,
 )
 from mmidx.sources.inputs import jsonl_units, list_inputs, parent, read_jsonl, resolve
-from mmidx.sources.media import VideoFile, frame_indices, ingest_image_file
+from mmidx.sources.media import FrameFolder, VideoFile, frame_indices, ingest_image_file
 
 KIND = "multimodal"
 EXTENSIONS = (".jsonl",)
@@ -112,12 +115,19 @@ def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> S
     if "video" in record:
         if not isinstance(record["video"], str):
             raise Skipped("malformed_record", f"video is not a file name: {str(record['video'])[:80]!r}")
-        video = VideoFile(resolve(root, record["video"]), context)
+        folder = record["video"].endswith("/")
+        location = resolve(root, record["video"])
+        video = FrameFolder(location, context) if folder else VideoFile(location, context)
         count = video.frame_count()
         if count == 0:
             raise Skipped("undecodable_video", f"{video.location}: no frames")
         rng, options = context.rng(unit.path, row), context.options
-        draws = [frame_indices(rng, count, options.min_frames, options.max_frames) for _ in range(options.views)]
+        fps = video.fps() if options.frame_sample.startswith("fps") else 1.0
+        draws = [frame_indices(rng, count, options, fps=fps, folder=folder) for _ in range(options.views)]
+        unusable = next((draw for draw in draws if not draw or max(draw) >= count), None)
+        if unusable is not None:
+            raise Skipped("undecodable_video", f"{video.location}: sampling {options.frame_sample!r} gives frames "
+                                               f"{unusable} of {count}")
         union = sorted({number for draw in draws for number in draw})
         position = {number: j for j, number in enumerate(union)}
         views, tokens = _plan([with_video_frames(turns, len(draw)) for draw in draws],
