@@ -82,7 +82,7 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of token ids (special tokens spelled out), for people reading a dataset."""
-        return self.hf.decode(list(ids))
+        return self.hf.decode(list(ids), clean_up_tokenization_spaces=False)
 
     def _id(self, token: str) -> int:
         return self.hf.convert_tokens_to_ids(token)
