@@ -180,6 +180,11 @@ def _stage_breakdown(config: DataConfig, index: Any, packs: int, decode: str, ma
             "total_ms_per_pack": total, "tokens_per_s": tokens / seconds}
 
 
+def _samples(batch: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+    """GPT samples as they come: ``cu_seqlens`` differs in length from sample to sample, so no stacking."""
+    return batch
+
+
 def bench_gpt(prefixes: Sequence[str], *, seq_length: int = 2048, samples: int = 2000,
               workers: Sequence[int] = (0, 1, 2, 4), batch_size: int = 8) -> dict[str, Any]:
     """Megatron GPT samples/s of text datasets through a torch DataLoader, per worker count."""
@@ -191,14 +196,15 @@ def bench_gpt(prefixes: Sequence[str], *, seq_length: int = 2048, samples: int =
         wanted = min(samples, len(dataset))
         subset = torch.utils.data.Subset(dataset, range(wanted))
         for count in workers:
-            loader = torch.utils.data.DataLoader(subset, batch_size=batch_size, num_workers=count)
+            loader = torch.utils.data.DataLoader(subset, batch_size=batch_size, num_workers=count,
+                                                 collate_fn=_samples)
             received, nbytes, start = 0, 0, 0.0
             for i, batch in enumerate(loader):
                 if i == 0:
                     start = time.perf_counter()
                     continue
-                received += len(batch["tokens"])
-                nbytes += sum(t.numel() * t.element_size() for t in batch.values())
+                received += len(batch)
+                nbytes += sum(t.numel() * t.element_size() for sample in batch for t in sample.values())
             seconds = max(time.perf_counter() - start, 1e-9)
             rows.append({"dataset": prefix, "workers": count, "samples": received,
                          "samples_per_s": received / seconds, "tokens_per_s": received * seq_length / seconds,

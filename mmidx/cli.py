@@ -7,6 +7,7 @@ Each subcommand is a small function taking the parsed arguments and returning an
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -140,6 +141,19 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _os_errors_in_one_line(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A handler that reports a file it cannot read or write in one line (path and cause) and exits 1."""
+    @functools.wraps(handler)
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except OSError as error:
+            print(f"mmidx: {error}", file=sys.stderr)
+            return 1
+    return wrapped
+
+
+@_os_errors_in_one_line
 def cmd_show(args: argparse.Namespace) -> int:
     from mmidx.pack_index import build_pack_index
     from mmidx.packing import PackBuilder
@@ -151,7 +165,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"mmidx: pack {args.pack} out of range: the index has {len(index)} packs", file=sys.stderr)
         return 1
     batch = PackBuilder(config).build(args.pack, index.items(args.pack))
-    render(batch, width=args.width).save(args.output)
+    render(batch, width=args.width, zoom_sample=args.zoom_sample, title=f"pack {args.pack}: ").save(args.output)
     print(f"{args.output}: pack {args.pack}, {batch.sequence_length:,} tokens in {len(batch.sample_lens)} samples")
     return 0
 
@@ -174,7 +188,9 @@ def _register_index_and_show(commands: Commands) -> None:
     common(sub)
     sub.add_argument("--pack", type=int, default=0, help="pack number")
     sub.add_argument("-o", "--output", default="pack.png", help="PNG file to write")
-    sub.add_argument("--width", type=int, default=1024, help="picture width in pixels")
+    sub.add_argument("--width", type=int, default=1024, help="picture width in pixels (default: %(default)s)")
+    sub.add_argument("--zoom-sample", type=int,
+                     help="position in the pack of the sample to zoom into (default: the one with the most splits)")
 
 
 def _worker_counts(text: str) -> list[int]:
@@ -187,6 +203,7 @@ def _worker_counts(text: str) -> list[int]:
     return counts
 
 
+@_os_errors_in_one_line
 def cmd_bench(args: argparse.Namespace) -> int:
     from mmidx import bench
 
@@ -202,6 +219,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+@_os_errors_in_one_line
 def cmd_sample(args: argparse.Namespace) -> int:
     from mmidx.sample_view import describe_sample, format_sample
 
@@ -210,6 +228,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+@_os_errors_in_one_line
 def cmd_export(args: argparse.Namespace) -> int:
     from mmidx.export import export
 
