@@ -49,7 +49,7 @@ from typing import Any
 
 from mmidx import format as fmt
 from mmidx.dataset import MMIDXDataset, Sample
-from mmidx.sample_view import EXTENSIONS
+from mmidx.sample_view import EXTENSIONS, dataset_tokenizer
 
 LAYOUTS = {"t2i": ("parquet", "wds"), "wds": ("parquet", "wds"), "edit": ("parquet",), "vlm": ("jsonl",)}
 
@@ -81,9 +81,7 @@ class _Texts:
     """Token ids → text with the dataset's tokenizer, counting texts that do not tokenize back the same."""
 
     def __init__(self, dataset: MMIDXDataset):
-        from mmidx.sample_view import _decoder
-
-        self.tokenizer, why = _decoder(dataset)
+        self.tokenizer, why = dataset_tokenizer(dataset)
         if self.tokenizer is None:
             raise ValueError(f"{dataset.prefix}: cannot decode its texts: {why}")
 

@@ -25,7 +25,7 @@ EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": 
               "MPO": "jpg", "JPEG2000": "jp2"}
 
 
-def _decoder(dataset: MMIDXDataset) -> tuple[Any, str | None]:
+def dataset_tokenizer(dataset: MMIDXDataset) -> tuple[Any, str | None]:
     """(tokenizer or None, why not): the tokenizer recorded in the metadata, if it loads and is the same one."""
     from mmidx.tokenizer import Tokenizer, TokenizerError
 
@@ -51,9 +51,9 @@ def describe_sample(prefix: str | os.PathLike, index: int, *, view: int = 0,
     if not 0 <= view < sample.num_views:
         raise ValueError(f"{dataset.prefix}: view {view} out of range: sample {index} has {sample.num_views} "
                          f"view{'s' if sample.num_views != 1 else ''}")
-    tokenizer, no_tokenizer = _decoder(dataset)
-    group = config_for([dataset.prefix]).groups[0]
-    geometry = config_for([dataset.prefix]).geometry
+    tokenizer, no_tokenizer = dataset_tokenizer(dataset)
+    config = config_for([dataset.prefix])  # BAGEL's transforms for the dataset's source type
+    group, geometry = config.groups[0], config.geometry
     images = []
     folder = Path(output_dir) if output_dir is not None else None
     if folder is not None:
