@@ -28,7 +28,8 @@ What rebuilding an export gives (``mmidx build`` with the same source, tokenizer
 * vlm image and text rows: the same samples (one view, nothing is drawn). Video rows are written
   as multi-image rows of their stored frames: no frame deltas, one view (counted).
 * edit: mmidx stores only the images and instructions some view drew, so the export holds those;
-  an instruction drawn only inside a combined ("a. b.") instruction is recovered by splitting it.
+  an instruction drawn only inside a combined ("a. b.") instruction is recovered by splitting it
+  (a one-step combined draw, "a.", is told from an option "a." by the other views, else counted).
   The rebuild draws its views anew from what is left: the same samples when every step had one
   instruction and every image was drawn, otherwise new draws (rows with an unrecoverable step are
   not written, and counted).
@@ -63,10 +64,13 @@ class ExportReport:
     samples: int = 0
     images: int = 0
     files: list[str] = field(default_factory=list)
-    lossy: dict[str, int] = field(default_factory=dict)  # what did not round-trip → samples affected
+    lossy: dict[str, int] = field(default_factory=dict)  # what will not round-trip → samples affected
+    affected: dict[str, set[int]] = field(default_factory=dict, repr=False)
 
-    def note(self, what: str) -> None:
-        self.lossy[what] = self.lossy.get(what, 0) + 1
+    def note(self, what: str, sample: int) -> None:
+        """Sample number ``sample`` will not come back the same from a rebuild, because of ``what``."""
+        self.affected.setdefault(what, set()).add(sample)
+        self.lossy[what] = len(self.affected[what])
 
     def summary(self) -> str:
         files = len(self.files)
@@ -89,7 +93,7 @@ class _Texts:
         ids = sample.text(payload).tolist()
         text = self.tokenizer.decode(ids)
         if self.tokenizer.encode(text) != ids:
-            report.note("a text does not tokenize back to the same ids")
+            report.note("a text does not tokenize back to the same ids", sample.index)
         return text
 
 
@@ -132,11 +136,11 @@ def _write_t2i_parquet(dataset: MMIDXDataset, out: Path, texts: _Texts, report: 
 
 def _note_draws(dataset: MMIDXDataset, indices: list[int], same_name: bool, report: ExportReport) -> None:
     if not same_name:
-        for _ in indices:
-            report.note("the file name changes, so each view's caption is drawn anew")
+        for index in indices:
+            report.note("the file name changes, so each view's caption is drawn anew", index)
     elif _rows_shifted(dataset, indices):
-        for _ in indices:
-            report.note("rows were skipped at build time, so later rows' captions are drawn anew")
+        for index in indices:
+            report.note("rows were skipped at build time, so later rows' captions are drawn anew", index)
 
 
 def _write_wds(dataset: MMIDXDataset, out: Path, texts: _Texts, report: ExportReport) -> None:
@@ -151,7 +155,7 @@ def _write_wds(dataset: MMIDXDataset, out: Path, texts: _Texts, report: ExportRe
                 if len(captions) > 1:
                     members.append(("json", json.dumps({"caption": captions[1]}).encode()))
                 if len(captions) > 2:
-                    report.note("more than two captions (a wds sample carries two)")
+                    report.note("more than two captions (a wds sample carries two)", index)
                 for extension, data in members:
                     info = tarfile.TarInfo(f"{row:08d}.{extension}")
                     info.size = len(data)
@@ -163,11 +167,19 @@ def _write_wds(dataset: MMIDXDataset, out: Path, texts: _Texts, report: ExportRe
 
 
 def _edit_row(sample: Sample, texts: _Texts, report: ExportReport) -> list[list[str]] | None:
-    """The instruction options of each step recovered from the sample's views; None if a step has none."""
+    """The instruction options of each step recovered from the sample's views; None if a step has none.
+
+    A view is (condition image, text, noised image) once per step. Several steps in one view are
+    sequential (texts are options as drawn); one text spanning several steps is a combined draw
+    ("o1. o2.": each option + ". ", joined, rstripped). One text over one step is either: a combined
+    draw adds a "." and can only run from image n-3 to n-2, so a text ending in "." there whose
+    other form was not seen elsewhere is kept as drawn and counted as ambiguous.
+    """
     steps = sample.num_images - 1
     options: list[list[str]] = [[] for _ in range(steps)]
+    single: list[tuple[int, str]] = []  # (step, text) of one-step views, resolved once all views are read
     for view in range(sample.num_views):
-        condition, text = None, None
+        spans, condition, text = [], None, None
         for record in sample.elements(view):
             kind, payload = int(record["kind"]), int(record["payload"])
             if kind == fmt.TEXT:
@@ -175,13 +187,25 @@ def _edit_row(sample: Sample, texts: _Texts, report: ExportReport) -> list[list[
             elif kind == fmt.VAE_IMAGE and not record["flags"] & fmt.FLAG_LOSS:
                 condition = payload
             elif kind == fmt.VAE_IMAGE and condition is not None and text is not None:
-                count = payload - condition  # concat mode joins each step's option + ". ", then rstrips
-                parts = [text] if count == 1 else (text[:-1].split(". ") if text.endswith(".") else [])
-                if len(parts) == count:
-                    for step, part in zip(range(condition, payload), parts, strict=True):
-                        if part not in options[step]:
-                            options[step].append(part)
+                spans.append((condition, payload, text))
                 text = None
+        for first, last, text in spans:
+            if last - first == 1 and len(spans) == 1:
+                single.append((first, text))
+                continue
+            parts = [text] if last - first == 1 else text[:-1].split(". ") if text.endswith(".") else []
+            if len(parts) == last - first:
+                for step, part in zip(range(first, last), parts, strict=True):
+                    options[step] += [] if part in options[step] else [part]
+    seen = [list(step) for step in options]
+    for step, text in single:
+        combined = step == steps - 2 and text.endswith(".") and text not in seen[step]
+        if combined and text[:-1] in seen[step]:
+            continue
+        if combined:
+            report.note("a one-step instruction ending in '.' may have gained it from a combined draw",
+                        sample.index)
+        options[step] += [] if text in options[step] else [text]
     return options if all(options) else None
 
 
@@ -196,10 +220,11 @@ def _write_edit_parquet(dataset: MMIDXDataset, out: Path, texts: _Texts, report:
             sample = dataset[index]
             instructions = _edit_row(sample, texts, report)
             if instructions is None:
-                report.note("an edit step's instruction is only inside an unsplittable combined one (row not written)")
+                report.note("an edit step's instruction is only inside an unsplittable combined one (row not written)",
+                            index)
                 continue
             if any(len(step) > 1 for step in instructions):
-                report.note("a step has several instructions, so the rebuild draws anew")
+                report.note("a step has several instructions, so the rebuild draws anew", index)
             image_lists.append([bytes(image.data) for image in sample.images])
             instruction_lists.append(instructions)
             report.samples += 1
@@ -263,7 +288,7 @@ def _write_llava_jsonl(dataset: MMIDXDataset, out: Path, texts: _Texts, report: 
                 listed = max([int(e["img_num"]) for e in sample.elements(0) if e["kind"] == fmt.VIT_IMAGE] or [0])
                 names += names[:1] * (listed - len(names))
                 if "video" in sample.extra:
-                    report.note("a video row becomes a row of its stored frames (no frame deltas, one view)")
+                    report.note("a video row becomes a row of its stored frames (no frame deltas, one view)", index)
                 record: dict[str, Any] = {"conversations": _conversation(sample, texts, report)}
                 if names:
                     record["image"] = names[0] if len(names) == 1 else names

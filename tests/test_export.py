@@ -5,7 +5,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fixtures_sources import build, image_bytes, texts_of, write_jsonl, write_parquet, write_tar
+from fixtures_sources import build, image_bytes, loaded_tokenizer, texts_of, write_jsonl, write_parquet, write_tar
 from test_sources_t2i import CAPTIONS, IMAGES
 from test_sources_vlm import CASES, FILES
 
@@ -13,6 +13,11 @@ from mmidx.cli import main
 from mmidx.export import export
 
 VIEWS = 3
+
+
+def encode_text(dataset, index):
+    """Text j of sample ``index`` decoded with the test tokenizer."""
+    return lambda j: loaded_tokenizer().decode(dataset[index].text(j))
 
 
 def assert_same_samples(original, rebuilt):
@@ -99,6 +104,20 @@ def test_edit_with_one_instruction_per_step_and_two_images_round_trips(tmp_path)
     info = json.loads((tmp_path / "export" / "parquet_info.json").read_text())
     assert list(info) == [str((tmp_path / "export" / "edit.parquet").resolve())]
     rebuilt, _ = build("edit", [tmp_path / "export" / "edit.parquet"], tmp_path / "again", views=VIEWS)
+    assert_same_samples(original, rebuilt)
+
+
+def test_edit_instructions_are_recovered_from_sequential_and_combined_draws(tmp_path):
+    rows = [[["make it red."], ["add a hat"], ["remove the tree."]], [["paint it blue"], ["crop it."]],
+            [["zoom in"], ["zoom out"], ["rotate"], ["flip."]]]
+    original, _ = build("edit", [_edit_rows(tmp_path, rows)], tmp_path / "out", views=16)
+    drawn = {text for i in range(len(original)) for text in map(encode_text(original, i), range(original[i].num_texts))}
+    assert drawn & {option + "." for row in rows for step in row for option in step}  # one-step combined draws
+    assert any(". " in text for text in drawn)  # and a combined draw over several steps
+    report = export(original.prefix, "parquet", tmp_path / "export")
+    assert report.lossy == {}
+    assert pq.read_table(tmp_path / "export" / "edit.parquet").column("instruction_list").to_pylist() == rows
+    rebuilt, _ = build("edit", [tmp_path / "export" / "edit.parquet"], tmp_path / "again", views=16)
     assert_same_samples(original, rebuilt)
 
 
