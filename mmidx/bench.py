@@ -81,7 +81,14 @@ def _finish(batch: Any, masks: str, device: str) -> Any:
     batch = batch.to(device)
     if masks != "none":
         batch.attention_masks()
+    _synchronize(device)
     return batch
+
+
+def _synchronize(device: str) -> None:
+    """Wait for the device's queued work, so that its time is counted where it was asked for."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
 
 
 def _pack_index(config: DataConfig, packs: int, cache_dir: str | os.PathLike | None) -> Any:
@@ -169,9 +176,11 @@ def _stage_breakdown(config: DataConfig, index: Any, packs: int, decode: str, ma
         tokens += batch.sequence_length
         with clock("decode" if decode == "device" else "assemble"):  # device decoding happens on the move
             batch = batch.to(device)
+            _synchronize(device)
         if masks != "none":
             with clock("masks"):
                 batch.attention_masks()
+                _synchronize(device)
     seconds = time.perf_counter() - start
     timed = packs - 1
     ms = {stage: clock.seconds.get(stage, 0.0) * 1e3 / timed for stage in STAGES}
