@@ -135,18 +135,22 @@ def _bench_packs(config: DataConfig, index: Any, packs: int, workers: Sequence[i
         loader = PackLoader(PackDataset(index, builder), global_batch_size=1, num_workers=count,
                             pin_memory=device.startswith("cuda"))
         received, tokens, samples, nbytes, start = 0, 0, 0, 0, 0.0
-        for batch in loader:
-            if received:  # the first batch (and the workers' start-up) is not timed
-                tokens += batch.sequence_length
-                samples += len(batch.sample_lens)
-                nbytes += batch_bytes(batch)
-            _finish(batch, masks, device)
-            received += 1
-            if received == 1:
-                start = time.perf_counter()
-            if received == packs:
-                break
-        seconds = time.perf_counter() - start
+        batches = iter(loader)
+        try:
+            for batch in batches:
+                if received:  # the first batch (and the workers' start-up) is not timed
+                    tokens += batch.sequence_length
+                    samples += len(batch.sample_lens)
+                    nbytes += batch_bytes(batch)
+                _finish(batch, masks, device)
+                received += 1
+                if received == 1:
+                    start = time.perf_counter()
+                if received == packs:
+                    break
+            seconds = time.perf_counter() - start
+        finally:
+            batches.close()  # stop the workers now, not whenever the suspended generator is collected
         timed = received - 1
         rows.append({"workers": count, "packs": timed, "seconds": seconds, "packs_per_s": timed / seconds,
                      "tokens_per_s": tokens / seconds, "samples_per_s": samples / seconds,
