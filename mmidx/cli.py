@@ -7,6 +7,7 @@ Each subcommand is a small function taking the parsed arguments and returning an
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -140,6 +141,19 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _os_errors_in_one_line(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A handler that reports a file it cannot read or write in one line (path and cause) and exits 1."""
+    @functools.wraps(handler)
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except OSError as error:
+            print(f"mmidx: {error}", file=sys.stderr)
+            return 1
+    return wrapped
+
+
+@_os_errors_in_one_line
 def cmd_show(args: argparse.Namespace) -> int:
     from mmidx.pack_index import build_pack_index
     from mmidx.packing import PackBuilder
@@ -151,7 +165,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"mmidx: pack {args.pack} out of range: the index has {len(index)} packs", file=sys.stderr)
         return 1
     batch = PackBuilder(config).build(args.pack, index.items(args.pack))
-    render(batch, width=args.width).save(args.output)
+    render(batch, width=args.width, zoom_sample=args.zoom_sample, title=f"pack {args.pack}: ").save(args.output)
     print(f"{args.output}: pack {args.pack}, {batch.sequence_length:,} tokens in {len(batch.sample_lens)} samples")
     return 0
 
@@ -174,7 +188,92 @@ def _register_index_and_show(commands: Commands) -> None:
     common(sub)
     sub.add_argument("--pack", type=int, default=0, help="pack number")
     sub.add_argument("-o", "--output", default="pack.png", help="PNG file to write")
-    sub.add_argument("--width", type=int, default=1024, help="picture width in pixels")
+    sub.add_argument("--width", type=int, default=1024, help="picture width in pixels (default: %(default)s)")
+    sub.add_argument("--zoom-sample", type=int,
+                     help="position in the pack of the sample to zoom into (default: the one with the most splits)")
+
+
+def _worker_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = [-1]
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of worker counts (e.g. 0,1,2,4)")
+    return counts
+
+
+@_os_errors_in_one_line
+def cmd_bench(args: argparse.Namespace) -> int:
+    from mmidx import bench
+
+    config = _data_config(args)
+    if bench.text_only(config):
+        result = bench.bench_gpt([p for group in config.groups for p in group.datasets], seq_length=args.seq_length,
+                                 samples=args.gpt_samples, workers=args.workers)
+    else:
+        result = bench.bench_packs(config, packs=args.packs, workers=args.workers, decode=args.decode,
+                                   masks=args.masks, target_tokens_per_s=args.target_tokens_per_s,
+                                   cache_dir=args.cache_dir)
+    print(json.dumps(result, indent=1) if args.json else bench.format_report(result))
+    return 0
+
+
+@_os_errors_in_one_line
+def cmd_sample(args: argparse.Namespace) -> int:
+    from mmidx.sample_view import describe_sample, format_sample
+
+    info = describe_sample(args.prefix, args.index, view=args.view, output_dir=args.output)
+    print(json.dumps(info, indent=1) if args.json else format_sample(info))
+    return 0
+
+
+@_os_errors_in_one_line
+def cmd_export(args: argparse.Namespace) -> int:
+    from mmidx.export import export
+
+    report = export(args.prefix, args.to, args.output)
+    print(report.summary())
+    return 0
+
+
+def _register_toolkit(commands: Commands) -> None:
+    sub = add_command(commands, "bench", cmd_bench,
+                      "Time the torch loader on this machine: packs/s, tokens/s, samples/s and MB/s per worker "
+                      "count, a stage breakdown, and the cores a target tokens/s needs (GPT samples/s for text).")
+    sub.add_argument("config", nargs="+", help="a data.yaml, or dataset prefixes (one group each)")
+    sub.add_argument("--packs", type=int, default=20,
+                     help="packs per worker count; the first is not timed (default: %(default)s)")
+    sub.add_argument("--workers", type=_worker_counts, default="0,1,2,4",
+                     help="comma-separated DataLoader worker counts (default: %(default)s)")
+    sub.add_argument("--decode", choices=("loader", "device"), default="loader",
+                     help="decode images in the loader workers, or ship encoded bytes and decode on the device "
+                          "(default: %(default)s)")
+    sub.add_argument("--masks", choices=("none", "dense", "flex"), default="flex",
+                     help="attention masks built in the main process (default: %(default)s)")
+    sub.add_argument("--target-tokens-per-s", type=float, default=100_000,
+                     help="tokens/s the loader must feed, for the cores-needed line (default: %(default).0f)")
+    sub.add_argument("--seq-length", type=int, default=2048,
+                     help="GPT sample length, for text datasets (default: %(default)s)")
+    sub.add_argument("--gpt-samples", type=int, default=2000,
+                     help="GPT samples per worker count, for text datasets (default: %(default)s)")
+    sub.add_argument("--cache-dir", help="folder of cached indices (default: build in memory)")
+    sub.add_argument("--json", action="store_true", help="print the results as JSON")
+    sub.set_defaults(num_samples=None, seed=None, max_latent_size=None)
+    sub = add_command(commands, "sample", cmd_sample,
+                      "Show one sample as a person reads it: each element of a view, decoded texts, images, origin.")
+    sub.add_argument("prefix", help="dataset prefix (path without .idx/.bin)")
+    sub.add_argument("index", type=int, help="sample number")
+    sub.add_argument("--view", type=int, default=0,
+                     help="view number; epoch e reads view e mod views (default: %(default)s)")
+    sub.add_argument("-o", "--output", help="folder to write the sample's images to (default: none written)")
+    sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    sub = add_command(commands, "export", cmd_export,
+                      "Write a dataset back to a raw layout BAGEL reads (t2i/edit parquet, LLaVA JSONL + images) "
+                      "or to WebDataset tars, with the original image bytes.")
+    sub.add_argument("prefix", help="dataset prefix (path without .idx/.bin)")
+    sub.add_argument("--to", required=True, choices=("parquet", "jsonl", "wds"), help="layout to write")
+    sub.add_argument("output", help="folder to write (created; must not hold files already)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -185,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Each module that owns a command registers it here (one line each).
     _register_inspect_and_verify(commands)
     _register_index_and_show(commands)
+    _register_toolkit(commands)
     build.register(commands)
     demo.register(commands)
     return parser

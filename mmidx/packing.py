@@ -23,7 +23,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +116,14 @@ class _ImageJob:
     width: int
 
 
+Stage = Callable[[str], AbstractContextManager[Any]]  # stage name -> a context that times it (benchmarks)
+_UNTIMED = nullcontext()
+
+
+def _untimed(stage: str) -> AbstractContextManager[Any]:
+    return _UNTIMED
+
+
 @functools.lru_cache(maxsize=65536)
 def _output_size(transform: ImageTransform, width: int, height: int, img_num: int) -> tuple[int, int]:
     """(height, width) of a stored image after ``transform``: known from its probed size, no decoding."""
@@ -125,17 +134,20 @@ def _output_size(transform: ImageTransform, width: int, height: int, img_num: in
 class _Pixels:
     """Resized uint8 pixels of one pack's images: each stored image is decoded once, each size made once."""
 
-    def __init__(self) -> None:
+    def __init__(self, stage: Stage = _untimed) -> None:
         self.decoded: dict[tuple[int, ...], Any] = {}
         self.resized: dict[tuple[Any, ...], np.ndarray] = {}
+        self.stage = stage
 
     def __call__(self, job: _ImageJob) -> np.ndarray:
         """The (H, W, 3) uint8 pixels of ``job``."""
         resized_key = (job.key, job.transform, job.img_num)
         if resized_key not in self.resized:
             if job.key not in self.decoded:
-                self.decoded[job.key] = decode_rgb(job.sample.image(job.key[3]).data)
-            pixels = job.transform.resized_pixels(self.decoded[job.key], job.img_num)
+                with self.stage("decode"):
+                    self.decoded[job.key] = decode_rgb(job.sample.image(job.key[3]).data)
+            with self.stage("resize"):
+                pixels = job.transform.resized_pixels(self.decoded[job.key], job.img_num)
             if pixels.shape[:2] != (job.height, job.width):
                 raise FormatError(f"image {job.key[3]} of sample {job.key[2]} decodes to {pixels.shape[1]}x"
                                   f"{pixels.shape[0]} after resizing, but its probed size gives {job.width}x"
@@ -156,17 +168,23 @@ class PackBuilder:
     torchvision is installed, resized with torch's antialiased bicubic in PIL's two passes (within
     2 levels of PIL's pixels),
     so loader workers ship compressed bytes and spend no time on pixels.
+
+    ``stage`` (benchmarks, :mod:`mmidx.bench`): called with a stage name ("read", "decode",
+    "resize", "normalise", "assemble"), it returns a context manager that times that stage; by
+    default a shared no-op, so building costs the same as without it.
     """
 
     def __init__(self, config: DataConfig, *, use_flex: bool = True,
                  datasets: Sequence[Sequence[MMIDXDataset]] | None = None,
-                 special_tokens: dict[str, int] | None = None, decode_images: str = "loader"):
+                 special_tokens: dict[str, int] | None = None, decode_images: str = "loader",
+                 stage: Stage = _untimed):
         if decode_images not in ("loader", "device"):
             raise ValueError(f"decode_images is 'loader' (exact BAGEL pixels, decoded where the batch is built) or "
                              f"'device' (encoded bytes travel, decoded where the batch moves), not {decode_images!r}")
         self.config = config
         self.use_flex = use_flex
         self.decode_images = decode_images
+        self.stage = stage
         self.datasets = [list(group) for group in datasets] if datasets is not None else \
             [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
         self.special_tokens = special_tokens or self._special_tokens_of_datasets()
@@ -195,8 +213,9 @@ class PackBuilder:
         worker_id = 0 if worker is None else worker.id
         for position, item in enumerate(items):
             dataset = self.datasets[item.group][item.dataset]
-            sample = dataset[item.sample]
-            elements = sample.elements(item.view)
+            with self.stage("read"):
+                sample = dataset[item.sample]
+                elements = sample.elements(item.view)
             uniforms, normals = sample_randomness(self.config.seed, pack_index, position, len(elements))
             self._add_sample(pack, item, sample, elements, uniforms, normals)
             pack.data_indexes.append({
@@ -205,7 +224,7 @@ class PackBuilder:
                 "view": item.view})
         return PackedBatch.from_pack(pack, use_flex=self.use_flex, max_num_tokens=self.config.packing.max_num_tokens,
                                      vit_patch_size=self.config.geometry.vit_patch_size,
-                                     deferred=self.decode_images == "device")
+                                     deferred=self.decode_images == "device", stage=self.stage)
 
     @staticmethod
     def _job(transform: ImageTransform | None, group: GroupConfig, kind: str, item: PackItem, sample: Sample,
@@ -470,8 +489,8 @@ class PackedBatch:
 
     @classmethod
     def from_pack(cls, pack: _Pack, *, use_flex: bool, max_num_tokens: int, vit_patch_size: int,
-                  deferred: bool = False) -> PackedBatch:
-        pixels = _Pixels()
+                  deferred: bool = False, stage: Stage = _untimed) -> PackedBatch:
+        pixels = _Pixels(stage)
         tensors: dict[str, Any] = {
             "packed_text_ids": _cat(pack.text_ids, np.int64),
             "packed_text_indexes": _cat(pack.text_indexes, np.int64),
@@ -479,13 +498,16 @@ class PackedBatch:
         }
         if pack.vae_images:
             if not deferred:
-                tensors["padded_images"] = _padded_images(pack.vae_images, pixels)
+                with stage("normalise"):
+                    tensors["padded_images"] = _padded_images(pack.vae_images, pixels)
             tensors.update(patchified_vae_latent_shapes=pack.vae_shapes,
                            packed_latent_position_ids=torch.cat(pack.latent_position_ids),
                            packed_vae_token_indexes=_cat(pack.vae_indexes, np.int64))
         if pack.vit_images:
             if not deferred:
-                tensors["packed_vit_tokens"] = _vit_tokens(pack.vit_images, pack.vit_seqlens, vit_patch_size, pixels)
+                with stage("normalise"):
+                    tensors["packed_vit_tokens"] = _vit_tokens(pack.vit_images, pack.vit_seqlens, vit_patch_size,
+                                                               pixels)
             tensors.update(packed_vit_position_ids=torch.cat(pack.vit_position_ids),
                            packed_vit_token_indexes=_cat(pack.vit_indexes, np.int64),
                            vit_token_seqlens=torch.tensor(pack.vit_seqlens, dtype=torch.int64))
@@ -496,8 +518,9 @@ class PackedBatch:
             tensors.update(packed_label_ids=_cat(pack.label_ids, np.int64),
                            ce_loss_indexes=_cat(pack.ce_indexes, np.int64),
                            ce_loss_weights=_cat(pack.ce_weights, np.float32))
-        images = DeferredImages.of(pack.vae_images, pack.vit_images, vit_patch_size) \
-            if deferred and (pack.vae_images or pack.vit_images) else None
+        with stage("read"):
+            images = DeferredImages.of(pack.vae_images, pack.vit_images, vit_patch_size) \
+                if deferred and (pack.vae_images or pack.vit_images) else None
         return cls(tensors, split_lens=pack.split_lens, attn_modes=pack.attn_modes, sample_lens=pack.sample_lens,
                    use_flex=use_flex, max_num_tokens=max_num_tokens, batch_data_indexes=pack.data_indexes,
                    deferred=images)

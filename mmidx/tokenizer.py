@@ -80,6 +80,10 @@ class Tokenizer:
             return self.hf(list(texts)).input_ids
         return [encoding.ids for encoding in self._backend.encode_batch_fast(list(texts))]
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of token ids (special tokens spelled out), for people reading a dataset."""
+        return self.hf.decode(list(ids), clean_up_tokenization_spaces=False)
+
     def _id(self, token: str) -> int:
         return self.hf.convert_tokens_to_ids(token)
 

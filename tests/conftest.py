@@ -3,7 +3,20 @@
 import os
 import warnings
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 warnings.filterwarnings("ignore", module="megatron")
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """The quick demo (build, index, packs) in a relative folder, as the README's command runs it."""
+    from mmidx.demo import run
+
+    folder = tmp_path_factory.mktemp("cwd")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        return run("mmidx-demo", quick=True)

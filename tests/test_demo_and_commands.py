@@ -2,21 +2,8 @@
 
 import json
 
-import numpy as np
-import pytest
-from PIL import Image
-
 from mmidx.cli import main
-from mmidx.demo import format_summary, run
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """The demo in a relative folder, as the README's command runs it."""
-    folder = tmp_path_factory.mktemp("cwd")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(folder)
-        return run("mmidx-demo", quick=True)
+from mmidx.demo import format_summary
 
 
 def test_demo_builds_indexes_and_packs_every_group(demo):
@@ -40,18 +27,6 @@ def test_index_command_prints_and_caches_statistics(demo, tmp_path, capsys):
     stats = json.loads(capsys.readouterr().out)
     assert stats["num_packs"] == demo["index"].stats["num_packs"]
     assert len(list(tmp_path.iterdir())) == 1
-
-
-def test_show_renders_the_layout_above_the_attention_mask(demo, tmp_path):
-    out = tmp_path / "pack.png"
-    assert main(["show", f"{demo['workdir']}/datasets/data.yaml", "--pack", "0", "-o", str(out),
-                 "--width", "256"]) == 0
-    pixels = np.asarray(Image.open(out).convert("RGB"))
-    assert pixels.shape[1] == 256 and pixels.shape[0] > 256
-    strip = pixels[30:60]
-    assert len({tuple(p) for p in strip.reshape(-1, 3)}) >= 3  # several element kinds coloured
-    mask = pixels[-256:]
-    assert (mask == 255).all(axis=2).any() and (mask != 255).any(axis=2).any()  # blocked and attended cells
 
 
 def test_show_refuses_a_pack_that_does_not_exist(demo, capsys):

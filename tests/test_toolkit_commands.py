@@ -1,0 +1,185 @@
+"""mmidx bench, sample and show on the demo's data, and one clear line (never a traceback) on bad input."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from fixtures_sources import build, write_jsonl
+from PIL import Image
+from test_sources_vlm import CASES, FILES
+
+from mmidx.bench import STAGES, StageClock, bench_packs, format_report
+from mmidx.cli import main
+from mmidx.masks import dense_masks, mask_predicate
+from mmidx.packing import PackBuilder
+from mmidx.sample_view import describe_sample
+from mmidx.show import COLOURS, LEFT, LINE, PALETTE, TOP_LABELS, _mask_panel, _positions, render, split_scaled_edges
+from mmidx.show import token_kinds as kinds_of
+
+
+def test_stage_clock_counts_nested_stages_once():
+    clock = StageClock()
+    with clock("outer"):
+        with clock("inner"):
+            torch.ones(1)
+    total = clock.seconds["outer"] + clock.seconds["inner"]
+    assert clock.seconds["inner"] > 0 and clock.seconds["outer"] > 0 and total < 1.0
+
+
+def test_bench_prints_rates_per_worker_count_stages_and_cores(demo):
+    result = bench_packs(demo["config"], packs=3, workers=[0, 1], masks="flex", target_tokens_per_s=1e6)
+    assert [row["workers"] for row in result["rows"]] == [0, 1]
+    for row in result["rows"]:
+        assert row["packs"] == 2 and row["tokens_per_s"] > 0 and row["bytes_per_pack"] > 1e6
+    stages = result["stages"]
+    assert set(stages["ms_per_pack"]) == set(STAGES) and abs(sum(stages["share"].values()) - 1) < 1e-9
+    for stage in ("decode", "resize", "normalise", "assemble", "masks"):
+        assert stages["ms_per_pack"][stage] > 0, stage
+    assert result["cores_needed"] == int(np.ceil(1e6 / stages["tokens_per_s"]))
+    text = format_report(result)
+    for words in ("packs/s", "tokens/s", "samples/s", "MB/s", "normalise/patchify", "cores needed", "cores, Python"):
+        assert words in text
+
+
+def test_bench_command_json_and_device_decoding(demo, capsys):
+    data_yaml = f"{demo['workdir']}/datasets/data.yaml"
+    assert main(["bench", data_yaml, "--packs", "2", "--workers", "0", "--decode", "device", "--masks", "none",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["decode"] == "device" and result["stages"]["ms_per_pack"]["masks"] == 0
+    assert result["stages"]["ms_per_pack"]["normalise"] == 0 and result["stages"]["ms_per_pack"]["decode"] > 0
+
+
+def test_bench_of_text_datasets_reports_gpt_samples(tmp_path, capsys):
+    lines = [{"text": " ".join(["a red cat on the mat"] * (1 + row % 5))} for row in range(40)]
+    dataset, _ = build("text", [write_jsonl(tmp_path / "docs.jsonl", lines)], tmp_path / "text")
+    assert main(["bench", dataset.prefix, "--seq-length", "16", "--gpt-samples", "40", "--workers", "0",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    (row,) = result["rows"]
+    assert result["kind"] == "gpt" and row["samples"] == 32 and row["samples_per_s"] > 0  # 5 batches of 8, 1 untimed
+    assert row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * 16)
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vlm")
+    for name, data in FILES.items():
+        (folder / name).write_bytes(data)
+    dataset, _ = build("vlm", [write_jsonl(folder / "sft.jsonl", [row for row, _ in CASES])], folder / "out",
+                       image_root=str(folder))
+    return dataset
+
+
+def test_sample_lists_elements_decodes_texts_and_writes_images(vlm, tmp_path, capsys):
+    info = describe_sample(vlm.prefix, 0, output_dir=tmp_path / "images")
+    assert [e["type"] for e in info["elements"]] == ["text", "vit_image", "text", "vit_image", "text"]
+    assert [e["decoded"] for e in info["elements"] if e["type"] == "text"] == ["Compare", "and", "Mountains."]
+    assert [e["loss"] for e in info["elements"]] == [0, 0, 0, 0, 1]
+    first_text = vlm[0].text(0)
+    assert info["elements"][0]["tokens"] == len(first_text) + 2
+    assert info["origin"] == {"file": vlm[0].origin[0], "row": 0}
+    for image, name in zip(info["images"], ["a.png", "b.png"], strict=True):
+        written = tmp_path / "images" / f"sample0_image{image['image']}.png"
+        assert written.read_bytes() == FILES[name] and image["format"] == "PNG"
+        assert Image.open(written).size == (image["width"], image["height"])
+    assert main(["sample", vlm.prefix, "0"]) == 0
+    out = capsys.readouterr().out
+    assert "Mountains." in out and "vit_image" in out and "row 0" in out and "1 view" in out
+
+
+def test_sample_shows_extra_json_and_frame_deltas(demo):
+    prefix = next(r.data["output"] for r in demo["reports"] if r.data["source"] == "vlm")
+    from mmidx.dataset import MMIDXDataset
+
+    dataset = MMIDXDataset(prefix)
+    video = next(i for i in range(len(dataset)) if "video" in dataset[i].extra)
+    info = describe_sample(prefix, video, view=1)
+    assert info["extra"]["video"] and info["views"] > 1
+    deltas = [e["frame_delta"] for e in info["elements"] if e["type"] == "vit_image"]
+    assert deltas == [p.get("frame_delta") for p in dataset[video].sequence_plan(1) if p["type"] == "vit_image"]
+
+
+def _pack_and_masks(demo, items):
+    batch = PackBuilder(demo["config"]).build(0, items)
+    split_lens, attn_modes, sample_lens = batch.flat_split_metadata(pad=True)
+    return batch, mask_predicate(split_lens, attn_modes, sample_lens, device="cpu"), \
+        dense_masks(*batch.flat_split_metadata(pad=False), device="cpu")
+
+
+def test_show_zoom_panel_samples_the_dense_mask_on_split_scaled_axes(demo):
+    batch, predicate, masks = _pack_and_masks(demo, demo["index"].items(0))
+    zoom = int(np.argmax([len(s) for s in batch.split_lens]))
+    splits = batch.split_lens[zoom]
+    edges = split_scaled_edges(splits, 400, 24)
+    assert edges[-1] == 400 and np.diff(edges).min() >= 23  # every split visible
+    first = sum(batch.sample_lens[:zoom])
+    starts = list(first + np.concatenate([[0], np.cumsum(splits)[:-1]]))
+    positions = _positions(starts, splits, edges)
+    kinds, _ = kinds_of(batch, sum(batch.flat_split_metadata(pad=True)[2]))
+    panel = _mask_panel(predicate, positions, kinds)
+    local = positions - first
+    blocked = torch.isinf(masks[zoom][local[:, None], local[None, :]]).numpy()
+    assert ((panel == 255).all(axis=2) == blocked).all()
+
+
+def test_show_labels_samples_and_crops_padding_of_a_small_pack(demo, tmp_path):
+    items = demo["index"].items(0)[:2]
+    batch, _, _ = _pack_and_masks(demo, items)
+    assert batch.max_num_tokens - batch.sequence_length > batch.sequence_length
+    pixels = np.asarray(render(batch, width=600))
+    strip = pixels[2 * LINE + 10 + TOP_LABELS + 4, LEFT:600 - 10]
+    padding = PALETTE[list(COLOURS).index("padding")]
+    assert not (strip == padding).all(axis=1).any()  # cropped: no padding on the axis
+    full, _, _ = _pack_and_masks(demo, demo["index"].items(0))
+    assert 0 < full.max_num_tokens - full.sequence_length < full.sequence_length
+    strip = np.asarray(render(full, width=600))[2 * LINE + 10 + TOP_LABELS + 4, LEFT:600 - 10]
+    assert (strip[-1] == padding).all()  # a full pack shows its padding at the end
+    labels = pixels[2 * LINE + 10:2 * LINE + 10 + TOP_LABELS - 2, LEFT:600 - 10]
+    assert (labels < 128).any()  # sample labels above the key axis
+    out = tmp_path / "pack.png"
+    assert main(["show", f"{demo['workdir']}/datasets/data.yaml", "-o", str(out), "--width", "512",
+                 "--zoom-sample", "1"]) == 0
+    assert Image.open(out).size[0] == 512
+
+
+BAD_INPUTS = [
+    (["bench", "/nonexistent/data.yaml"], 1),
+    (["bench", "{data}", "--workers", "1,x"], 2),
+    (["bench", "{data}", "--masks", "sparse"], 2),
+    (["bench", "{data}", "--packs", "1"], 1),
+    (["sample", "/nonexistent/prefix", "0"], 1),
+    (["sample", "{prefix}", "100000"], 1),
+    (["sample", "{prefix}", "0", "--view", "7"], 1),
+    (["sample", "{prefix}", "0", "-o", "{file}/images"], 1),
+    (["sample", "{prefix}", "zero"], 2),
+    (["export", "{prefix}", "--to", "wds", "{tmp}/out"], 1),
+    (["export", "{prefix}", "--to", "tsv", "{tmp}/out"], 2),
+    (["export", "/nonexistent/prefix", "--to", "jsonl", "{tmp}/out"], 1),
+    (["export", "{prefix}", "--to", "jsonl", "{file}/out"], 1),
+    (["show", "{data}", "--zoom-sample", "99"], 1),
+    (["show", "{data}", "--width", "100"], 1),
+    (["show", "{data}", "-o", "{tmp}/missing/pack.png"], 1),
+]
+
+
+@pytest.mark.parametrize(("argv", "status"), BAD_INPUTS, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in
+                                                            enumerate(BAD_INPUTS)])
+def test_bad_input_is_one_line_and_an_exit_status(argv, status, demo, vlm, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a folder")
+    values = {"data": f"{demo['workdir']}/datasets/data.yaml", "prefix": vlm.prefix, "tmp": str(tmp_path),
+              "file": str(tmp_path / "file")}
+    argv = [arg.format(**values) for arg in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exit:  # argparse's usage errors
+        code = exit.code
+    captured = capsys.readouterr()
+    assert code == status
+    assert "Traceback" not in captured.out + captured.err
+    lines = captured.err.strip().splitlines()
+    if status == 1:  # a failure: one line naming what and why
+        assert len(lines) == 1 and lines[0].startswith("mmidx: ")
+    else:  # a usage error: argparse's usage, then one line
+        assert lines[0].startswith("usage: mmidx") and lines[-1].startswith(f"mmidx {argv[0]}: error: ")
