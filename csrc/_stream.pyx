@@ -103,3 +103,24 @@ def stream_samples(const group_t[::1] group_ids, const int64_t[::1] taken,
     free(keys)
     free(keyed_epoch)
     free(bits)
+
+
+def item_views(const int32_t[::1] group_ids, const int64_t[::1] sample_ids, const int64_t[::1] epochs,
+               const int64_t[::1] group_base, const int64_t[::1] view_offsets,
+               const int64_t[::1] view_tokens, int64_t key_stride,
+               int32_t[::1] views, int64_t[::1] counts, int64_t[::1] keys):
+    """View ``epoch mod K`` of every item's sample and its token count; ``keys`` (when not empty)
+    gets ``(group_base[group] + sample) * key_stride + view``. Samples are numbered across all
+    groups from ``group_base``; the views of sample s are ``view_offsets[s]:view_offsets[s + 1]``.
+    The caller checks every id against the tables."""
+    cdef int64_t i, sample, first, view
+    cdef bint keyed = keys.shape[0] > 0
+    with nogil:
+        for i in range(group_ids.shape[0]):
+            sample = group_base[group_ids[i]] + sample_ids[i]
+            first = view_offsets[sample]
+            view = epochs[i] % (view_offsets[sample + 1] - first)
+            views[i] = <int32_t> view
+            counts[i] = view_tokens[first + view]
+            if keyed:
+                keys[i] = sample * key_stride + view

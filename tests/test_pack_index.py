@@ -1,12 +1,16 @@
 """The pack index: exact per-view sizes, whole samples in budget, a cache keyed by what it depends on."""
 
+import json
+
 import numpy as np
 import pytest
 from test_packing_reference import GEOMETRY, build_groups
 
 from mmidx.config import DataConfig
 from mmidx.dataset import MMIDXDataset
-from mmidx.pack_index import build_pack_index, view_token_counts
+from mmidx.format import FormatError
+from mmidx.index import multimodal_stream, pack_samples, stream_views
+from mmidx.pack_index import build_pack_index, view_table, view_token_counts
 from mmidx.packing import PackBuilder
 
 PACKING = {"max_num_tokens": 3000, "expected_num_tokens": 2000, "max_num_tokens_per_sample": 2500,
@@ -36,16 +40,36 @@ def test_view_sizes_equal_the_length_of_the_packed_sample(groups):
                 assert batch.sequence_length == view_tokens[view_offsets[sample] + view]
 
 
-def test_every_sample_of_the_stream_is_packed_once_within_budget(groups, tmp_path):
+def whole_array_packs(config, num_samples):
+    """The reference: the whole stream, its views and its packs built in memory at once."""
+    datasets = [[MMIDXDataset(p) for p in g.datasets] for g in config.groups]
+    table = view_table(config, datasets)
+    sizes = np.diff(table.group_base)
+    groups, samples, epochs = multimodal_stream(sizes, [g.weight for g in config.groups], num_samples, config.seed)
+    offsets, tokens = [], []
+    for g in range(len(sizes)):
+        first, last = table.view_offsets[table.group_base[g]], table.view_offsets[table.group_base[g + 1]]
+        offsets.append(table.view_offsets[table.group_base[g]:table.group_base[g + 1] + 1] - first)
+        tokens.append(table.view_tokens[first:last])
+    views, counts = stream_views(groups, samples, epochs, offsets, tokens)
+    packed = pack_samples(counts, groups, mandatory=[g.is_mandatory for g in config.groups],
+                          **{k: getattr(config.packing, k) for k in PACKING})
+    return packed, table.group_base[groups] + samples, views, counts
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 1 << 20])
+def test_streamed_index_equals_the_whole_array_build(groups, tmp_path, chunk_size):
     config = config_of(groups)
-    index = build_pack_index(config, num_samples=60, cache_dir=tmp_path)
-    packed = np.concatenate([index.arrays["pack_items"], index.arrays["excluded"]])
-    assert sorted(packed.tolist()) == list(range(60))
-    offsets = index.arrays["pack_offsets"]
-    tokens = index.arrays["stream_tokens"]
+    index = build_pack_index(config, num_samples=60, cache_dir=tmp_path, chunk_size=chunk_size)
+    packed, numbers, views, counts = whole_array_packs(config, 60)
+    np.testing.assert_array_equal(index.arrays["pack_offsets"], packed.pack_offsets)
+    np.testing.assert_array_equal(index.arrays["samples"], numbers[packed.pack_items])
+    np.testing.assert_array_equal(index.arrays["views"], views[packed.pack_items])
+    assert index.stats["num_packs"] == len(index) == len(packed)
+    assert index.stats["excluded"] == len(packed.excluded)
+    assert sum(index.stats["groups"].values()) == 60
     for k in range(len(index)):
-        assert tokens[index.arrays["pack_items"][offsets[k]:offsets[k + 1]]].sum() <= PACKING["max_num_tokens"]
-    assert index.stats["num_packs"] == len(index)
+        assert counts[packed.pack(k)].sum() <= PACKING["max_num_tokens"]
 
 
 def test_mandatory_group_starts_every_pack(groups, tmp_path):
@@ -56,15 +80,51 @@ def test_mandatory_group_starts_every_pack(groups, tmp_path):
     assert all(group == 0 for group in starts)
 
 
-def test_cache_is_reused_and_keyed_by_config(groups, tmp_path):
+def test_cache_is_reused_and_keyed_by_config(groups, tmp_path, capsys):
     first = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
     again = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
-    assert again.path == first.path and isinstance(again.arrays["pack_items"], np.memmap)
+    assert (first.reused, again.reused) == (False, True)
+    assert capsys.readouterr().err.splitlines() == [f"mmidx: pack index built: {first.path}",
+                                                    f"mmidx: pack index reused: {first.path}"]
+    assert again.path == first.path and isinstance(again.arrays["samples"], np.memmap)
+    assert first.arrays.keys() == again.arrays.keys()
     assert all(np.array_equal(first.arrays[k], again.arrays[k]) for k in first.arrays)
     other_seed = build_pack_index(config_of(groups, seed=1), num_samples=40, cache_dir=tmp_path)
     longer = build_pack_index(config_of(groups), num_samples=41, cache_dir=tmp_path)
     assert len({first.path, other_seed.path, longer.path}) == 3
     assert not list(tmp_path.glob("*.partial-*"))
+
+
+def test_cache_holds_narrow_arrays_described_in_its_index(groups, tmp_path):
+    index = build_pack_index(config_of(groups), num_samples=300, cache_dir=tmp_path)
+    described = json.loads((index.path / "index.json").read_text())
+    # 12 samples in all, at most 2 views a sample, 300 stream items: one byte, one byte, two bytes.
+    assert {k: v["dtype"] for k, v in described["arrays"].items()} == \
+        {"samples": "|u1", "views": "|u1", "pack_offsets": "<u2"}
+    assert sorted(p.name for p in index.path.iterdir()) == ["index.json", "pack_offsets.bin", "samples.bin",
+                                                           "views.bin"]
+    size = sum(p.stat().st_size for p in index.path.glob("*.bin"))
+    assert size == 2 * 300 + 2 * (len(index) + 1) - index.stats["excluded"] * 2
+
+
+def test_a_build_that_fails_leaves_nothing_that_loads(groups, tmp_path, monkeypatch):
+    import mmidx.pack_index
+
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mmidx.pack_index, "write_pack_index", fail)
+    with pytest.raises(KeyboardInterrupt):
+        build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_truncated_cache_file_is_a_format_error(groups, tmp_path):
+    index = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
+    samples = index.path / "samples.bin"
+    samples.write_bytes(samples.read_bytes()[:-1])
+    with pytest.raises(FormatError, match=r"samples\.bin"):
+        build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
 
 
 def test_items_name_views_that_exist(groups):
