@@ -540,3 +540,45 @@ cdef class Packer:
         self.num_buffered_packs = 0
         self.num_buffered_excluded = 0
         return items, ends, tokens, excluded
+
+
+cdef inline uint64_t _read(const uint8_t* data, int width, int64_t i) noexcept nogil:
+    """Element i of a little-endian unsigned array of ``width``-byte elements."""
+    cdef uint64_t value = 0
+    cdef int b
+    for b in range(width):
+        value |= (<uint64_t> data[i * width + b]) << (8 * b)
+    return value
+
+
+def pack_members(const uint8_t[::1] offsets, int offset_width, const uint8_t[::1] samples, int sample_width,
+                 const uint8_t[::1] views, int view_width, const int64_t[::1] dataset_starts,
+                 const int64_t[::1] dataset_group, const int64_t[::1] dataset_number, int64_t pack):
+    """([group], [dataset], [sample], [view]) lists of the items of pack ``pack``, read from the raw
+    bytes of the index's unsigned arrays (``view_width`` 0: every view is 0). Returns an error text
+    instead when the arrays name items or samples they do not hold."""
+    cdef int64_t num_items = samples.shape[0] // max(sample_width, 1)
+    cdef int64_t num_datasets = dataset_starts.shape[0] - 1
+    cdef uint64_t first = _read(&offsets[0], offset_width, pack)
+    cdef uint64_t last = _read(&offsets[0], offset_width, pack + 1)
+    cdef uint64_t i, number
+    cdef int64_t low, high, middle
+    if first > last or last > <uint64_t> num_items:
+        return f"pack {pack} spans items [{first}, {last}) of {num_items}"
+    groups, datasets, numbers, item_views = [], [], [], []
+    for i in range(first, last):
+        number = _read(&samples[0], sample_width, i)
+        if number >= <uint64_t> dataset_starts[num_datasets]:
+            return f"pack {pack} names sample {number}, beyond the datasets' {dataset_starts[num_datasets]}"
+        low, high = 0, num_datasets - 1  # the last dataset starting at or before the sample
+        while low < high:
+            middle = (low + high + 1) // 2
+            if <uint64_t> dataset_starts[middle] <= number:
+                low = middle
+            else:
+                high = middle - 1
+        groups.append(dataset_group[low])
+        datasets.append(dataset_number[low])
+        numbers.append(number - <uint64_t> dataset_starts[low])
+        item_views.append(_read(&views[0], view_width, i) if view_width else 0)
+    return groups, datasets, numbers, item_views

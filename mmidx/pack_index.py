@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from mmidx import _packing
 from mmidx import format as fmt
 from mmidx.cache import ArraySink, cached_build
 from mmidx.config import DataConfig, GroupConfig, ModelGeometry
@@ -104,29 +105,40 @@ class PackIndex:
 
     def __post_init__(self) -> None:
         sizes = [len(g.datasets) for g in self.config.groups]
-        self._group = np.repeat(np.arange(len(sizes)), sizes)
-        self._dataset = np.concatenate([np.arange(n) for n in sizes])
+        self.dataset_starts = np.ascontiguousarray(self.dataset_starts, dtype=np.int64)
+        self._group = np.repeat(np.arange(len(sizes)), sizes).astype(np.int64)
+        self._dataset = np.concatenate([np.arange(n) for n in sizes]).astype(np.int64)
+        if len(self._group) != len(self.dataset_starts) - 1:
+            raise ValueError("dataset_starts needs one entry per dataset of the config, then the total")
+        # Raw little-endian bytes of each array (dtypes are narrow and differ from index to index).
+        self._raw = []
+        for name in ("pack_offsets", "samples", "views"):
+            array = self.arrays.get(name)
+            if array is None:
+                self._raw += [np.zeros(1, np.uint8), 0]
+                continue
+            dtype = array.dtype.newbyteorder("<")
+            if array.dtype.kind != "u" or array.ndim != 1 or array.dtype != dtype:
+                raise fmt.FormatError(f"{self.path}: {name} is {array.dtype} of {array.ndim} dimensions, expected "
+                                      "little-endian unsigned integers in one dimension")
+            self._raw += [np.asarray(array).view(np.uint8) if array.size else np.zeros(1, np.uint8),
+                          array.dtype.itemsize]
 
     def __len__(self) -> int:
         return len(self.arrays["pack_offsets"]) - 1
 
-    def items(self, pack: int) -> list[PackItem]:
-        """The samples of pack ``pack`` in packing order, each with the view its epoch reads."""
+    def pack(self, pack: int) -> tuple[list[int], list[int], list[int], list[int]]:
+        """(groups, datasets, samples, views) of pack ``pack``'s items, in packing order."""
         if not 0 <= pack < len(self):
             raise IndexError(f"pack {pack} out of range for {len(self)} packs")
-        offsets, samples = self.arrays["pack_offsets"], self.arrays["samples"]
-        first, last = int(offsets[pack]), int(offsets[pack + 1])
-        if not 0 <= first <= last <= len(samples):
-            raise fmt.FormatError(f"{self.path}: pack {pack} spans items [{first}, {last}) of {len(samples)}; "
-                                  "delete the cache entry to rebuild it")
-        numbers = samples[first:last].astype(np.int64)
-        if numbers.size and int(numbers.max()) >= int(self.dataset_starts[-1]):
-            raise fmt.FormatError(f"{self.path}: pack {pack} names a sample beyond the datasets' "
-                                  f"{self.dataset_starts[-1]}; delete the cache entry to rebuild it")
-        datasets = np.searchsorted(self.dataset_starts, numbers, side="right") - 1
-        views = self.arrays["views"][first:last].tolist() if "views" in self.arrays else [0] * (last - first)
-        return list(map(PackItem, self._group[datasets].tolist(), self._dataset[datasets].tolist(),
-                        (numbers - self.dataset_starts[datasets]).tolist(), views))
+        members = _packing.pack_members(*self._raw, self.dataset_starts, self._group, self._dataset, pack)
+        if isinstance(members, str):
+            raise fmt.FormatError(f"{self.path}: {members}; delete the cache entry to rebuild it")
+        return members
+
+    def items(self, pack: int) -> list[PackItem]:
+        """The samples of pack ``pack`` in packing order, each with the view its epoch reads."""
+        return list(map(PackItem, *self.pack(pack)))
 
 
 def build_pack_index(config: DataConfig, *, num_samples: int | None = None,

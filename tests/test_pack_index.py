@@ -11,7 +11,7 @@ from mmidx.dataset import MMIDXDataset
 from mmidx.format import FormatError
 from mmidx.index import multimodal_stream, pack_samples, stream_views
 from mmidx.pack_index import build_pack_index, view_table, view_token_counts
-from mmidx.packing import PackBuilder
+from mmidx.packing import PackBuilder, PackItem
 
 PACKING = {"max_num_tokens": 3000, "expected_num_tokens": 2000, "max_num_tokens_per_sample": 2500,
            "prefer_buffer_before": 1000, "max_buffer_size": 4}
@@ -35,7 +35,6 @@ def test_view_sizes_equal_the_length_of_the_packed_sample(groups):
         view_offsets, view_tokens = view_token_counts(dataset, group, config.geometry)
         for sample in range(len(dataset)):
             for view in range(dataset[sample].num_views):
-                from mmidx.packing import PackItem
                 batch = builder.build(0, [PackItem(g, 0, sample, view)])
                 assert batch.sequence_length == view_tokens[view_offsets[sample] + view]
 
@@ -133,3 +132,28 @@ def test_items_name_views_that_exist(groups):
         for item in index.items(k):
             sample = MMIDXDataset(index.config.groups[item.group].datasets[item.dataset])[item.sample]
             assert 0 <= item.view < sample.num_views
+
+
+def test_items_decode_the_pack_arrays(groups):
+    index = build_pack_index(config_of(groups), num_samples=80)
+    # Sample numbers run over every dataset of every group in config order: spell that out by hand.
+    owners = [(g, d, s) for g, group in enumerate(index.config.groups) for d, prefix in enumerate(group.datasets)
+              for s in range(len(MMIDXDataset(prefix)))]
+    offsets, numbers, views = (np.asarray(index.arrays[k]).tolist() for k in ("pack_offsets", "samples", "views"))
+    for k in range(len(index)):
+        expected = [PackItem(*owners[numbers[i]], views[i]) for i in range(offsets[k], offsets[k + 1])]
+        assert index.items(k) == expected
+
+
+def test_pack_arrays_naming_items_or_samples_beyond_the_index_are_format_errors(groups, tmp_path):
+    index = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
+    samples = index.path / "samples.bin"
+    good = samples.read_bytes()
+    samples.write_bytes(b"\xff" * len(good))
+    with pytest.raises(FormatError, match="beyond the datasets"):
+        build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path).items(0)
+    samples.write_bytes(good)
+    offsets = index.path / "pack_offsets.bin"  # one byte an offset here: pack 0 ends at 255
+    offsets.write_bytes(offsets.read_bytes()[:1] + b"\xff" * (offsets.stat().st_size - 1))
+    with pytest.raises(FormatError, match="spans items"):
+        build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path).items(0)
