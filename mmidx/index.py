@@ -42,6 +42,12 @@ Packing — ``pack_samples``.
     packs, exhausted groups, or a mandatory item that does not fit beside the earlier ones); the
     deferral buffer never holds more than ``max_buffer_size + 1`` items. O(n log B) time. The rules
     are spelled out in ``pack_samples``.
+
+Streamed packing — ``PackStream``.
+    Guarantee: the packs of ``multimodal_stream`` → ``stream_views`` → ``pack_samples``, item for
+    item (as sample numbers and views), computed a chunk at a time: the blend's counts, the
+    packer's buffer, open pack and mandatory queues carry over chunk boundaries, so memory is the
+    chunk and the view tables, whatever the stream's length.
 """
 
 from __future__ import annotations
