@@ -126,9 +126,9 @@ cdef class Packer:
     """The packing rules of ``mmidx.index.pack_samples``, over a stream fed in chunks.
 
     Items carry an int64 ``key`` (whatever the caller needs to name them; packs and exclusions
-    come back as keys). Call ``lookahead`` with every mandatory group's items before ``feed`` reaches
-    them, ``end_lookahead`` once a group has no more, ``drain`` for the finished packs, and
-    ``finish`` at the end of the stream.
+    come back as keys); ``stream_length`` bounds the stream's length (it sizes the buffer). Call
+    ``lookahead`` with every mandatory group's items before ``feed`` reaches them, ``end_lookahead``
+    once a group has no more, ``drain`` for the finished packs, and ``finish`` at the end.
     """
 
     cdef int64_t max_num_tokens, expected_num_tokens, max_num_tokens_per_sample
@@ -155,7 +155,8 @@ cdef class Packer:
     cdef readonly int64_t tokens, last_pack_tokens
 
     def __cinit__(self, const uint8_t[::1] mandatory, int64_t max_num_tokens, int64_t expected_num_tokens,
-                  int64_t max_num_tokens_per_sample, int64_t prefer_buffer_before, int64_t max_buffer_size):
+                  int64_t max_num_tokens_per_sample, int64_t prefer_buffer_before, int64_t max_buffer_size,
+                  int64_t stream_length):
         cdef int64_t g, m, node
         cdef Buffer* b = &self.buffer
         self.max_num_tokens = max_num_tokens
@@ -163,7 +164,7 @@ cdef class Packer:
         self.max_num_tokens_per_sample = max_num_tokens_per_sample
         self.prefer_buffer_before = prefer_buffer_before
         self.max_buffer_size = max_buffer_size
-        self.capacity = max_buffer_size + 2
+        self.capacity = min(max_buffer_size + 2, stream_length + 1)  # the buffer never holds more
         self.num_groups = mandatory.shape[0]
         self.slot = _grow(NULL, self.num_groups)
         self.num_mandatory = 0

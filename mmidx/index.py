@@ -407,8 +407,11 @@ class ViewTable:
             if np.any(group_views <= 0):
                 empty = int(np.argmax(group_views <= 0))
                 raise ValueError(f"sample {empty} of group {group} has no view; every sample needs one")
+            group_counts = np.asarray(group_counts, dtype=np.int64)
+            if group_counts.size and int(group_counts.min()) < 0:
+                raise ValueError(f"view_token_counts[{group}] holds a negative count; counts are packed sizes")
             offsets.append(group_offsets[1:] + count_base)
-            tokens.append(np.asarray(group_counts, dtype=np.int64))
+            tokens.append(group_counts)
             base.append(base[-1] + len(group_views))
             count_base += len(group_counts)
         return cls(np.array(base, dtype=np.int64), np.concatenate(offsets), np.concatenate(tokens))
@@ -470,6 +473,40 @@ def pack_samples(
 
     ``stats['max_deferral']`` is the most packs emitted while one item waited in the buffer.
     """
+    _check_budgets(max_num_tokens, expected_num_tokens, max_num_tokens_per_sample, prefer_buffer_before,
+                   max_buffer_size)
+    counts = np.asarray(token_counts)
+    group_ids = np.asarray(groups)
+    if counts.size and not np.issubdtype(counts.dtype, np.integer):
+        raise TypeError(f"token_counts must be integers (exact packed sizes), got {counts.dtype}")
+    if group_ids.size and not np.issubdtype(group_ids.dtype, np.integer):
+        raise TypeError(f"groups must hold integer group ids, got {group_ids.dtype}")
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    mandatory = np.ascontiguousarray(mandatory, dtype=bool)
+    if counts.ndim != 1 or group_ids.shape != counts.shape:
+        raise ValueError("token_counts and groups must be 1-D and of equal length, one per stream item")
+    if group_ids.size and (int(group_ids.min()) < 0 or int(group_ids.max()) >= len(mandatory)):
+        raise ValueError(f"group ids must be in [0, {len(mandatory)}), one mandatory flag per group")
+    group_ids = np.ascontiguousarray(group_ids, dtype=np.int32)
+
+    packer = _packer(mandatory, max_num_tokens, expected_num_tokens, max_num_tokens_per_sample,
+                     prefer_buffer_before, max_buffer_size, len(counts))
+    # The whole stream is at hand: every mandatory item is lookahead from the start.
+    positions = np.arange(len(counts), dtype=np.int64)
+    _check_kernel(packer.lookahead(counts, group_ids, positions, mandatory.view(np.uint8)), "token_counts", counts)
+    for group in np.flatnonzero(mandatory):
+        packer.end_lookahead(int(group))
+    _, needed = packer.feed(counts, group_ids, positions, 0, 0)
+    _check_kernel(-2 - needed if needed < -1 else -1, "token_counts", counts)
+    packer.finish()
+    pack_items, pack_ends, pack_tokens, excluded = packer.drain()
+    return PackingResult(pack_offsets=np.concatenate(([0], pack_ends)).astype(np.int64), pack_items=pack_items,
+                         excluded=excluded, pack_tokens=pack_tokens,
+                         stats=packing_stats(packer, max_num_tokens, expected_num_tokens))
+
+
+def _check_budgets(max_num_tokens: int, expected_num_tokens: int, max_num_tokens_per_sample: int,
+                   prefer_buffer_before: int, max_buffer_size: int) -> None:
     for name, value in (
         ("max_num_tokens", max_num_tokens),
         ("expected_num_tokens", expected_num_tokens),
@@ -489,34 +526,6 @@ def pack_samples(
         )
     if prefer_buffer_before < 0 or max_buffer_size < 0:
         raise ValueError("prefer_buffer_before and max_buffer_size must be non-negative")
-    counts = np.asarray(token_counts)
-    group_ids = np.asarray(groups)
-    if counts.size and not np.issubdtype(counts.dtype, np.integer):
-        raise TypeError(f"token_counts must be integers (exact packed sizes), got {counts.dtype}")
-    if group_ids.size and not np.issubdtype(group_ids.dtype, np.integer):
-        raise TypeError(f"groups must hold integer group ids, got {group_ids.dtype}")
-    counts = np.ascontiguousarray(counts, dtype=np.int64)
-    mandatory = np.ascontiguousarray(mandatory, dtype=bool)
-    if counts.ndim != 1 or group_ids.shape != counts.shape:
-        raise ValueError("token_counts and groups must be 1-D and of equal length, one per stream item")
-    if group_ids.size and (int(group_ids.min()) < 0 or int(group_ids.max()) >= len(mandatory)):
-        raise ValueError(f"group ids must be in [0, {len(mandatory)}), one mandatory flag per group")
-    group_ids = np.ascontiguousarray(group_ids, dtype=np.int32)
-
-    packer = _packer(mandatory, max_num_tokens, expected_num_tokens, max_num_tokens_per_sample,
-                     prefer_buffer_before, max_buffer_size)
-    # The whole stream is at hand: every mandatory item is lookahead from the start.
-    positions = np.arange(len(counts), dtype=np.int64)
-    _check_kernel(packer.lookahead(counts, group_ids, positions, mandatory.view(np.uint8)), "token_counts", counts)
-    for group in np.flatnonzero(mandatory):
-        packer.end_lookahead(int(group))
-    _, needed = packer.feed(counts, group_ids, positions, 0, 0)
-    _check_kernel(-2 - needed if needed < -1 else -1, "token_counts", counts)
-    packer.finish()
-    pack_items, pack_ends, pack_tokens, excluded = packer.drain()
-    return PackingResult(pack_offsets=np.concatenate(([0], pack_ends)).astype(np.int64), pack_items=pack_items,
-                         excluded=excluded, pack_tokens=pack_tokens,
-                         stats=packing_stats(packer, max_num_tokens, expected_num_tokens))
 
 
 def _packer(mandatory: np.ndarray, *budgets: int) -> _packing.Packer:
@@ -598,9 +607,11 @@ class PackStream:
         self.group_keys = _group_keys(seed, table.num_groups)
         self.key_stride = table.max_views
         self.mandatory = np.asarray(mandatory, dtype=bool)
+        _check_budgets(max_num_tokens, expected_num_tokens, max_num_tokens_per_sample, prefer_buffer_before,
+                       max_buffer_size)
         self.budgets = (max_num_tokens, expected_num_tokens)
         self.packer = _packer(self.mandatory, max_num_tokens, expected_num_tokens, max_num_tokens_per_sample,
-                              prefer_buffer_before, max_buffer_size)
+                              prefer_buffer_before, max_buffer_size, self.num_samples)
         self.stats: dict[str, Any] = {}
         self.group_counts: list[int] = []  # stream items of each group, once iterated
 
@@ -624,7 +635,7 @@ class PackStream:
 
     def _lookahead(self, cursor: _Cursor, groups: np.ndarray, counts: np.ndarray, keys: np.ndarray,
                    take: np.ndarray) -> None:
-        _check_kernel(self.packer.lookahead(counts, groups, keys, take.view(np.uint8)), "token counts", counts)
+        _check_kernel(self.packer.lookahead(counts, groups, keys, take.view(np.uint8)), "view token counts", counts)
         if cursor.position == self.num_samples:
             for group in np.flatnonzero(take):
                 self.packer.end_lookahead(int(group))
@@ -649,7 +660,8 @@ class PackStream:
                 begin, needed = packer.feed(counts, groups, keys, start, begin)
                 if needed == -1:
                     break
-                _check_kernel(-2 - needed if needed < -1 else -1, "token counts", np.zeros(0))
+                if needed < -1:
+                    raise ValueError(f"stream item {-2 - needed} has a negative view token count")
                 cursor = ahead[needed]
                 only = self._chunk(cursor, min(self.chunk_size, self.num_samples - cursor.position), needed)
                 self._lookahead(cursor, *only, take=np.arange(self.table.num_groups) == needed)
