@@ -150,7 +150,7 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
     total number of samples of all groups, i.e. about one epoch. Cached arrays are reused only if
     the config, the size and every dataset are unchanged. The stream is packed ``chunk_size``
     samples at a time (memory is bounded by it); ``progress`` shows a bar on stderr for builds
-    longer than 2 s and says whether a cache entry was reused or built.
+    longer than 2 s and a line when a cache entry is reused (``PackIndex.reused`` says it too).
     """
     datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
     group_sizes = [sum(len(d) for d in group) for group in datasets]
@@ -170,8 +170,8 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
                                 chunk_size=chunk_size, progress=progress)
 
     arrays, stats, folder, reused = cached_build(cache_dir, description, build)
-    if progress and folder is not None:
-        print(f"mmidx: pack index {'reused' if reused else 'built'}: {folder}", file=sys.stderr)
+    if progress and reused:  # a build says so with its progress bar
+        print(f"mmidx: pack index reused from {folder}", file=sys.stderr)
     return PackIndex(config, arrays, stats, dataset_starts, folder, reused)
 
 
@@ -211,7 +211,7 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
     sink.append("pack_offsets", np.zeros(1, np.int64))
     items = packs = tokens = 0
     with tqdm(total=num_samples, unit=" samples", unit_scale=True, delay=2, file=sys.stderr,
-              disable=not progress, desc="pack index") as bar:
+              disable=not progress, desc="building pack index") as bar:
         for chunk in stream:
             sink.append("pack_offsets", chunk.pack_ends + items)
             sink.append("samples", chunk.samples)

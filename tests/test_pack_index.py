@@ -83,8 +83,7 @@ def test_cache_is_reused_and_keyed_by_config(groups, tmp_path, capsys):
     first = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
     again = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
     assert (first.reused, again.reused) == (False, True)
-    assert capsys.readouterr().err.splitlines() == [f"mmidx: pack index built: {first.path}",
-                                                    f"mmidx: pack index reused: {first.path}"]
+    assert capsys.readouterr().err.splitlines() == [f"mmidx: pack index reused from {first.path}"]
     assert again.path == first.path and isinstance(again.arrays["samples"], np.memmap)
     assert first.arrays.keys() == again.arrays.keys()
     assert all(np.array_equal(first.arrays[k], again.arrays[k]) for k in first.arrays)
@@ -157,3 +156,12 @@ def test_pack_arrays_naming_items_or_samples_beyond_the_index_are_format_errors(
     offsets.write_bytes(offsets.read_bytes()[:1] + b"\xff" * (offsets.stat().st_size - 1))
     with pytest.raises(FormatError, match="spans items"):
         build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path).items(0)
+
+
+def test_index_command_says_whether_it_built_or_reused_the_cache(groups, tmp_path, capsys):
+    from mmidx.cli import main
+
+    prefixes = [group["datasets"][0] for group in groups.values()]
+    for word in ("built", "reused"):
+        assert main(["index", *prefixes, "--num-samples", "50", "--cache-dir", str(tmp_path)]) == 0
+        assert capsys.readouterr().out.splitlines()[0].endswith(f"({word})")
