@@ -587,8 +587,9 @@ class PackStream:
     the stream at a time in memory bounded by the chunk size (and the view table), equal to that
     whole-array pipeline pack for pack. Iterate for ``PackChunk`` s; ``stats`` afterwards.
 
-    A mandatory group whose next item lies beyond the current chunk is read ahead by a second cursor
-    of its own, which keeps only that group's items: its queue never holds more than a chunk's worth.
+    A mandatory group whose next item lies beyond the current chunk is read ahead by a cursor of its
+    own, a chunk at a time, keeping only that group's items: its queue never holds more than a
+    chunk's worth of them.
     """
 
     def __init__(self, table: ViewTable, weights: np.ndarray | list[float], num_samples: int, seed: int, *,

@@ -115,6 +115,12 @@ def test_a_build_that_fails_leaves_nothing_that_loads(groups, tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
+    # What a killed build leaves (a partial folder, arrays without index.json) is never loaded.
+    monkeypatch.undo()
+    folder = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path).path
+    folder.rename(folder.with_name(f"{folder.name}.partial-12345"))
+    (folder.with_name(f"{folder.name}.partial-12345") / "index.json").unlink()
+    assert not build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path).reused
 
 
 def test_a_truncated_cache_file_is_a_format_error(groups, tmp_path):
