@@ -2,6 +2,7 @@
 
     python benchmarks/bench_index.py            # 10M documents, 10M blended / packed samples
     python benchmarks/bench_index.py --quick    # a smoke run in seconds
+    python benchmarks/bench_index.py --scale    # the pack index at 10^7 and 10^8 samples (--billion: 10^9 too)
 
 Every mmidx result is checked equal to Megatron's before its time is reported. Times are the best
 of ``--repeat`` runs, each on one core (all kernels here are single-threaded).
@@ -10,6 +11,12 @@ of ``--repeat`` runs, each on one core (all kernels here are single-threaded).
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from importlib.metadata import version
@@ -25,7 +32,8 @@ from megatron.core.datasets.utils import normalize  # noqa: E402
 
 SEQ_LENGTH = 4096
 SEED = 1234
-
+# A t2i / edit / vlm mix (samples, mean tokens a view, views a sample), with BAGEL's budgets.
+SCALE_GROUPS = (("t2i", 4_000_000, 1100, 2), ("edit", 1_000_000, 5000, 1), ("vlm", 2_000_000, 1500, 1))
 
 
 
@@ -79,6 +87,87 @@ def _installed(name: str) -> bool:
     return True
 
 
+def scale_run(num_samples: int, folder: str, whole: bool) -> dict[str, float]:
+    """One pack-index build in this (fresh, single-core) process: wall time, peak RSS, cache size,
+    and items(k) on the result; ``whole`` times the in-memory whole-array pipeline instead."""
+    from mmidx.cache import cached_build
+    from mmidx.config import DataConfig, GroupConfig
+    from mmidx.pack_index import PackIndex, write_pack_index
+
+    rng = np.random.default_rng(0)
+    offsets, tokens = [], []
+    for _, samples, mean, views in SCALE_GROUPS:
+        per_sample = rng.integers(1, views + 1, samples)
+        offsets.append(np.concatenate([[0], np.cumsum(per_sample)]))
+        tokens.append(np.maximum(rng.normal(mean, 0.3 * mean, per_sample.sum()), 1).astype(np.int64))
+    table = index.ViewTable.of(offsets, tokens)
+    config = DataConfig(groups=tuple(GroupConfig(name, (name,), weight)
+                                     for (name, *_), weight in zip(SCALE_GROUPS, (0.5, 0.2, 0.3), strict=True)))
+    del offsets, tokens
+    before = _rss_now()
+    start, cpu = time.perf_counter(), time.process_time()
+    if whole:
+        groups, samples, epochs = index.multimodal_stream(np.diff(table.group_base), [0.5, 0.2, 0.3], num_samples, 0)
+        sizes = [table.view_offsets[table.group_base[g]:table.group_base[g + 1] + 1] for g in range(3)]
+        views, counts = index.stream_views(groups, samples, epochs, [o - o[0] for o in sizes],
+                                           [table.view_tokens[o[0]:o[-1]] for o in sizes])
+        index.pack_samples(counts, groups, mandatory=[False] * 3)
+        return {"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu, "rss": _peak_rss(),
+                "before": before}
+    arrays, stats, path, _ = cached_build(folder, {"bench": num_samples},
+                                          lambda sink: write_pack_index(sink, table, config, num_samples))
+    # Before items() maps pages of the cache in (file-backed pages of the page cache, which count as RSS).
+    seconds, cpu, peak = time.perf_counter() - start, time.process_time() - cpu, _peak_rss()
+    packs = PackIndex(config, arrays, stats, table.group_base, path)
+    chosen = np.random.default_rng(1).integers(0, len(packs), 20_000)
+    timings = []
+    for k in chosen.tolist():
+        tick = time.perf_counter()
+        packs.items(k)
+        timings.append(time.perf_counter() - tick)
+    sizes = np.diff(np.asarray(arrays["pack_offsets"], dtype=np.int64))[chosen]
+    cache_bytes = sum(p.stat().st_size for p in path.glob("*.bin"))
+    return {"seconds": seconds, "cpu": cpu, "rss": peak, "before": before, "bytes": cache_bytes,
+            "packs": len(packs), "items_us": float(np.median(timings)) * 1e6, "items_pack": float(sizes.mean())}
+
+
+def _status(field: str) -> float:
+    """A memory figure of this process from /proc/self/status, bytes."""
+    with open("/proc/self/status") as status:
+        return next(float(line.split()[1]) * 1024 for line in status if line.startswith(f"{field}:"))
+
+
+def _rss_now() -> float:
+    """Resident memory now; also restarts the peak (VmHWM), so the next _peak_rss is the build's."""
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    return _status("VmRSS")
+
+
+def _peak_rss() -> float:
+    """Peak resident memory of this process since _rss_now."""
+    return _status("VmHWM")
+
+
+def scale_table(sizes: list[int]) -> None:
+    """Each build in a fresh process pinned to one core, so peak RSS and time are its own."""
+    print("| samples | build | wall (s) | CPU (s) | peak RSS (GB) (before the build) | cache (B/sample) | packs "
+          "| items(k), median (µs) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for num_samples in sizes:
+        for whole in ([False, True] if num_samples <= 10**7 else [False]):
+            with tempfile.TemporaryDirectory() as folder:
+                child = [sys.executable, __file__, "--scale-run", str(num_samples), folder] + ["--whole"] * whole
+                result = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout)
+            name = "whole-array, in memory (reference)" if whole else "streamed, cached"
+            cache = f"{result['bytes'] / num_samples:.2f}" if not whole else "–"
+            packs = f"{result['packs']:,}" if not whole else "–"
+            items = f"{result['items_us']:.1f} ({result['items_pack']:.1f} a pack)" if not whole else "–"
+            memory = f"{result['rss'] / 1e9:.2f} ({result['before'] / 1e9:.2f})"
+            times = f"{result['seconds']:.1f} | {result['cpu']:.1f}"
+            print(f"| {num_samples:.0e} | {name} | {times} | {memory} | {cache} | {packs} | {items} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -87,7 +176,19 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=10_000_000, help="blended and packed samples")
     parser.add_argument("--quick", action="store_true", help="200K documents and 1M samples: a smoke run")
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement; the best is reported")
+    parser.add_argument("--scale", action="store_true", help="only the pack-index scale table: 10^7, 10^8 samples")
+    parser.add_argument("--billion", action="store_true", help="with --scale: 10^9 samples too (minutes)")
+    parser.add_argument("--scale-run", nargs=2, metavar=("SAMPLES", "FOLDER"), help=argparse.SUPPRESS)
+    parser.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.scale_run:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        print(json.dumps(scale_run(int(args.scale_run[0]), args.scale_run[1], args.whole)))
+        return
+    if args.scale:
+        print(f"Machine: {machine('numpy', 'Cython')}; each build in its own process on one core\n")
+        scale_table([10**7, 10**8] + [10**9] * args.billion)
+        return
     if args.quick:
         args.docs, args.samples = 200_000, 1_000_000
 

@@ -17,31 +17,32 @@ ctypedef fused dataset_t:
 
 
 def build_blending_indices(const double[::1] weights, dataset_t[::1] dataset_index,
-                           int64_t[::1] dataset_sample_index):
-    """Fill both outputs for ``len(dataset_index)`` samples drawn greedily by ``weights``."""
+                           int64_t[::1] dataset_sample_index, double[::1] taken, int64_t start):
+    """Fill both outputs for samples ``start .. start + len(dataset_index)`` drawn greedily by
+    ``weights``; ``taken`` (samples so far per dataset, zeros at ``start`` 0) is carried over, so
+    consecutive calls continue one blend."""
     cdef int64_t num_datasets = weights.shape[0]
     cdef int64_t size = dataset_index.shape[0]
     cdef int64_t sample, dataset, best
     cdef double scale, error, best_error
     # Counts held as doubles (exact below 2**53) spare a conversion per dataset and sample.
-    cdef double* taken = <double*> calloc(max(num_datasets, 1), sizeof(double))
     cdef const double* w = &weights[0]
-    if taken == NULL:
-        raise MemoryError()
+    cdef double* t = &taken[0]
+    if taken.shape[0] != num_datasets:
+        raise ValueError("taken needs one count per dataset")
     with nogil:
         for sample in range(size):
-            scale = max(<double> sample, 1.0)
+            scale = max(<double> (start + sample), 1.0)
             best = 0
-            best_error = w[0] * scale - taken[0]
+            best_error = w[0] * scale - t[0]
             for dataset in range(1, num_datasets):
-                error = w[dataset] * scale - taken[dataset]
+                error = w[dataset] * scale - t[dataset]
                 if error > best_error:
                     best_error = error
                     best = dataset
             dataset_index[sample] = <dataset_t> best
-            dataset_sample_index[sample] = <int64_t> taken[best]
-            taken[best] += 1.0
-    free(taken)
+            dataset_sample_index[sample] = <int64_t> t[best]
+            t[best] += 1.0
 
 
 def build_exhaustive_blending_indices(const int64_t[::1] sizes, dataset_t[::1] dataset_index,

@@ -1,58 +1,50 @@
 """Kernel of mmidx's multimodal packing (the rules are stated in ``mmidx.index.pack_samples``).
 
-One pass over the stream, without the GIL. The deferral buffer is a treap keyed by
-(token count ascending, stream position descending), so "the largest buffered item that fits in
-``room`` tokens" (earliest arrival among equal counts) is one O(log B) descent, and insertions and
-removals are O(log B); its node priorities are a hash of the stream position, so its shape, like
-everything else here, is a pure function of the inputs. Mandatory groups keep one cursor each over
-their own positions, which only moves forward: O(n) over the whole stream. Total O(n log B).
+A resumable packer: the stream is fed a chunk at a time (``feed``) and everything it needs to carry
+over a chunk boundary lives in the ``Packer``: the deferral buffer, the open pack and, per mandatory
+group, a queue of that group's items not yet reached by the stream (``lookahead``). A pack takes
+its mandatory item from the group's earliest buffered item, else from the front of that queue, so a
+rare mandatory group may run ahead of the stream; when its queue is empty before the group's end,
+``feed`` stops and says which group needs more lookahead, and picks up where it stopped. Memory
+is the buffer, the queues and the packs not yet drained (``drain``), never the whole stream.
+
+The deferral buffer is a treap keyed by (token count ascending, stream position descending), so
+"the largest buffered item that fits in ``room`` tokens" (earliest arrival among equal counts) is
+one O(log B) descent; its node priorities are a hash of the stream position, so its shape, like
+everything else here, is a pure function of the inputs. Buffered items of each mandatory group are
+also chained in stream order, so the group's earliest one is at hand. Total O(n log B).
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memmove
 
+import numpy as np
 
-cdef enum:
-    PENDING = 0
-    PLACED = 1
-    BUFFERED = 2
-    EXCLUDED = 3
+
+cdef struct Queue:
+    int64_t* count
+    int64_t* key
+    int64_t* rank  # the item's rank among its group's items in the stream
+    int64_t head
+    int64_t tail
+    int64_t capacity
 
 
 cdef struct Buffer:
     int64_t* count
     int64_t* position
+    int64_t* key
     int64_t* deferred_at  # packs emitted when the item entered the buffer
     uint64_t* priority
     int64_t* left
     int64_t* right
+    int64_t* slot  # mandatory slot of the item's group, or -1
+    int64_t* before  # chain of a mandatory group's buffered items, in stream order
+    int64_t* after
     int64_t root
     int64_t free_list  # unused nodes, chained through ``left``
     int64_t size
-
-
-cdef struct Packer:
-    const int64_t* counts
-    uint8_t* state
-    int64_t max_num_tokens
-    int64_t expected_num_tokens
-    int64_t prefer_buffer_before
-    int64_t max_buffer_size
-    int64_t num_mandatory
-    int64_t* mandatory_offsets  # positions of mandatory group m: [offsets[m], offsets[m + 1])
-    int64_t* mandatory_positions
-    int64_t* cursor
-    Buffer buffer
-    int64_t* pack_items
-    int64_t* pack_offsets
-    int64_t* pack_tokens
-    int64_t num_items
-    int64_t num_packs
-    int64_t pack_sum
-    int64_t deferred
-    int64_t max_deferral
-    int64_t solo_packs
 
 
 cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
@@ -95,20 +87,6 @@ cdef int64_t _merge(Buffer* b, int64_t low, int64_t high) noexcept nogil:
     return high
 
 
-cdef void _buffer_insert(Buffer* b, int64_t count, int64_t position, int64_t deferred_at) noexcept nogil:
-    cdef int64_t node = b.free_list, low, high
-    b.free_list = b.left[node]
-    b.count[node] = count
-    b.position[node] = position
-    b.deferred_at[node] = deferred_at
-    b.priority[node] = _mix(<uint64_t> position)
-    b.left[node] = -1
-    b.right[node] = -1
-    _split(b, b.root, count, position, &low, &high)
-    b.root = _merge(b, _merge(b, low, node), high)
-    b.size += 1
-
-
 cdef int64_t _erase(Buffer* b, int64_t node, int64_t count, int64_t position) noexcept nogil:
     """Remove the key (count, position) from the subtree at ``node``; returns the new subtree."""
     cdef int64_t joined
@@ -125,14 +103,6 @@ cdef int64_t _erase(Buffer* b, int64_t node, int64_t count, int64_t position) no
     return node
 
 
-cdef int64_t _find(Buffer* b, int64_t count, int64_t position) noexcept nogil:
-    """The node holding the key (count, position), which must be buffered."""
-    cdef int64_t node = b.root
-    while b.position[node] != position:
-        node = b.right[node] if _before(b, node, count, position) else b.left[node]
-    return node
-
-
 cdef int64_t _largest_fitting(Buffer* b, int64_t room) noexcept nogil:
     """The node of the largest count <= room (earliest arrival among equals), or -1."""
     cdef int64_t node = b.root, best = -1
@@ -145,214 +115,471 @@ cdef int64_t _largest_fitting(Buffer* b, int64_t room) noexcept nogil:
     return best
 
 
-cdef inline void _place(Packer* p, int64_t position) noexcept nogil:
-    p.pack_items[p.num_items] = position
-    p.num_items += 1
-    p.pack_sum += p.counts[position]
-    p.state[position] = PLACED
+cdef int64_t* _grow(int64_t* array, int64_t capacity) except NULL:
+    cdef int64_t* grown = <int64_t*> realloc(array, max(capacity, 1) * sizeof(int64_t))
+    if grown == NULL:
+        raise MemoryError()
+    return grown
 
 
-cdef void _take_from_buffer(Packer* p, int64_t node) noexcept nogil:
-    """Place a buffered item into the open pack and drop it from the buffer."""
-    cdef int64_t position = p.buffer.position[node]
-    p.max_deferral = max(p.max_deferral, p.num_packs - p.buffer.deferred_at[node])
-    p.buffer.root = _erase(&p.buffer, p.buffer.root, p.buffer.count[node], position)
-    _place(p, position)
+cdef class Packer:
+    """The packing rules of ``mmidx.index.pack_samples``, over a stream fed in chunks.
 
-
-cdef inline void _close(Packer* p) noexcept nogil:
-    """Emit the open pack, if it holds anything."""
-    if p.num_items > p.pack_offsets[p.num_packs]:
-        p.pack_tokens[p.num_packs] = p.pack_sum
-        p.num_packs += 1
-        p.pack_offsets[p.num_packs] = p.num_items
-        p.pack_sum = 0
-
-
-cdef void _place_mandatory(Packer* p) noexcept nogil:
-    """One item of each mandatory group, in group order: the group's earliest unconsumed one."""
-    cdef int64_t m, position, candidate
-    for m in range(p.num_mandatory):
-        position = -1
-        while p.cursor[m] < p.mandatory_offsets[m + 1]:
-            candidate = p.mandatory_positions[p.cursor[m]]
-            if p.state[candidate] == PENDING or p.state[candidate] == BUFFERED:
-                position = candidate
-                break
-            p.cursor[m] += 1
-        if position < 0:
-            continue  # the group is exhausted
-        if p.pack_sum + p.counts[position] > p.max_num_tokens:
-            continue  # stays first in line for the next pack
-        if p.state[position] == BUFFERED:
-            _take_from_buffer(p, _find(&p.buffer, p.counts[position], position))
-        else:
-            _place(p, position)
-        p.cursor[m] += 1
-
-
-cdef void _fill_from_buffer(Packer* p, int64_t below) noexcept nogil:
-    """Add the largest buffered item that fits, again and again, while the pack holds fewer than
-    ``below`` tokens."""
-    cdef int64_t node
-    while p.pack_sum < below and p.buffer.size > 0:
-        node = _largest_fitting(&p.buffer, p.max_num_tokens - p.pack_sum)
-        if node < 0:
-            return
-        _take_from_buffer(p, node)
-
-
-cdef void _emit_solo(Packer* p) noexcept nogil:
-    """Emit the largest buffered item as a pack of its own, ahead of the open pack (which so far
-    holds only mandatory items, so shifting them by one slot is cheap)."""
-    cdef int64_t start = p.pack_offsets[p.num_packs]
-    cdef int64_t already = p.num_items - start
-    cdef int64_t held = p.pack_sum
-    cdef int64_t node = _largest_fitting(&p.buffer, p.max_num_tokens)
-    memmove(&p.pack_items[start + 1], &p.pack_items[start], already * sizeof(int64_t))
-    p.num_items = start
-    p.pack_sum = 0
-    _take_from_buffer(p, node)
-    _close(p)
-    p.num_items = start + 1 + already
-    p.pack_sum = held
-    p.solo_packs += 1
-
-
-cdef void _open(Packer* p) noexcept nogil:
-    """Start a pack: mandatory items, then the buffer (up to ``prefer_buffer_before`` tokens);
-    keep the buffer bounded with a solo pack; close at once if that already reached expected."""
-    while True:
-        _place_mandatory(p)
-        _fill_from_buffer(p, p.prefer_buffer_before)
-        if p.buffer.size > p.max_buffer_size:
-            _emit_solo(p)
-        if p.pack_sum < p.expected_num_tokens:
-            return
-        _close(p)
-
-
-def pack(const int64_t[::1] counts, const int32_t[::1] groups, const uint8_t[::1] mandatory,
-         int64_t max_num_tokens, int64_t expected_num_tokens, int64_t max_num_tokens_per_sample,
-         int64_t prefer_buffer_before, int64_t max_buffer_size,
-         int64_t[::1] pack_items, int64_t[::1] pack_offsets, int64_t[::1] pack_tokens,
-         int64_t[::1] excluded):
-    """Pack the stream into the preallocated outputs (each of length n, ``pack_offsets`` n + 1).
-
-    Returns (num_packs, num_items, num_excluded, deferred, max_deferral, solo_packs), or
-    (-1, position) for the first position whose group id is outside ``mandatory`` or whose token
-    count is negative.
+    Items carry an int64 ``key`` (whatever the caller needs to name them; packs and exclusions
+    come back as keys); ``stream_length`` bounds the stream's length (it sizes the buffer). Call
+    ``lookahead`` with every mandatory group's items before ``feed`` reaches them, ``end_lookahead``
+    once a group has no more, ``drain`` for the finished packs, and ``finish`` at the end.
     """
-    cdef int64_t n = counts.shape[0]
-    cdef int64_t num_groups = mandatory.shape[0]
-    cdef int64_t capacity = min(max_buffer_size + 2, n + 1)
-    cdef int64_t position, group, m, num_excluded = 0, bad = -1
-    cdef int64_t node
-    cdef Packer p
-    cdef int64_t* slot = <int64_t*> malloc(max(num_groups, 1) * sizeof(int64_t))
-    p.counts = &counts[0] if n > 0 else NULL
-    p.state = <uint8_t*> malloc(max(n, 1))
-    p.max_num_tokens = max_num_tokens
-    p.expected_num_tokens = expected_num_tokens
-    p.prefer_buffer_before = prefer_buffer_before
-    p.max_buffer_size = max_buffer_size
-    p.num_mandatory = 0
-    p.mandatory_offsets = NULL
-    p.mandatory_positions = <int64_t*> malloc(max(n, 1) * sizeof(int64_t))
-    p.cursor = NULL
-    p.buffer.count = <int64_t*> malloc(capacity * sizeof(int64_t))
-    p.buffer.position = <int64_t*> malloc(capacity * sizeof(int64_t))
-    p.buffer.deferred_at = <int64_t*> malloc(capacity * sizeof(int64_t))
-    p.buffer.priority = <uint64_t*> malloc(capacity * sizeof(uint64_t))
-    p.buffer.left = <int64_t*> malloc(capacity * sizeof(int64_t))
-    p.buffer.right = <int64_t*> malloc(capacity * sizeof(int64_t))
-    p.buffer.root = -1
-    p.buffer.free_list = 0
-    p.buffer.size = 0
-    p.pack_items = &pack_items[0] if n > 0 else NULL
-    p.pack_offsets = &pack_offsets[0]
-    p.pack_tokens = &pack_tokens[0] if n > 0 else NULL
-    p.num_items = 0
-    p.num_packs = 0
-    p.pack_sum = 0
-    p.deferred = 0
-    p.max_deferral = 0
-    p.solo_packs = 0
-    try:
-        for group in range(num_groups):
-            slot[group] = p.num_mandatory if mandatory[group] else -1
-            p.num_mandatory += mandatory[group] != 0
-        p.mandatory_offsets = <int64_t*> malloc((p.num_mandatory + 1) * sizeof(int64_t))
-        p.cursor = <int64_t*> malloc(max(p.num_mandatory, 1) * sizeof(int64_t))
-        if (slot == NULL or p.state == NULL or p.mandatory_positions == NULL
-                or p.mandatory_offsets == NULL or p.cursor == NULL or p.buffer.count == NULL
-                or p.buffer.position == NULL or p.buffer.deferred_at == NULL
-                or p.buffer.priority == NULL or p.buffer.left == NULL or p.buffer.right == NULL):
-            raise MemoryError()
-        with nogil:
-            for m in range(p.num_mandatory + 1):
-                p.mandatory_offsets[m] = 0
-            # Exclusions and validation, and the size of each mandatory group.
-            for position in range(n):
-                group = groups[position]
-                if group < 0 or group >= num_groups or counts[position] < 0:
-                    bad = position
-                    break
-                if counts[position] > max_num_tokens_per_sample:
-                    p.state[position] = EXCLUDED
-                    excluded[num_excluded] = position
-                    num_excluded += 1
-                else:
-                    p.state[position] = PENDING
-                    if slot[group] >= 0:
-                        p.mandatory_offsets[slot[group] + 1] += 1
-            if bad < 0:
-                for m in range(p.num_mandatory):
-                    p.mandatory_offsets[m + 1] += p.mandatory_offsets[m]
-                    p.cursor[m] = p.mandatory_offsets[m]
-                for position in range(n):
-                    m = slot[groups[position]]
-                    if m >= 0 and p.state[position] == PENDING:
-                        p.mandatory_positions[p.cursor[m]] = position
-                        p.cursor[m] += 1
-                for m in range(p.num_mandatory):
-                    p.cursor[m] = p.mandatory_offsets[m]
-                for node in range(capacity):
-                    p.buffer.left[node] = node + 1 if node + 1 < capacity else -1
-                p.pack_offsets[0] = 0
 
-                _open(&p)
-                for position in range(n):
-                    if p.state[position] != PENDING:
+    cdef int64_t max_num_tokens, expected_num_tokens, max_num_tokens_per_sample
+    cdef int64_t prefer_buffer_before, max_buffer_size, capacity
+    cdef int64_t num_groups, num_mandatory
+    cdef int64_t* slot  # group -> mandatory slot or -1
+    cdef Queue* queues
+    cdef int64_t* head  # per slot: earliest buffered item (node) or -1
+    cdef int64_t* tail
+    cdef int64_t* seen  # per slot: items of the group the stream has reached
+    cdef int64_t* fed  # per slot: items of the group given to lookahead
+    cdef uint8_t* ended  # per slot: lookahead has every item of the group
+    cdef Buffer buffer
+    cdef int64_t* items  # keys of the drained-not-yet packs, then of the open pack
+    cdef int64_t num_buffered_items, items_capacity
+    cdef int64_t* pack_ends
+    cdef int64_t* pack_tokens
+    cdef int64_t num_buffered_packs, packs_capacity
+    cdef int64_t* excluded
+    cdef int64_t num_buffered_excluded, excluded_capacity
+    cdef int64_t open_start, pack_sum, mandatory_next
+    cdef bint opening
+    cdef readonly int64_t num_packs, num_items, num_excluded, deferred, max_deferral, solo_packs
+    cdef readonly int64_t tokens, last_pack_tokens
+
+    def __cinit__(self, const uint8_t[::1] mandatory, int64_t max_num_tokens, int64_t expected_num_tokens,
+                  int64_t max_num_tokens_per_sample, int64_t prefer_buffer_before, int64_t max_buffer_size,
+                  int64_t stream_length):
+        cdef int64_t g, m, node
+        cdef Buffer* b = &self.buffer
+        self.max_num_tokens = max_num_tokens
+        self.expected_num_tokens = expected_num_tokens
+        self.max_num_tokens_per_sample = max_num_tokens_per_sample
+        self.prefer_buffer_before = prefer_buffer_before
+        self.max_buffer_size = max_buffer_size
+        self.capacity = min(max_buffer_size + 2, stream_length + 1)  # the buffer never holds more
+        self.num_groups = mandatory.shape[0]
+        self.slot = _grow(NULL, self.num_groups)
+        self.num_mandatory = 0
+        for g in range(self.num_groups):
+            self.slot[g] = self.num_mandatory if mandatory[g] else -1
+            self.num_mandatory += mandatory[g] != 0
+        m = max(self.num_mandatory, 1)
+        self.queues = <Queue*> malloc(m * sizeof(Queue))
+        if self.queues == NULL:
+            raise MemoryError()
+        for g in range(self.num_mandatory):
+            self.queues[g].count = NULL
+            self.queues[g].key = NULL
+            self.queues[g].rank = NULL
+            self.queues[g].head = self.queues[g].tail = self.queues[g].capacity = 0
+        self.head = _grow(NULL, m)
+        self.tail = _grow(NULL, m)
+        self.seen = _grow(NULL, m)
+        self.fed = _grow(NULL, m)
+        self.ended = <uint8_t*> malloc(m)
+        if self.ended == NULL:
+            raise MemoryError()
+        for g in range(self.num_mandatory):
+            self.head[g] = self.tail[g] = -1
+            self.seen[g] = self.fed[g] = 0
+            self.ended[g] = 0
+        b.count = _grow(NULL, self.capacity)
+        b.position = _grow(NULL, self.capacity)
+        b.key = _grow(NULL, self.capacity)
+        b.deferred_at = _grow(NULL, self.capacity)
+        b.priority = <uint64_t*> _grow(NULL, self.capacity)
+        b.left = _grow(NULL, self.capacity)
+        b.right = _grow(NULL, self.capacity)
+        b.slot = _grow(NULL, self.capacity)
+        b.before = _grow(NULL, self.capacity)
+        b.after = _grow(NULL, self.capacity)
+        for node in range(self.capacity):
+            b.left[node] = node + 1 if node + 1 < self.capacity else -1
+        b.root = -1
+        b.free_list = 0
+        b.size = 0
+        self.items = _grow(NULL, 1)
+        self.pack_ends = _grow(NULL, 1)
+        self.pack_tokens = _grow(NULL, 1)
+        self.excluded = _grow(NULL, 1)
+        self.items_capacity = self.packs_capacity = self.excluded_capacity = 1
+        self.opening = True  # the first pack opens before the first item
+
+    def __dealloc__(self):
+        cdef int64_t m
+        if self.queues != NULL:
+            for m in range(self.num_mandatory):
+                free(self.queues[m].count)
+                free(self.queues[m].key)
+                free(self.queues[m].rank)
+        free(self.queues)
+        free(self.slot)
+        free(self.head)
+        free(self.tail)
+        free(self.seen)
+        free(self.fed)
+        free(self.ended)
+        free(self.buffer.count)
+        free(self.buffer.position)
+        free(self.buffer.key)
+        free(self.buffer.deferred_at)
+        free(self.buffer.priority)
+        free(self.buffer.left)
+        free(self.buffer.right)
+        free(self.buffer.slot)
+        free(self.buffer.before)
+        free(self.buffer.after)
+        free(self.items)
+        free(self.pack_ends)
+        free(self.pack_tokens)
+        free(self.excluded)
+
+    # ----------------------------------------------------------------------------------------------
+    # The rules, one step each (no allocation: ``_reserve`` made room beforehand)
+
+    cdef void _place(self, int64_t count, int64_t key) noexcept nogil:
+        self.items[self.num_buffered_items] = key
+        self.num_buffered_items += 1
+        self.num_items += 1
+        self.pack_sum += count
+
+    cdef void _buffer_insert(self, int64_t count, int64_t position, int64_t key, int64_t m) noexcept nogil:
+        cdef Buffer* b = &self.buffer
+        cdef int64_t node = b.free_list, low, high
+        b.free_list = b.left[node]
+        b.count[node] = count
+        b.position[node] = position
+        b.key[node] = key
+        b.deferred_at[node] = self.num_packs
+        b.priority[node] = _mix(<uint64_t> position)
+        b.left[node] = -1
+        b.right[node] = -1
+        b.slot[node] = m
+        _split(b, b.root, count, position, &low, &high)
+        b.root = _merge(b, _merge(b, low, node), high)
+        b.size += 1
+        if m >= 0:  # items enter the buffer in stream order: append to the group's chain
+            b.before[node] = self.tail[m]
+            b.after[node] = -1
+            if self.tail[m] >= 0:
+                b.after[self.tail[m]] = node
+            else:
+                self.head[m] = node
+            self.tail[m] = node
+
+    cdef void _take_from_buffer(self, int64_t node) noexcept nogil:
+        """Place a buffered item into the open pack and drop it from the buffer."""
+        cdef Buffer* b = &self.buffer
+        cdef int64_t m = b.slot[node]
+        self.max_deferral = max(self.max_deferral, self.num_packs - b.deferred_at[node])
+        if m >= 0:
+            if b.before[node] >= 0:
+                b.after[b.before[node]] = b.after[node]
+            else:
+                self.head[m] = b.after[node]
+            if b.after[node] >= 0:
+                b.before[b.after[node]] = b.before[node]
+            else:
+                self.tail[m] = b.before[node]
+        self._place(b.count[node], b.key[node])
+        b.root = _erase(b, b.root, b.count[node], b.position[node])
+
+    cdef void _close(self) noexcept nogil:
+        """Emit the open pack, if it holds anything."""
+        if self.num_buffered_items > self.open_start:
+            self.pack_ends[self.num_buffered_packs] = self.num_buffered_items
+            self.pack_tokens[self.num_buffered_packs] = self.pack_sum
+            self.num_buffered_packs += 1
+            self.num_packs += 1
+            self.tokens += self.pack_sum
+            self.last_pack_tokens = self.pack_sum
+            self.open_start = self.num_buffered_items
+            self.pack_sum = 0
+
+    cdef int64_t _place_mandatory(self) noexcept nogil:
+        """One item of each mandatory group, in group order: the group's earliest unplaced one (a
+        buffered one, else the front of its queue). Returns -1, or the slot whose queue ran dry
+        before the group's end (``mandatory_next`` keeps the place to resume from)."""
+        cdef int64_t m, node
+        cdef Queue* q
+        for m in range(self.mandatory_next, self.num_mandatory):
+            self.mandatory_next = m
+            node = self.head[m]
+            if node >= 0:
+                if self.pack_sum + self.buffer.count[node] <= self.max_num_tokens:
+                    self._take_from_buffer(node)
+                continue  # one that does not fit stays first in line for the next pack
+            q = &self.queues[m]
+            if q.head < q.tail:
+                if self.pack_sum + q.count[q.head] <= self.max_num_tokens:
+                    self._place(q.count[q.head], q.key[q.head])
+                    q.head += 1
+                continue
+            if not self.ended[m]:
+                return m
+        self.mandatory_next = self.num_mandatory
+        return -1
+
+    cdef void _fill_from_buffer(self, int64_t below) noexcept nogil:
+        """Add the largest buffered item that fits, again and again, while the pack holds fewer
+        than ``below`` tokens."""
+        cdef int64_t node
+        while self.pack_sum < below and self.buffer.size > 0:
+            node = _largest_fitting(&self.buffer, self.max_num_tokens - self.pack_sum)
+            if node < 0:
+                return
+            self._take_from_buffer(node)
+
+    cdef void _emit_solo(self) noexcept nogil:
+        """Emit the largest buffered item as a pack of its own, ahead of the open pack (which so
+        far holds only mandatory items, so shifting them by one slot is cheap)."""
+        cdef int64_t start = self.open_start
+        cdef int64_t already = self.num_buffered_items - start
+        cdef int64_t held = self.pack_sum
+        cdef int64_t node = _largest_fitting(&self.buffer, self.max_num_tokens)
+        memmove(&self.items[start + 1], &self.items[start], already * sizeof(int64_t))
+        self.num_buffered_items = start
+        self.num_items -= already
+        self.pack_sum = 0
+        self._take_from_buffer(node)
+        self._close()
+        self.num_buffered_items = start + 1 + already
+        self.num_items += already
+        self.pack_sum = held
+        self.solo_packs += 1
+
+    cdef int64_t _open(self) noexcept nogil:
+        """Start a pack: mandatory items, then the buffer (up to ``prefer_buffer_before`` tokens);
+        keep the buffer bounded with a solo pack; close at once if that already reached expected.
+        Returns -1, or the slot that needs lookahead (then ``opening`` stays set to resume)."""
+        cdef int64_t needed
+        self.opening = True
+        while True:
+            needed = self._place_mandatory()
+            if needed >= 0:
+                return needed
+            self.mandatory_next = 0
+            self._fill_from_buffer(self.prefer_buffer_before)
+            if self.buffer.size > self.max_buffer_size:
+                self._emit_solo()
+            if self.pack_sum < self.expected_num_tokens:
+                self.opening = False
+                return -1
+            self._close()
+
+    # ----------------------------------------------------------------------------------------------
+    # The interface
+
+    def _reserve(self, int64_t items, int64_t excluded):
+        """Room for ``items`` more placed items (and as many packs) and ``excluded`` exclusions."""
+        cdef int64_t m, queued = 0
+        for m in range(self.num_mandatory):
+            queued += self.queues[m].tail - self.queues[m].head
+        items += self.buffer.size + queued + 1
+        if self.num_buffered_items + items > self.items_capacity:
+            self.items_capacity = max(2 * self.items_capacity, self.num_buffered_items + items)
+            self.items = _grow(self.items, self.items_capacity)
+        if self.num_buffered_packs + items > self.packs_capacity:
+            self.packs_capacity = max(2 * self.packs_capacity, self.num_buffered_packs + items)
+            self.pack_ends = _grow(self.pack_ends, self.packs_capacity)
+            self.pack_tokens = _grow(self.pack_tokens, self.packs_capacity)
+        if self.num_buffered_excluded + excluded > self.excluded_capacity:
+            self.excluded_capacity = max(2 * self.excluded_capacity, self.num_buffered_excluded + excluded)
+            self.excluded = _grow(self.excluded, self.excluded_capacity)
+
+    def lookahead(self, const int64_t[::1] counts, const int32_t[::1] groups, const int64_t[::1] keys,
+                  const uint8_t[::1] take):
+        """Queue the items of the groups with ``take[g]`` set (mandatory groups, in stream order,
+        continuing what was queued for them before). Returns -1, or the first bad position."""
+        cdef int64_t n = counts.shape[0], i, g, m, needed, length, bad = -1
+        cdef Queue* q
+        if groups.shape[0] != n or keys.shape[0] != n or take.shape[0] != self.num_groups:
+            raise ValueError("lookahead needs counts, groups and keys of one length and a flag per group")
+        for g in range(self.num_groups):
+            if take[g] and self.slot[g] < 0:
+                raise ValueError(f"group {g} is not mandatory: only mandatory groups have lookahead")
+        for m in range(self.num_mandatory):  # compact, then grow, each queue to room for n more
+            q = &self.queues[m]
+            length = q.tail - q.head
+            if q.head > 0 and length > 0:
+                memmove(q.count, &q.count[q.head], length * sizeof(int64_t))
+                memmove(q.key, &q.key[q.head], length * sizeof(int64_t))
+                memmove(q.rank, &q.rank[q.head], length * sizeof(int64_t))
+            q.head, q.tail = 0, length
+            needed = length + n
+            if needed > q.capacity:
+                q.capacity = max(2 * q.capacity, needed)
+                q.count = _grow(q.count, q.capacity)
+                q.key = _grow(q.key, q.capacity)
+                q.rank = _grow(q.rank, q.capacity)
+        with nogil:
+            for i in range(n):
+                g = groups[i]
+                if g < 0 or g >= self.num_groups or counts[i] < 0:
+                    bad = i
+                    break
+                if not take[g]:
+                    continue
+                m = self.slot[g]
+                q = &self.queues[m]
+                if counts[i] <= self.max_num_tokens_per_sample:  # excluded items never join a pack
+                    q.count[q.tail] = counts[i]
+                    q.key[q.tail] = keys[i]
+                    q.rank[q.tail] = self.fed[m]
+                    q.tail += 1
+                self.fed[m] += 1
+        return bad
+
+    def end_lookahead(self, int64_t group):
+        """Group ``group`` (mandatory) has no items beyond those given to ``lookahead``."""
+        if not 0 <= group < self.num_groups or self.slot[group] < 0:
+            raise ValueError(f"group {group} is not a mandatory group")
+        self.ended[self.slot[group]] = 1
+
+    def feed(self, const int64_t[::1] counts, const int32_t[::1] groups, const int64_t[::1] keys,
+             int64_t start, int64_t begin):
+        """Pack items ``begin:`` of a chunk whose item 0 is stream position ``start``.
+
+        Returns (next, needed): ``next`` is where to resume in the chunk (its length when done);
+        ``needed`` is -1, or the mandatory group whose lookahead ran out (give it more, then call
+        again from ``next``), or -2 - position for an item whose group or count is invalid.
+        """
+        cdef int64_t n = counts.shape[0], i, g, m, count, rank = 0, needed = -1, stop = n, bad = -1
+        cdef Queue* q
+        if groups.shape[0] != n or keys.shape[0] != n or not 0 <= begin <= n:
+            raise ValueError("feed needs counts, groups and keys of one length and 0 <= begin <= length")
+        self._reserve(n - begin, n - begin)
+        with nogil:
+            if self.opening:
+                needed = self._open()
+                if needed >= 0:
+                    stop = begin
+            if needed < 0:
+                for i in range(begin, n):
+                    g = groups[i]
+                    count = counts[i]
+                    if g < 0 or g >= self.num_groups or count < 0:
+                        bad = start + i
+                        stop = i
+                        break
+                    m = self.slot[g]
+                    if m >= 0:
+                        rank = self.seen[m]
+                        self.seen[m] += 1
+                    if count > self.max_num_tokens_per_sample:
+                        self.excluded[self.num_buffered_excluded] = keys[i]
+                        self.num_buffered_excluded += 1
+                        self.num_excluded += 1
                         continue
-                    if p.pack_sum + counts[position] <= max_num_tokens:
-                        _place(&p, position)
+                    if m >= 0:
+                        q = &self.queues[m]
+                        if q.head < q.tail and q.rank[q.head] == rank:
+                            q.head += 1  # the stream reaches it first
+                        else:
+                            continue  # an earlier pack took it as its mandatory item
+                    if self.pack_sum + count <= self.max_num_tokens:
+                        self._place(count, keys[i])
                     else:
-                        p.state[position] = BUFFERED
-                        _buffer_insert(&p.buffer, counts[position], position, p.num_packs)
-                        p.deferred += 1
-                    if p.pack_sum >= expected_num_tokens or p.buffer.size > max_buffer_size:
-                        _close(&p)
-                        _open(&p)
-                # The stream is spent: drain the buffer, each pack filled up to expected.
-                _fill_from_buffer(&p, expected_num_tokens)
-                _close(&p)
-                while p.buffer.size > 0:
-                    _place_mandatory(&p)
-                    _fill_from_buffer(&p, expected_num_tokens)
-                    _close(&p)
+                        self._buffer_insert(count, start + i, keys[i], m)
+                        self.deferred += 1
+                    if self.pack_sum >= self.expected_num_tokens or self.buffer.size > self.max_buffer_size:
+                        self._close()
+                        needed = self._open()
+                        if needed >= 0:
+                            stop = i + 1
+                            break
         if bad >= 0:
-            return (-1, bad)
-        return (p.num_packs, p.num_items, num_excluded, p.deferred, p.max_deferral, p.solo_packs)
-    finally:
-        free(slot)
-        free(p.state)
-        free(p.mandatory_offsets)
-        free(p.mandatory_positions)
-        free(p.cursor)
-        free(p.buffer.count)
-        free(p.buffer.position)
-        free(p.buffer.deferred_at)
-        free(p.buffer.priority)
-        free(p.buffer.left)
-        free(p.buffer.right)
+            return stop, -2 - bad
+        return stop, (self._group_of(needed) if needed >= 0 else -1)
+
+    cdef int64_t _group_of(self, int64_t m) noexcept nogil:
+        cdef int64_t g
+        for g in range(self.num_groups):
+            if self.slot[g] == m:
+                return g
+        return -1
+
+    def finish(self):
+        """The stream is spent: drain the buffer, each pack filled up to expected."""
+        cdef int64_t m
+        for m in range(self.num_mandatory):
+            if self.queues[m].head < self.queues[m].tail:
+                raise ValueError("finish before the stream reached every item given to lookahead")
+            self.ended[m] = 1
+        self._reserve(0, 0)
+        with nogil:
+            if self.opening:
+                self._open()
+            self._fill_from_buffer(self.expected_num_tokens)
+            self._close()
+            while self.buffer.size > 0:
+                self.mandatory_next = 0
+                self._place_mandatory()
+                self._fill_from_buffer(self.expected_num_tokens)
+                self._close()
+
+    def drain(self):
+        """(keys of the items of the packs closed since the last drain, in pack order; each pack's
+        end in that array; each pack's tokens; keys of the items excluded since), as new arrays."""
+        cdef int64_t done = self.open_start, rest = self.num_buffered_items - self.open_start
+        items = np.array(<int64_t[:max(done, 1)]> self.items)[:done]
+        ends = np.array(<int64_t[:max(self.num_buffered_packs, 1)]> self.pack_ends)[:self.num_buffered_packs]
+        tokens = np.array(<int64_t[:max(self.num_buffered_packs, 1)]> self.pack_tokens)[:self.num_buffered_packs]
+        excluded = np.array(<int64_t[:max(self.num_buffered_excluded, 1)]> self.excluded)[
+            :self.num_buffered_excluded]
+        memmove(self.items, &self.items[done], rest * sizeof(int64_t))
+        self.num_buffered_items = rest
+        self.open_start = 0
+        self.num_buffered_packs = 0
+        self.num_buffered_excluded = 0
+        return items, ends, tokens, excluded
+
+
+cdef inline uint64_t _read(const uint8_t* data, int width, int64_t i) noexcept nogil:
+    """Element i of a little-endian unsigned array of ``width``-byte elements."""
+    cdef uint64_t value = 0
+    cdef int b
+    for b in range(width):
+        value |= (<uint64_t> data[i * width + b]) << (8 * b)
+    return value
+
+
+def pack_members(const uint8_t[::1] offsets, int offset_width, const uint8_t[::1] samples, int sample_width,
+                 const uint8_t[::1] views, int view_width, const int64_t[::1] dataset_starts,
+                 const int64_t[::1] dataset_group, const int64_t[::1] dataset_number, int64_t pack):
+    """([group], [dataset], [sample], [view]) lists of the items of pack ``pack``, read from the raw
+    bytes of the index's unsigned arrays (``view_width`` 0: every view is 0). Returns an error text
+    instead when the arrays name items or samples they do not hold."""
+    cdef int64_t num_items = samples.shape[0] // max(sample_width, 1)
+    cdef int64_t num_datasets = dataset_starts.shape[0] - 1
+    cdef uint64_t first = _read(&offsets[0], offset_width, pack)
+    cdef uint64_t last = _read(&offsets[0], offset_width, pack + 1)
+    cdef uint64_t i, number
+    cdef int64_t low, high, middle
+    if first > last or last > <uint64_t> num_items:
+        return f"pack {pack} spans items [{first}, {last}) of {num_items}"
+    groups, datasets, numbers, item_views = [], [], [], []
+    for i in range(first, last):
+        number = _read(&samples[0], sample_width, i)
+        if number >= <uint64_t> dataset_starts[num_datasets]:
+            return f"pack {pack} names sample {number}, beyond the datasets' {dataset_starts[num_datasets]}"
+        low, high = 0, num_datasets - 1  # the last dataset starting at or before the sample
+        while low < high:
+            middle = (low + high + 1) // 2
+            if <uint64_t> dataset_starts[middle] <= number:
+                low = middle
+            else:
+                high = middle - 1
+        groups.append(dataset_group[low])
+        datasets.append(dataset_number[low])
+        numbers.append(number - <uint64_t> dataset_starts[low])
+        item_views.append(_read(&views[0], view_width, i) if view_width else 0)
+    return groups, datasets, numbers, item_views

@@ -18,8 +18,14 @@ from libc.stdint cimport int16_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 
+cdef extern from *:
+    void __builtin_prefetch(const void* address, int rw, int locality) nogil
+
+
 cdef enum:
     ROUNDS = 6
+    # Items looked ahead when prefetching their rows of the view tables.
+    LOOKAHEAD = 16
 
 
 ctypedef fused group_t:
@@ -76,30 +82,72 @@ def stream_samples(const group_t[::1] group_ids, const int64_t[::1] taken,
                    int64_t[::1] sample_ids, int64_t[::1] epochs):
     """Fill ``sample_ids`` and ``epochs`` of every item, the ``taken[i]``-th of its group."""
     cdef int64_t num_groups = group_sizes.shape[0]
-    cdef int64_t i, group, size, epoch
+    cdef int64_t i, group, size, epoch, within
     cdef uint64_t* keys = <uint64_t*> malloc(max(num_groups, 1) * ROUNDS * sizeof(uint64_t))
     cdef int64_t* keyed_epoch = <int64_t*> malloc(max(num_groups, 1) * sizeof(int64_t))
+    cdef int64_t* epoch_start = <int64_t*> malloc(max(num_groups, 1) * sizeof(int64_t))
     cdef int* bits = <int*> malloc(max(num_groups, 1) * sizeof(int))
-    if keys == NULL or keyed_epoch == NULL or bits == NULL:
+    if keys == NULL or keyed_epoch == NULL or epoch_start == NULL or bits == NULL:
         free(keys)
         free(keyed_epoch)
+        free(epoch_start)
         free(bits)
         raise MemoryError()
     with nogil:
         for group in range(num_groups):
             keyed_epoch[group] = -1
+            epoch_start[group] = -group_sizes[group]
             bits[group] = _bits_for(<uint64_t> group_sizes[group])
         for i in range(group_ids.shape[0]):
             group = group_ids[i]
             size = group_sizes[group]
-            epoch = taken[i] // size
-            if epoch != keyed_epoch[group]:  # items of a group reach a new epoch in order
+            within = taken[i] - epoch_start[group]
+            if within < 0 or within >= size:  # items of a group reach a new epoch in order: divide rarely
+                epoch = taken[i] // size
                 _epoch_keys(group_keys[group], epoch, &keys[group * ROUNDS])
                 keyed_epoch[group] = epoch
-            epochs[i] = epoch
-            sample_ids[i] = <int64_t> _permute(
-                &keys[group * ROUNDS], <uint64_t> size, bits[group], <uint64_t> (taken[i] - epoch * size)
-            )
+                epoch_start[group] = epoch * size
+                within = taken[i] - epoch_start[group]
+            epochs[i] = keyed_epoch[group]
+            sample_ids[i] = <int64_t> _permute(&keys[group * ROUNDS], <uint64_t> size, bits[group], <uint64_t> within)
     free(keys)
     free(keyed_epoch)
+    free(epoch_start)
     free(bits)
+
+
+def item_views(const int32_t[::1] group_ids, const int64_t[::1] sample_ids, const int64_t[::1] epochs,
+               const int64_t[::1] group_base, const int64_t[::1] view_offsets,
+               const int64_t[::1] view_tokens, int64_t key_stride,
+               int32_t[::1] views, int64_t[::1] counts, int64_t[::1] keys):
+    """View ``epoch mod K`` of every item's sample and its token count; ``keys`` (when not empty)
+    gets ``(group_base[group] + sample) * key_stride + view``. Samples are numbered across all
+    groups from ``group_base``; the views of sample s are ``view_offsets[s]:view_offsets[s + 1]``.
+    The caller checks every id against the tables.
+
+    The two table reads of an item are random over tables larger than the caches, so they run
+    as passes over the chunk, each prefetching ``LOOKAHEAD`` items ahead.
+    """
+    cdef int64_t n = group_ids.shape[0], i, sample, first, view
+    cdef bint keyed = keys.shape[0] > 0
+    cdef int64_t* numbers = <int64_t*> malloc(max(n, 1) * sizeof(int64_t))
+    if numbers == NULL:
+        raise MemoryError()
+    with nogil:
+        for i in range(n):
+            numbers[i] = group_base[group_ids[i]] + sample_ids[i]
+        for i in range(n):
+            if i + LOOKAHEAD < n:
+                __builtin_prefetch(&view_offsets[numbers[i + LOOKAHEAD]], 0, 0)
+            sample = numbers[i]
+            first = view_offsets[sample]
+            view = epochs[i] % (view_offsets[sample + 1] - first)
+            views[i] = <int32_t> view
+            counts[i] = first + view  # the view's place in view_tokens, read in the next pass
+            if keyed:
+                keys[i] = sample * key_stride + view
+        for i in range(n):
+            if i + LOOKAHEAD < n:
+                __builtin_prefetch(&view_tokens[counts[i + LOOKAHEAD]], 0, 0)
+            counts[i] = view_tokens[counts[i]]
+    free(numbers)

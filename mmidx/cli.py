@@ -131,7 +131,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         print(json.dumps(index.stats, indent=1))
         return 0
     stats = index.stats
-    print(f"pack index {index.path or '(not cached)'}")
+    where = "(not cached)" if index.path is None else f"{index.path} ({'reused' if index.reused else 'built'})"
+    print(f"pack index {where}")
     print(f"  samples {stats['samples']:,} ({', '.join(f'{k} {v:,}' for k, v in stats['groups'].items())})")
     print(f"  packs {stats['num_packs']:,}   tokens {stats['tokens']:,}   fill {stats['fill_vs_max']:.3f} of "
           f"max_num_tokens, {stats['fill_vs_expected']:.3f} of expected")

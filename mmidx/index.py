@@ -42,11 +42,19 @@ Packing — ``pack_samples``.
     packs, exhausted groups, or a mandatory item that does not fit beside the earlier ones); the
     deferral buffer never holds more than ``max_buffer_size + 1`` items. O(n log B) time. The rules
     are spelled out in ``pack_samples``.
+
+Streamed packing — ``PackStream``.
+    Guarantee: the packs of ``multimodal_stream`` → ``stream_views`` → ``pack_samples``, item for
+    item (as sample numbers and views), computed a chunk at a time: the blend's counts, the
+    packer's buffer, open pack and mandatory queues carry over chunk boundaries, so memory is the
+    chunk and the view tables, whatever the stream's length.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -273,7 +281,7 @@ def blending_indices(weights: np.ndarray | list[float], size: int) -> tuple[np.n
         raise ValueError(f"size must be non-negative, got {size}")
     dataset_index = np.empty(size, dtype=_dataset_index_dtype(len(normalised)))
     dataset_sample_index = np.empty(size, dtype=np.int64)
-    _blending.build_blending_indices(normalised, dataset_index, dataset_sample_index)
+    _blending.build_blending_indices(normalised, dataset_index, dataset_sample_index, np.zeros(len(normalised)), 0)
     return dataset_index, dataset_sample_index
 
 
@@ -329,9 +337,7 @@ def multimodal_stream(
     if np.any(group_sizes <= 0):
         raise ValueError("every group needs at least one sample; leave out empty groups")
     group_ids, taken = blending_indices(weights, num_samples)
-    group_keys = np.concatenate(
-        [np.random.SeedSequence([seed, g]).generate_state(1, np.uint64) for g in range(len(group_sizes))]
-    )
+    group_keys = _group_keys(seed, len(group_sizes))
     sample_ids = np.empty(num_samples, dtype=np.int64)
     epochs = np.empty(num_samples, dtype=np.int64)
     _stream.stream_samples(group_ids, taken, group_sizes, group_keys, sample_ids, epochs)
@@ -350,35 +356,65 @@ def stream_views(
     Per group g, the views of sample s are ``view_token_counts[g][view_offsets[g][s] :
     view_offsets[g][s + 1]]`` (ragged, ``view_offsets[g]`` has samples + 1 entries from 0).
     """
-    if len(view_offsets) != len(view_token_counts):
-        raise ValueError("view_offsets and view_token_counts must have one entry per group")
-    group_ids = np.asarray(group_ids)
-    sample_ids = np.asarray(sample_ids, dtype=np.int64)
-    epochs = np.asarray(epochs, dtype=np.int64)
-    # All groups' tables laid end to end, so one gather serves every group.
-    starts, views, counts, count_base = [], [], [], 0
-    for group, (offsets, group_counts) in enumerate(zip(view_offsets, view_token_counts, strict=True)):
-        offsets = np.asarray(offsets, dtype=np.int64)
-        if offsets.ndim != 1 or offsets.size == 0 or offsets[0] != 0 or offsets[-1] != len(group_counts):
-            raise ValueError(
-                f"view_offsets[{group}] must start at 0 and end at len(view_token_counts[{group}])"
-            )
-        group_views = np.diff(offsets)
-        if np.any(group_views <= 0):
-            empty = int(np.argmax(group_views <= 0))
-            raise ValueError(f"sample {empty} of group {group} has no view; every sample needs one")
-        starts.append(offsets[:-1] + count_base)
-        views.append(group_views)
-        counts.append(np.asarray(group_counts, dtype=np.int64))
-        count_base += len(group_counts)
-    samples_per_group = np.array([len(group_views) for group_views in views], dtype=np.int64)
-    if group_ids.size and (int(group_ids.min()) < 0 or int(group_ids.max()) >= len(view_offsets)):
-        raise ValueError(f"group ids must be in [0, {len(view_offsets)}), one view table per group")
-    if np.any(sample_ids < 0) or np.any(sample_ids >= samples_per_group[group_ids]):
+    table = ViewTable.of(view_offsets, view_token_counts)
+    group_ids = np.ascontiguousarray(group_ids, dtype=np.int32)
+    sample_ids = np.ascontiguousarray(sample_ids, dtype=np.int64)
+    epochs = np.ascontiguousarray(epochs, dtype=np.int64)
+    if group_ids.size and (int(group_ids.min()) < 0 or int(group_ids.max()) >= table.num_groups):
+        raise ValueError(f"group ids must be in [0, {table.num_groups}), one view table per group")
+    if np.any(sample_ids < 0) or np.any(sample_ids >= np.diff(table.group_base)[group_ids]):
         raise ValueError("a sample id is outside its group's view_offsets")
-    sample = np.concatenate(([0], np.cumsum(samples_per_group)[:-1]))[group_ids] + sample_ids
-    item_views = epochs % np.concatenate(views)[sample]
-    return item_views.astype(np.int32), np.concatenate(counts)[np.concatenate(starts)[sample] + item_views]
+    if np.any(epochs < 0):
+        raise ValueError("epochs must be non-negative")
+    views = np.empty(len(group_ids), dtype=np.int32)
+    counts = np.empty(len(group_ids), dtype=np.int64)
+    _stream.item_views(group_ids, sample_ids, epochs, table.group_base, table.view_offsets, table.view_tokens, 1,
+                       views, counts, np.empty(0, np.int64))
+    return views, counts
+
+
+@dataclass(frozen=True)
+class ViewTable:
+    """Every group's per-sample view sizes, laid end to end: samples are numbered across groups
+    (group g's sample s is ``group_base[g] + s``), and the views of sample i are
+    ``view_tokens[view_offsets[i]:view_offsets[i + 1]]``."""
+
+    group_base: np.ndarray
+    view_offsets: np.ndarray
+    view_tokens: np.ndarray
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_base) - 1
+
+    @property
+    def max_views(self) -> int:
+        return int(np.diff(self.view_offsets).max())
+
+    @classmethod
+    def of(cls, view_offsets: list[np.ndarray], view_token_counts: list[np.ndarray]) -> ViewTable:
+        """From per-group (view_offsets, view_token_counts), checking that every sample has a view."""
+        if len(view_offsets) != len(view_token_counts) or not view_offsets:
+            raise ValueError("view_offsets and view_token_counts must have one entry per group")
+        offsets, tokens, base, count_base = [np.zeros(1, np.int64)], [], [0], 0
+        for group, (group_offsets, group_counts) in enumerate(zip(view_offsets, view_token_counts, strict=True)):
+            group_offsets = np.asarray(group_offsets, dtype=np.int64)
+            if (group_offsets.ndim != 1 or group_offsets.size < 2 or group_offsets[0] != 0
+                    or group_offsets[-1] != len(group_counts)):
+                raise ValueError(f"view_offsets[{group}] must start at 0 and end at len(view_token_counts[{group}]), "
+                                 "with at least one sample")
+            group_views = np.diff(group_offsets)
+            if np.any(group_views <= 0):
+                empty = int(np.argmax(group_views <= 0))
+                raise ValueError(f"sample {empty} of group {group} has no view; every sample needs one")
+            group_counts = np.asarray(group_counts, dtype=np.int64)
+            if group_counts.size and int(group_counts.min()) < 0:
+                raise ValueError(f"view_token_counts[{group}] holds a negative count; counts are packed sizes")
+            offsets.append(group_offsets[1:] + count_base)
+            tokens.append(group_counts)
+            base.append(base[-1] + len(group_views))
+            count_base += len(group_counts)
+        return cls(np.array(base, dtype=np.int64), np.concatenate(offsets), np.concatenate(tokens))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -437,6 +473,40 @@ def pack_samples(
 
     ``stats['max_deferral']`` is the most packs emitted while one item waited in the buffer.
     """
+    _check_budgets(max_num_tokens, expected_num_tokens, max_num_tokens_per_sample, prefer_buffer_before,
+                   max_buffer_size)
+    counts = np.asarray(token_counts)
+    group_ids = np.asarray(groups)
+    if counts.size and not np.issubdtype(counts.dtype, np.integer):
+        raise TypeError(f"token_counts must be integers (exact packed sizes), got {counts.dtype}")
+    if group_ids.size and not np.issubdtype(group_ids.dtype, np.integer):
+        raise TypeError(f"groups must hold integer group ids, got {group_ids.dtype}")
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    mandatory = np.ascontiguousarray(mandatory, dtype=bool)
+    if counts.ndim != 1 or group_ids.shape != counts.shape:
+        raise ValueError("token_counts and groups must be 1-D and of equal length, one per stream item")
+    if group_ids.size and (int(group_ids.min()) < 0 or int(group_ids.max()) >= len(mandatory)):
+        raise ValueError(f"group ids must be in [0, {len(mandatory)}), one mandatory flag per group")
+    group_ids = np.ascontiguousarray(group_ids, dtype=np.int32)
+
+    packer = _packer(mandatory, max_num_tokens, expected_num_tokens, max_num_tokens_per_sample,
+                     prefer_buffer_before, max_buffer_size, len(counts))
+    # The whole stream is at hand: every mandatory item is lookahead from the start.
+    positions = np.arange(len(counts), dtype=np.int64)
+    _check_kernel(packer.lookahead(counts, group_ids, positions, mandatory.view(np.uint8)), "token_counts", counts)
+    for group in np.flatnonzero(mandatory):
+        packer.end_lookahead(int(group))
+    _, needed = packer.feed(counts, group_ids, positions, 0, 0)
+    _check_kernel(-2 - needed if needed < -1 else -1, "token_counts", counts)
+    packer.finish()
+    pack_items, pack_ends, pack_tokens, excluded = packer.drain()
+    return PackingResult(pack_offsets=np.concatenate(([0], pack_ends)).astype(np.int64), pack_items=pack_items,
+                         excluded=excluded, pack_tokens=pack_tokens,
+                         stats=packing_stats(packer, max_num_tokens, expected_num_tokens))
+
+
+def _check_budgets(max_num_tokens: int, expected_num_tokens: int, max_num_tokens_per_sample: int,
+                   prefer_buffer_before: int, max_buffer_size: int) -> None:
     for name, value in (
         ("max_num_tokens", max_num_tokens),
         ("expected_num_tokens", expected_num_tokens),
@@ -456,51 +526,160 @@ def pack_samples(
         )
     if prefer_buffer_before < 0 or max_buffer_size < 0:
         raise ValueError("prefer_buffer_before and max_buffer_size must be non-negative")
-    counts = np.asarray(token_counts)
-    group_ids = np.asarray(groups)
-    if counts.size and not np.issubdtype(counts.dtype, np.integer):
-        raise TypeError(f"token_counts must be integers (exact packed sizes), got {counts.dtype}")
-    if group_ids.size and not np.issubdtype(group_ids.dtype, np.integer):
-        raise TypeError(f"groups must hold integer group ids, got {group_ids.dtype}")
-    counts = np.ascontiguousarray(counts, dtype=np.int64)
-    mandatory = np.ascontiguousarray(mandatory, dtype=bool)
-    if counts.ndim != 1 or group_ids.shape != counts.shape:
-        raise ValueError("token_counts and groups must be 1-D and of equal length, one per stream item")
-    if group_ids.size and (int(group_ids.min()) < 0 or int(group_ids.max()) >= len(mandatory)):
-        raise ValueError(f"group ids must be in [0, {len(mandatory)}), one mandatory flag per group")
-    group_ids = np.ascontiguousarray(group_ids, dtype=np.int32)
 
-    n = len(counts)
-    pack_items = np.empty(n, dtype=np.int64)
-    pack_offsets = np.empty(n + 1, dtype=np.int64)
-    pack_tokens = np.empty(n, dtype=np.int64)
-    excluded = np.empty(n, dtype=np.int64)
-    outcome = _packing.pack(
-        counts, group_ids, mandatory.view(np.uint8),
-        max_num_tokens, expected_num_tokens, max_num_tokens_per_sample,
-        prefer_buffer_before, max_buffer_size,
-        pack_items, pack_offsets, pack_tokens, excluded,
-    )  # fmt: skip
-    if outcome[0] < 0:
-        raise ValueError(f"token_counts[{outcome[1]}] = {counts[outcome[1]]} is negative")
-    num_packs, num_items, num_excluded, deferred, max_deferral, solo_packs = outcome
-    # Copies of the used parts, so the worst-case-sized allocations are released.
-    pack_tokens = pack_tokens[:num_packs].copy()
-    mean_tokens = float(pack_tokens.mean()) if num_packs else 0.0
-    return PackingResult(
-        pack_offsets=pack_offsets[: num_packs + 1].copy(),
-        pack_items=pack_items if num_items == n else pack_items[:num_items].copy(),
-        excluded=excluded[:num_excluded].copy(),
-        pack_tokens=pack_tokens,
-        stats={
-            "num_packs": num_packs,
-            "num_items": num_items,
-            "excluded": num_excluded,
-            "deferred": deferred,
-            "max_deferral": max_deferral,
-            "solo_packs": solo_packs,
-            "partial_last_pack": bool(num_packs and pack_tokens[-1] < expected_num_tokens),
-            "fill_vs_max": mean_tokens / max_num_tokens,
-            "fill_vs_expected": mean_tokens / expected_num_tokens,
-        },
-    )
+
+def _packer(mandatory: np.ndarray, *budgets: int) -> _packing.Packer:
+    return _packing.Packer(np.ascontiguousarray(mandatory, dtype=bool).view(np.uint8), *budgets)
+
+
+def _check_kernel(bad: int, name: str, counts: np.ndarray) -> None:
+    if bad >= 0:
+        raise ValueError(f"{name}[{bad}] = {counts[bad]} is negative")
+
+
+def packing_stats(packer: _packing.Packer, max_num_tokens: int, expected_num_tokens: int) -> dict[str, Any]:
+    """The packer's counters: packs, items, exclusions, deferrals, solo packs and fill."""
+    num_packs = packer.num_packs
+    mean_tokens = packer.tokens / num_packs if num_packs else 0.0
+    return {
+        "num_packs": num_packs,
+        "num_items": packer.num_items,
+        "excluded": packer.num_excluded,
+        "deferred": packer.deferred,
+        "max_deferral": packer.max_deferral,
+        "solo_packs": packer.solo_packs,
+        "partial_last_pack": bool(num_packs and packer.last_pack_tokens < expected_num_tokens),
+        "fill_vs_max": mean_tokens / max_num_tokens,
+        "fill_vs_expected": mean_tokens / expected_num_tokens,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Streamed packing: the stream and the packer a chunk at a time
+
+
+@dataclass(frozen=True)
+class PackChunk:
+    """Packs closed while the stream advanced by one chunk: pack k of the chunk holds items
+    ``pack_ends[k-1]:pack_ends[k]`` of ``samples`` / ``views`` (numbered as in the ViewTable)."""
+
+    samples: np.ndarray
+    views: np.ndarray
+    pack_ends: np.ndarray
+    tokens: int
+    excluded: int
+    stream_position: int
+
+
+class _Cursor:
+    """A place in the blended stream: its position and the blend's per-group counts so far."""
+
+    def __init__(self, position: int, taken: np.ndarray):
+        self.position = position
+        self.taken = taken
+
+    def copy(self) -> _Cursor:
+        return _Cursor(self.position, self.taken.copy())
+
+
+class PackStream:
+    """The packs of ``multimodal_stream`` → ``stream_views`` → ``pack_samples``, computed a chunk of
+    the stream at a time in memory bounded by the chunk size (and the view table), equal to that
+    whole-array pipeline pack for pack. Iterate for ``PackChunk`` s; ``stats`` afterwards.
+
+    A mandatory group whose next item lies beyond the current chunk is read ahead by a cursor of its
+    own, a chunk at a time, keeping only that group's items: its queue never holds more than a
+    chunk's worth of them.
+    """
+
+    def __init__(self, table: ViewTable, weights: np.ndarray | list[float], num_samples: int, seed: int, *,
+                 mandatory: np.ndarray | list[bool], max_num_tokens: int, expected_num_tokens: int,
+                 max_num_tokens_per_sample: int, prefer_buffer_before: int, max_buffer_size: int,
+                 chunk_size: int = 1 << 20):
+        self.table = table
+        self.weights = _normalize(weights)
+        if len(self.weights) != table.num_groups or len(mandatory) != table.num_groups:
+            raise ValueError("weights, mandatory and the view table need one entry per group")
+        if num_samples < 0 or chunk_size < 1:
+            raise ValueError(f"num_samples must be >= 0 and chunk_size >= 1, got {num_samples}, {chunk_size}")
+        self.num_samples = int(num_samples)
+        self.chunk_size = int(chunk_size)
+        self.group_sizes = np.diff(table.group_base)
+        self.group_keys = _group_keys(seed, table.num_groups)
+        self.key_stride = table.max_views
+        self.mandatory = np.asarray(mandatory, dtype=bool)
+        _check_budgets(max_num_tokens, expected_num_tokens, max_num_tokens_per_sample, prefer_buffer_before,
+                       max_buffer_size)
+        self.budgets = (max_num_tokens, expected_num_tokens)
+        self.packer = _packer(self.mandatory, max_num_tokens, expected_num_tokens, max_num_tokens_per_sample,
+                              prefer_buffer_before, max_buffer_size, self.num_samples)
+        self.stats: dict[str, Any] = {}
+        self.group_counts: list[int] = []  # stream items of each group, once iterated
+
+    def _chunk(self, cursor: _Cursor, length: int, only: int | None = None) -> tuple[np.ndarray, ...]:
+        """(groups, token counts, keys) of the next ``length`` stream items (of group ``only``)."""
+        groups = np.empty(length, dtype=np.int32)
+        ranks = np.empty(length, dtype=np.int64)
+        _blending.build_blending_indices(self.weights, groups, ranks, cursor.taken, cursor.position)
+        cursor.position += length
+        if only is not None:
+            chosen = groups == only
+            groups, ranks = groups[chosen], ranks[chosen]
+        n = len(groups)
+        samples, epochs = np.empty(n, np.int64), np.empty(n, np.int64)
+        _stream.stream_samples(groups, ranks, self.group_sizes, self.group_keys, samples, epochs)
+        views, counts, keys = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64)
+        t = self.table
+        _stream.item_views(groups, samples, epochs, t.group_base, t.view_offsets, t.view_tokens, self.key_stride,
+                           views, counts, keys)
+        return groups, counts, keys
+
+    def _lookahead(self, cursor: _Cursor, groups: np.ndarray, counts: np.ndarray, keys: np.ndarray,
+                   take: np.ndarray) -> None:
+        _check_kernel(self.packer.lookahead(counts, groups, keys, take.view(np.uint8)), "view token counts", counts)
+        if cursor.position == self.num_samples:
+            for group in np.flatnonzero(take):
+                self.packer.end_lookahead(int(group))
+
+    def __iter__(self) -> Iterator[PackChunk]:
+        packer = self.packer
+        main = _Cursor(0, np.zeros(self.table.num_groups))
+        mandatory = np.flatnonzero(self.mandatory)
+        ahead = {int(g): main.copy() for g in mandatory}  # where each group's lookahead has reached
+        while main.position < self.num_samples:
+            start = main.position
+            groups, counts, keys = self._chunk(main, min(self.chunk_size, self.num_samples - start))
+            take = np.zeros(self.table.num_groups, dtype=bool)
+            for group, cursor in ahead.items():
+                if cursor.position == start:
+                    take[group] = True
+                    ahead[group] = main.copy()
+            if take.any():
+                self._lookahead(main, groups, counts, keys, take)
+            begin = 0
+            while True:
+                begin, needed = packer.feed(counts, groups, keys, start, begin)
+                if needed == -1:
+                    break
+                if needed < -1:
+                    raise ValueError(f"stream item {-2 - needed} has a negative view token count")
+                cursor = ahead[needed]
+                only = self._chunk(cursor, min(self.chunk_size, self.num_samples - cursor.position), needed)
+                self._lookahead(cursor, *only, take=np.arange(self.table.num_groups) == needed)
+            yield self._drain(main.position)
+        for group in mandatory:  # an empty stream never reached the lookahead
+            packer.end_lookahead(int(group))
+        packer.finish()
+        yield self._drain(main.position)
+        self.stats = packing_stats(packer, *self.budgets)
+        self.group_counts = main.taken.astype(np.int64).tolist()
+
+    def _drain(self, position: int) -> PackChunk:
+        keys, ends, tokens, excluded = self.packer.drain()
+        samples, views = np.divmod(keys, self.key_stride)
+        return PackChunk(samples, views, ends, int(tokens.sum()), len(excluded), position)
+
+
+def _group_keys(seed: int, num_groups: int) -> np.ndarray:
+    """Each group's permutation key, from ``SeedSequence([seed, group])``."""
+    return np.concatenate([np.random.SeedSequence([seed, g]).generate_state(1, np.uint64) for g in range(num_groups)])

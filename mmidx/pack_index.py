@@ -5,33 +5,40 @@ Built once per job from the datasets' index arrays alone, never decoding an imag
 1. every view's exact packed size (BAGEL's ``num_tokens + 2 × len(plan)``): text lengths from the
    token index, image token counts from the probed sizes and the group's transforms;
 2. the blended, shuffled stream of (group, sample, epoch) (:func:`mmidx.index.multimodal_stream`):
-   epoch e of a sample reads its view ``e mod views`` (stored per stream item);
+   epoch e of a sample reads its view ``e mod views`` (recorded per packed item);
 3. packs of whole samples within the budgets (:func:`mmidx.index.pack_samples`).
 
-The arrays are cached (:mod:`mmidx.cache`) under a hash of the config, the requested size and every
-dataset's checksum, and loaded with mmap; under ``torch.distributed`` rank 0 builds them.
+Steps 2 and 3 run a chunk of the stream at a time (:class:`mmidx.index.PackStream`), each chunk's
+packs appended to the cache files as they close, so memory is bounded by the chunk size, not by
+``num_samples``. The cache (:mod:`mmidx.cache`) keeps only what a reader needs: which samples make
+each pack and which view each reads, a few bytes per sample; it is keyed by a hash of the config,
+the requested size and every dataset's checksum, and mapped in O(1); under ``torch.distributed``
+rank 0 builds it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
+from mmidx import _packing
 from mmidx import format as fmt
-from mmidx.cache import cached_arrays
+from mmidx.cache import ArraySink, cached_build
 from mmidx.config import DataConfig, GroupConfig, ModelGeometry
 from mmidx.dataset import MMIDXDataset
 from mmidx.images import ImageTransform, num_image_tokens
-from mmidx.index import multimodal_stream, pack_samples, stream_views
+from mmidx.index import PackStream, ViewTable
 from mmidx.packing import PackItem
 from mmidx.subsets import selected_views, used_samples
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 
 
 def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
@@ -102,46 +109,83 @@ def _check_grids(dataset: MMIDXDataset, group: GroupConfig, selected: np.ndarray
         f"{limit_name}={limit}; set {limit_name} to at least {int(sides.max())} or lower the group's max_image_size")
 
 
+def _unsigned(bound: int) -> np.dtype:
+    """The narrowest unsigned dtype holding every value up to ``bound``."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if bound <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    return np.dtype(np.uint64)
+
+
 @dataclass
 class PackIndex:
-    """Loaded (memory-mapped) pack index: ``len()`` packs, ``items(k)`` → the samples of pack k."""
+    """Loaded (memory-mapped) pack index: ``len()`` packs, ``items(k)`` → the samples of pack k.
+
+    Pack k is items ``pack_offsets[k]:pack_offsets[k + 1]`` of ``samples`` (numbered across every
+    dataset of every group, in config order) and ``views`` (absent when every sample has one view).
+    """
 
     config: DataConfig
     arrays: dict[str, np.ndarray]
     stats: dict[str, Any]
-    group_offsets: list[np.ndarray]  # per group: cumulative dataset sizes, to map group samples to datasets
+    dataset_starts: np.ndarray  # first sample number of each dataset, then the total
     path: Path | None = None
+    reused: bool = False
     selections: list[list[np.ndarray | None]] | None = None  # per group and dataset: used samples (None: all)
+
+    def __post_init__(self) -> None:
+        sizes = [len(g.datasets) for g in self.config.groups]
+        self.dataset_starts = np.ascontiguousarray(self.dataset_starts, dtype=np.int64)
+        self._group = np.repeat(np.arange(len(sizes)), sizes).astype(np.int64)
+        self._dataset = np.concatenate([np.arange(n) for n in sizes]).astype(np.int64)
+        if len(self._group) != len(self.dataset_starts) - 1:
+            raise ValueError("dataset_starts needs one entry per dataset of the config, then the total")
+        # Raw little-endian bytes of each array (dtypes are narrow and differ from index to index).
+        self._raw = []
+        for name in ("pack_offsets", "samples", "views"):
+            array = self.arrays.get(name)
+            if array is None:
+                self._raw += [np.zeros(1, np.uint8), 0]
+                continue
+            dtype = array.dtype.newbyteorder("<")
+            if array.dtype.kind != "u" or array.ndim != 1 or array.dtype != dtype:
+                raise fmt.FormatError(f"{self.path}: {name} is {array.dtype} of {array.ndim} dimensions, expected "
+                                      "little-endian unsigned integers in one dimension")
+            self._raw += [np.asarray(array).view(np.uint8) if array.size else np.zeros(1, np.uint8),
+                          array.dtype.itemsize]
 
     def __len__(self) -> int:
         return len(self.arrays["pack_offsets"]) - 1
 
-    def items(self, pack: int) -> list[PackItem]:
-        """The samples of pack ``pack`` in packing order, each with the view its epoch reads."""
+    def pack(self, pack: int) -> tuple[list[int], list[int], list[int], list[int]]:
+        """(groups, datasets, samples, views) of pack ``pack``'s items, in packing order."""
         if not 0 <= pack < len(self):
             raise IndexError(f"pack {pack} out of range for {len(self)} packs")
-        offsets = self.arrays["pack_offsets"]
-        positions = self.arrays["pack_items"][offsets[pack]:offsets[pack + 1]]
-        items = []
-        for position in positions.tolist():
-            group = int(self.arrays["stream_group"][position])
-            sample = int(self.arrays["stream_sample"][position])
-            view = int(self.arrays["stream_view"][position])
-            bounds = self.group_offsets[group]
-            dataset = int(np.searchsorted(bounds, sample, side="right")) - 1
-            sample -= int(bounds[dataset])
-            selection = self.selections[group][dataset] if self.selections else None
-            items.append(PackItem(group, dataset, sample if selection is None else int(selection[sample]), view))
-        return items
+        members = _packing.pack_members(*self._raw, self.dataset_starts, self._group, self._dataset, pack)
+        if isinstance(members, str):
+            raise fmt.FormatError(f"{self.path}: {members}; delete the cache entry to rebuild it")
+        if self.selections is not None:  # the stream numbers a dataset's used samples: map them back
+            groups, datasets, samples, views = members
+            samples = [s if (chosen := self.selections[g][d]) is None else int(chosen[s])
+                       for g, d, s in zip(groups, datasets, samples, strict=True)]
+            return groups, datasets, samples, views
+        return members
+
+    def items(self, pack: int) -> list[PackItem]:
+        """The samples of pack ``pack`` in packing order, each with the view its epoch reads."""
+        return list(map(PackItem, *self.pack(pack)))
 
 
 def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
-                     cache_dir: str | os.PathLike | None = None) -> PackIndex:
+                     cache_dir: str | os.PathLike | None = None, progress: bool = True,
+                     chunk_size: int = 1 << 20) -> PackIndex:
     """Build (or load from ``cache_dir``) the pack index of ``config``.
 
     ``num_samples``: stream length (samples drawn across all groups and epochs); default: the
     total number of samples of all groups, i.e. about one epoch. Cached arrays are reused only if
-    the config, the size and every dataset are unchanged.
+    the config, the size and every dataset are unchanged. The stream is packed ``chunk_size``
+    samples at a time (memory is bounded by it); ``progress`` shows a bar on stderr for builds
+    longer than 2 s and a line when a cache entry is reused (``PackIndex.reused`` says it too).
     """
     datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
     selections = [[used_samples(d, group, k) for k, d in enumerate(group_datasets)]
@@ -153,19 +197,30 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
         empty = [g.name for g, n in zip(config.groups, group_sizes, strict=True) if n == 0]
         raise ValueError(f"groups {empty} have no samples")
     num_samples = sum(group_sizes) if num_samples is None else int(num_samples)
-    group_offsets = [np.concatenate([[0], np.cumsum(group)]).astype(np.int64) for group in sizes]
+    if num_samples < 0:
+        raise ValueError(f"num_samples must be non-negative, got {num_samples}")
+    dataset_starts = np.concatenate([[0], np.cumsum([n for group in sizes for n in group])]).astype(np.int64)
     checksums = [[d.checksum for d in group] for group in datasets]
     description = {"kind": "pack_index", "version": INDEX_VERSION, "config": config.describe(),
                    "num_samples": num_samples, "datasets": checksums}
-    arrays, stats, folder = cached_arrays(
-        cache_dir, description, lambda: _build_arrays(config, datasets, selections, group_sizes, num_samples))
-    return PackIndex(config, arrays, stats, group_offsets, folder, selections)
+
+    def build(sink: ArraySink) -> dict[str, Any]:
+        return write_pack_index(sink, view_table(config, datasets, selections), config, num_samples,
+                                chunk_size=chunk_size, progress=progress)
+
+    arrays, stats, folder, reused = cached_build(cache_dir, description, build)
+    if progress and reused:  # a build says so with its progress bar
+        print(f"mmidx: pack index reused from {folder}", file=sys.stderr)
+    used = selections if any(s is not None for group in selections for s in group) else None
+    return PackIndex(config, arrays, stats, dataset_starts, folder, reused, used)
 
 
-def _build_arrays(config: DataConfig, datasets: list[list[MMIDXDataset]],
-                  selections: list[list[np.ndarray | None]], group_sizes: list[int],
-                  num_samples: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    start = time.perf_counter()
+def view_table(config: DataConfig, datasets: list[list[MMIDXDataset]],
+               selections: list[list[np.ndarray | None]] | None = None) -> ViewTable:
+    """Every view's packed size, all groups' datasets end to end (in config order), counting only
+    each dataset's used samples (``selections`` per group and dataset; None: all)."""
+    if selections is None:
+        selections = [[None] * len(group) for group in datasets]
     view_offsets, view_tokens = [], []
     for group, group_datasets, group_selections in zip(config.groups, datasets, selections, strict=True):
         offsets_parts, token_parts, base = [np.zeros(1, np.int64)], [], 0
@@ -178,21 +233,43 @@ def _build_arrays(config: DataConfig, datasets: list[list[MMIDXDataset]],
             base += int(offsets[-1])
         view_offsets.append(np.concatenate(offsets_parts))
         view_tokens.append(np.concatenate(token_parts))
-    weights = np.array([g.weight for g in config.groups], dtype=np.float64)
-    stream_group, stream_sample, stream_epoch = multimodal_stream(group_sizes, weights, num_samples, config.seed)
-    stream_view, stream_tokens = stream_views(stream_group, stream_sample, stream_epoch, view_offsets,
-                                              view_tokens)
+    return ViewTable.of(view_offsets, view_tokens)
+
+
+def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_samples: int, *,
+                     chunk_size: int = 1 << 20, progress: bool = False) -> dict[str, Any]:
+    """Pack ``num_samples`` of the blended stream over ``table`` and append the packs to ``sink``
+    (``pack_offsets``, ``samples`` and, with more than one view to a sample, ``views``, each in
+    the narrowest unsigned dtype for this table and size); returns the stats."""
+    start = time.perf_counter()
     packing = config.packing
-    result = pack_samples(stream_tokens, stream_group.astype(np.int32),
-                          mandatory=np.array([g.is_mandatory for g in config.groups]),
-                          max_num_tokens=packing.max_num_tokens, expected_num_tokens=packing.expected_num_tokens,
-                          max_num_tokens_per_sample=packing.max_num_tokens_per_sample,
-                          prefer_buffer_before=packing.prefer_buffer_before, max_buffer_size=packing.max_buffer_size)
-    arrays = {"stream_group": stream_group, "stream_sample": stream_sample, "stream_view": stream_view,
-              "stream_tokens": stream_tokens, "pack_offsets": result.pack_offsets, "pack_items": result.pack_items,
-              "excluded": result.excluded}
-    stats = {**{k: (v.item() if hasattr(v, "item") else v) for k, v in result.stats.items()},
-             "samples": len(stream_group), "groups": {g.name: int(np.count_nonzero(stream_group == i))
-                                                          for i, g in enumerate(config.groups)},
-             "tokens": int(result.pack_tokens.sum()), "build_seconds": round(time.perf_counter() - start, 3)}
-    return arrays, stats
+    stream = PackStream(table, [g.weight for g in config.groups], num_samples, config.seed,
+                        mandatory=[g.is_mandatory for g in config.groups], max_num_tokens=packing.max_num_tokens,
+                        expected_num_tokens=packing.expected_num_tokens,
+                        max_num_tokens_per_sample=packing.max_num_tokens_per_sample,
+                        prefer_buffer_before=packing.prefer_buffer_before, max_buffer_size=packing.max_buffer_size,
+                        chunk_size=chunk_size)
+    sink.declare("pack_offsets", _unsigned(num_samples))
+    sink.declare("samples", _unsigned(int(table.group_base[-1]) - 1))
+    keep_views = table.max_views > 1
+    if keep_views:
+        sink.declare("views", _unsigned(table.max_views - 1))
+    sink.append("pack_offsets", np.zeros(1, np.int64))
+    items = packs = tokens = 0
+    with tqdm(total=num_samples, unit=" samples", unit_scale=True, delay=2, file=sys.stderr,
+              disable=not progress, desc="building pack index") as bar:
+        for chunk in stream:
+            sink.append("pack_offsets", chunk.pack_ends + items)
+            sink.append("samples", chunk.samples)
+            if keep_views:
+                sink.append("views", chunk.views)
+            items += len(chunk.samples)
+            packs += len(chunk.pack_ends)
+            tokens += chunk.tokens
+            bar.update(chunk.stream_position - bar.n)
+            if packs:
+                fill = tokens / packs / packing.max_num_tokens
+                bar.set_postfix(packs=f"{packs:,}", fill=f"{fill:.3f}", refresh=False)
+    return {**stream.stats, "samples": num_samples,
+            "groups": {g.name: n for g, n in zip(config.groups, stream.group_counts, strict=True)},
+            "tokens": tokens, "build_seconds": round(time.perf_counter() - start, 3)}

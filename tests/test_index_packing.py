@@ -192,3 +192,89 @@ def test_invalid_items_are_refused_with_their_position():
         pack_samples([5, 5], [0, 2], mandatory=[False, True])
     with pytest.raises(ValueError, match=r"token_counts\[1\] = -3"):
         pack_samples([5, -3], [0, 0], mandatory=[False])
+
+
+def reference_packs(counts, groups, mandatory, max_num_tokens, expected_num_tokens, max_num_tokens_per_sample,
+                    prefer_buffer_before, max_buffer_size):
+    """The rules of pack_samples, written out naively over Python lists: (packs, excluded, stats)."""
+    counts, groups = [int(c) for c in counts], [int(g) for g in groups]
+    excluded = [i for i, c in enumerate(counts) if c > max_num_tokens_per_sample]
+    done = set(excluded)  # placed or excluded
+    buffer, deferred_at, packs, pack = [], {}, [], []
+    stats = {"deferred": 0, "max_deferral": 0, "solo_packs": 0}
+
+    def total():
+        return sum(counts[i] for i in pack)
+
+    def take(i):
+        if i in buffer:
+            buffer.remove(i)
+            stats["max_deferral"] = max(stats["max_deferral"], len(packs) - deferred_at[i])
+        pack.append(i)
+        done.add(i)
+
+    def largest_fitting(room):
+        fitting = [i for i in buffer if counts[i] <= room]
+        return min(fitting, key=lambda i: (-counts[i], i)) if fitting else None
+
+    def place_mandatory():
+        for g in (g for g, m in enumerate(mandatory) if m):
+            first = next((i for i in range(len(counts)) if groups[i] == g and i not in done), None)
+            if first is not None and total() + counts[first] <= max_num_tokens:
+                take(first)
+
+    def fill(below):
+        while total() < below and (i := largest_fitting(max_num_tokens - total())) is not None:
+            take(i)
+
+    def close():
+        if pack:
+            packs.append(pack.copy())
+            pack.clear()
+
+    def open_pack():
+        while True:
+            place_mandatory()
+            fill(prefer_buffer_before)
+            if len(buffer) > max_buffer_size:  # a solo pack, ahead of the open one
+                held = pack.copy()
+                pack.clear()
+                take(largest_fitting(max_num_tokens))
+                close()
+                pack.extend(held)
+                stats["solo_packs"] += 1
+            if total() < expected_num_tokens:
+                return
+            close()
+
+    open_pack()
+    for i in range(len(counts)):
+        if i in done:
+            continue
+        if total() + counts[i] <= max_num_tokens:
+            take(i)
+        else:
+            buffer.append(i)
+            deferred_at[i] = len(packs)
+            stats["deferred"] += 1
+        if total() >= expected_num_tokens or len(buffer) > max_buffer_size:
+            close()
+            open_pack()
+    fill(expected_num_tokens)
+    close()
+    while buffer:
+        place_mandatory()
+        fill(expected_num_tokens)
+        close()
+    return packs, excluded, stats
+
+
+@settings(max_examples=60, deadline=None)
+@given(packing_problems())
+def test_packs_equal_a_naive_reference_of_the_rules(problem):
+    counts, groups, mandatory, budgets = problem
+    result = pack_samples(counts, groups, mandatory=mandatory, **budgets)
+    expected, excluded, stats = reference_packs(counts, groups, mandatory, **budgets)
+    assert packs(result) == expected
+    assert result.excluded.tolist() == excluded
+    assert {k: result.stats[k] for k in stats} == stats

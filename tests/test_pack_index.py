@@ -1,13 +1,17 @@
 """The pack index: exact per-view sizes, whole samples in budget, a cache keyed by what it depends on."""
 
+import json
+
 import numpy as np
 import pytest
 from test_packing_reference import GEOMETRY, build_groups
 
 from mmidx.config import DataConfig
 from mmidx.dataset import MMIDXDataset
-from mmidx.pack_index import build_pack_index, view_token_counts
-from mmidx.packing import PackBuilder
+from mmidx.format import FormatError
+from mmidx.index import multimodal_stream, pack_samples, stream_views
+from mmidx.pack_index import build_pack_index, view_table, view_token_counts
+from mmidx.packing import PackBuilder, PackItem
 
 PACKING = {"max_num_tokens": 3000, "expected_num_tokens": 2000, "max_num_tokens_per_sample": 2500,
            "prefer_buffer_before": 1000, "max_buffer_size": 4}
@@ -31,21 +35,40 @@ def test_view_sizes_equal_the_length_of_the_packed_sample(groups):
         view_offsets, view_tokens = view_token_counts(dataset, group, config.geometry)
         for sample in range(len(dataset)):
             for view in range(dataset[sample].num_views):
-                from mmidx.packing import PackItem
                 batch = builder.build(0, [PackItem(g, 0, sample, view)])
                 assert batch.sequence_length == view_tokens[view_offsets[sample] + view]
 
 
-def test_every_sample_of_the_stream_is_packed_once_within_budget(groups, tmp_path):
+def whole_array_packs(config, num_samples):
+    """The reference: the whole stream, its views and its packs built in memory at once."""
+    datasets = [[MMIDXDataset(p) for p in g.datasets] for g in config.groups]
+    table = view_table(config, datasets)
+    sizes = np.diff(table.group_base)
+    groups, samples, epochs = multimodal_stream(sizes, [g.weight for g in config.groups], num_samples, config.seed)
+    offsets, tokens = [], []
+    for g in range(len(sizes)):
+        first, last = table.view_offsets[table.group_base[g]], table.view_offsets[table.group_base[g + 1]]
+        offsets.append(table.view_offsets[table.group_base[g]:table.group_base[g + 1] + 1] - first)
+        tokens.append(table.view_tokens[first:last])
+    views, counts = stream_views(groups, samples, epochs, offsets, tokens)
+    packed = pack_samples(counts, groups, mandatory=[g.is_mandatory for g in config.groups],
+                          **{k: getattr(config.packing, k) for k in PACKING})
+    return packed, table.group_base[groups] + samples, views, counts
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 1 << 20])
+def test_streamed_index_equals_the_whole_array_build(groups, tmp_path, chunk_size):
     config = config_of(groups)
-    index = build_pack_index(config, num_samples=60, cache_dir=tmp_path)
-    packed = np.concatenate([index.arrays["pack_items"], index.arrays["excluded"]])
-    assert sorted(packed.tolist()) == list(range(60))
-    offsets = index.arrays["pack_offsets"]
-    tokens = index.arrays["stream_tokens"]
+    index = build_pack_index(config, num_samples=60, cache_dir=tmp_path, chunk_size=chunk_size)
+    packed, numbers, views, counts = whole_array_packs(config, 60)
+    np.testing.assert_array_equal(index.arrays["pack_offsets"], packed.pack_offsets)
+    np.testing.assert_array_equal(index.arrays["samples"], numbers[packed.pack_items])
+    np.testing.assert_array_equal(index.arrays["views"], views[packed.pack_items])
+    assert index.stats["num_packs"] == len(index) == len(packed)
+    assert index.stats["excluded"] == len(packed.excluded)
+    assert sum(index.stats["groups"].values()) == 60
     for k in range(len(index)):
-        assert tokens[index.arrays["pack_items"][offsets[k]:offsets[k + 1]]].sum() <= PACKING["max_num_tokens"]
-    assert index.stats["num_packs"] == len(index)
+        assert counts[packed.pack(k)].sum() <= PACKING["max_num_tokens"]
 
 
 def test_mandatory_group_starts_every_pack(groups, tmp_path):
@@ -56,15 +79,56 @@ def test_mandatory_group_starts_every_pack(groups, tmp_path):
     assert all(group == 0 for group in starts)
 
 
-def test_cache_is_reused_and_keyed_by_config(groups, tmp_path):
+def test_cache_is_reused_and_keyed_by_config(groups, tmp_path, capsys):
     first = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
     again = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
-    assert again.path == first.path and isinstance(again.arrays["pack_items"], np.memmap)
+    assert (first.reused, again.reused) == (False, True)
+    assert capsys.readouterr().err.splitlines() == [f"mmidx: pack index reused from {first.path}"]
+    assert again.path == first.path and isinstance(again.arrays["samples"], np.memmap)
+    assert first.arrays.keys() == again.arrays.keys()
     assert all(np.array_equal(first.arrays[k], again.arrays[k]) for k in first.arrays)
     other_seed = build_pack_index(config_of(groups, seed=1), num_samples=40, cache_dir=tmp_path)
     longer = build_pack_index(config_of(groups), num_samples=41, cache_dir=tmp_path)
     assert len({first.path, other_seed.path, longer.path}) == 3
     assert not list(tmp_path.glob("*.partial-*"))
+
+
+def test_cache_holds_narrow_arrays_described_in_its_index(groups, tmp_path):
+    index = build_pack_index(config_of(groups), num_samples=300, cache_dir=tmp_path)
+    described = json.loads((index.path / "index.json").read_text())
+    # 12 samples in all, at most 2 views a sample, 300 stream items: one byte, one byte, two bytes.
+    assert {k: v["dtype"] for k, v in described["arrays"].items()} == \
+        {"samples": "|u1", "views": "|u1", "pack_offsets": "<u2"}
+    assert sorted(p.name for p in index.path.iterdir()) == ["index.json", "pack_offsets.bin", "samples.bin",
+                                                           "views.bin"]
+    size = sum(p.stat().st_size for p in index.path.glob("*.bin"))
+    assert size == 2 * 300 + 2 * (len(index) + 1) - index.stats["excluded"] * 2
+
+
+def test_a_build_that_fails_leaves_nothing_that_loads(groups, tmp_path, monkeypatch):
+    import mmidx.pack_index
+
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mmidx.pack_index, "write_pack_index", fail)
+    with pytest.raises(KeyboardInterrupt):
+        build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    # What a killed build leaves (a partial folder, arrays without index.json) is never loaded.
+    monkeypatch.undo()
+    folder = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path).path
+    folder.rename(folder.with_name(f"{folder.name}.partial-12345"))
+    (folder.with_name(f"{folder.name}.partial-12345") / "index.json").unlink()
+    assert not build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path).reused
+
+
+def test_a_truncated_cache_file_is_a_format_error(groups, tmp_path):
+    index = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
+    samples = index.path / "samples.bin"
+    samples.write_bytes(samples.read_bytes()[:-1])
+    with pytest.raises(FormatError, match=r"samples\.bin"):
+        build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
 
 
 def test_items_name_views_that_exist(groups):
@@ -73,3 +137,38 @@ def test_items_name_views_that_exist(groups):
         for item in index.items(k):
             sample = MMIDXDataset(index.config.groups[item.group].datasets[item.dataset])[item.sample]
             assert 0 <= item.view < sample.num_views
+
+
+def test_items_decode_the_pack_arrays(groups):
+    index = build_pack_index(config_of(groups), num_samples=80)
+    # Sample numbers run over every dataset of every group in config order: spell that out by hand.
+    owners = [(g, d, s) for g, group in enumerate(index.config.groups) for d, prefix in enumerate(group.datasets)
+              for s in range(len(MMIDXDataset(prefix)))]
+    offsets, numbers, views = (np.asarray(index.arrays[k]).tolist() for k in ("pack_offsets", "samples", "views"))
+    for k in range(len(index)):
+        expected = [PackItem(*owners[numbers[i]], views[i]) for i in range(offsets[k], offsets[k + 1])]
+        assert index.items(k) == expected
+
+
+def test_pack_arrays_naming_items_or_samples_beyond_the_index_are_format_errors(groups, tmp_path):
+    index = build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
+    samples = index.path / "samples.bin"
+    good = samples.read_bytes()
+    samples.write_bytes(b"\xff" * len(good))
+    with pytest.raises(FormatError, match="beyond the datasets"):
+        build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path).items(0)
+    samples.write_bytes(good)
+    offsets = index.path / "pack_offsets.bin"  # one byte an offset here: pack 0 ends at 255
+    offsets.write_bytes(offsets.read_bytes()[:1] + b"\xff" * (offsets.stat().st_size - 1))
+    with pytest.raises(FormatError, match="spans items"):
+        build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path).items(0)
+
+
+def test_index_command_says_whether_it_built_or_reused_the_cache(groups, tmp_path, capsys):
+    from mmidx.cli import main
+
+    prefixes = [group["datasets"][0] for group in groups.values()]
+    for word in ("built", "reused"):
+        assert main(["index", *prefixes, "--num-samples", "50", "--max-latent-size", "64",
+                     "--cache-dir", str(tmp_path)]) == 0
+        assert capsys.readouterr().out.splitlines()[0].endswith(f"({word})")
