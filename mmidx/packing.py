@@ -39,6 +39,7 @@ from mmidx.images import (
     patchify,
     position_ids_extrapolate,
     position_ids_interpolate,
+    rgb_pixels,
 )
 
 SPECIAL_TOKEN_NAMES = ("bos_token_id", "eos_token_id", "start_of_image", "end_of_image")
@@ -121,25 +122,21 @@ def _output_size(transform: ImageTransform, width: int, height: int, img_num: in
 
 
 class _Pixels:
-    """Resized uint8 pixels of one pack's images: each stored image is decoded once, each size made once."""
+    """Decoded RGB pixels of one pack's images: each stored image is decoded once, however many elements use it."""
 
     def __init__(self) -> None:
-        self.decoded: dict[tuple[int, ...], Any] = {}
-        self.resized: dict[tuple[Any, ...], np.ndarray] = {}
+        self.decoded: dict[tuple[int, ...], np.ndarray] = {}
 
     def __call__(self, job: _ImageJob) -> np.ndarray:
-        """The (H, W, 3) uint8 pixels of ``job``."""
-        resized_key = (job.key, job.transform, job.img_num)
-        if resized_key not in self.resized:
-            if job.key not in self.decoded:
-                self.decoded[job.key] = decode_rgb(job.sample.image(job.key[3]).data)
-            pixels = job.transform.resized_pixels(self.decoded[job.key], job.img_num)
-            if pixels.shape[:2] != (job.height, job.width):
-                raise FormatError(f"image {job.key[3]} of sample {job.key[2]} decodes to {pixels.shape[1]}x"
-                                  f"{pixels.shape[0]} after resizing, but its probed size gives {job.width}x"
-                                  f"{job.height}: the dataset's image table does not match the image")
-            self.resized[resized_key] = pixels
-        return self.resized[resized_key]
+        """The (H, W, 3) uint8 pixels of the stored image of ``job``, before resizing."""
+        if job.key not in self.decoded:
+            self.decoded[job.key] = rgb_pixels(decode_rgb(job.sample.image(job.key[3]).data))
+        pixels = self.decoded[job.key]
+        if _output_size(job.transform, pixels.shape[1], pixels.shape[0], job.img_num) != (job.height, job.width):
+            raise FormatError(f"image {job.key[3]} of sample {job.key[2]} decodes to {pixels.shape[1]}x"
+                              f"{pixels.shape[0]}, which resizes to another size than its probed size gives "
+                              f"({job.width}x{job.height}): the dataset's image table does not match the image")
+        return pixels
 
 
 class PackBuilder:
@@ -351,7 +348,8 @@ def _batch_buffer(*shape: int) -> torch.Tensor:
 def _padded_images(jobs: list[_ImageJob], pixels: _Pixels) -> torch.Tensor:
     """BAGEL's ``padded_images``: (n, 3, max H, max W) float32, each image top-left, zeros elsewhere.
 
-    Written in place: only the padding is zeroed, and each image is normalised straight into its slot.
+    Written in place: only the padding is zeroed, and each image is resized and normalised straight into
+    its slot in one pass.
     """
     height, width = max(job.height for job in jobs), max(job.width for job in jobs)
     padded = _batch_buffer(len(jobs), 3, height, width)
@@ -364,11 +362,11 @@ def _padded_images(jobs: list[_ImageJob], pixels: _Pixels) -> torch.Tensor:
 
 def _vit_tokens(jobs: list[_ImageJob], counts: list[int], patch: int, pixels: _Pixels) -> torch.Tensor:
     """``packed_vit_tokens``: every image's patches (row-major; inside a patch (row, column, channel)),
-    normalised straight from the uint8 pixels into their rows of one buffer (BAGEL's ``patchify``)."""
+    resized and normalised straight from the decoded pixels into their rows of one buffer (BAGEL's ``patchify``)."""
     tokens = _batch_buffer(sum(counts), patch * patch * 3)
     start = 0
     for job, count in zip(jobs, counts, strict=True):
-        job.transform.patches_into(pixels(job), tokens[start:start + count], patch)
+        job.transform.patches_into(pixels(job), tokens[start:start + count], patch, job.height, job.width)
         start += count
     return tokens
 
