@@ -18,6 +18,14 @@ from libc.math cimport ceil
 from libc.stdint cimport int32_t, uint8_t
 from libc.stdlib cimport free, malloc
 
+cdef extern from "_pixels_rows.h":
+    enum: MMIDX_BLOCK
+    void mmidx_accumulate_row(int32_t* sums, const uint8_t* row, int32_t weight, Py_ssize_t count) noexcept nogil
+    void mmidx_horizontal_block(const uint8_t* pixels, Py_ssize_t row_stride, Py_ssize_t pixel_stride,
+                                Py_ssize_t in_width, Py_ssize_t rows, const Py_ssize_t* bounds,
+                                const int32_t* weights, Py_ssize_t ksize, Py_ssize_t width, uint8_t* out,
+                                Py_ssize_t out_stride, uint8_t* scratch) noexcept nogil
+
 DEF PRECISION_BITS = 22          # Pillow: 32 - 8 bits of result - 2 bits of overshoot headroom
 DEF HALF = 1 << (PRECISION_BITS - 1)
 
@@ -142,8 +150,7 @@ cdef void _vertical_row(const uint8_t* rows, Py_ssize_t row_stride, Py_ssize_t p
     for t in range(count):
         line, weight = rows + (start + t) * row_stride, k[t]
         if pixel_stride == 3:
-            for i in range(values):
-                sums[i] += line[i] * weight
+            mmidx_accumulate_row(sums, line, weight, values)
         else:
             for x in range(width):
                 sums[3 * x] += line[x * pixel_stride] * weight
@@ -169,6 +176,7 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     cdef Py_ssize_t* bv = NULL
     cdef Py_ssize_t* bh = NULL
     cdef uint8_t* rows = NULL          # the horizontal pass's rows (horizontal pass first)
+    cdef uint8_t* scratch = NULL       # MMIDX_BLOCK input rows interleaved for that pass
     cdef uint8_t* middle = NULL        # one vertical row before its horizontal pass (vertical first)
     cdef uint8_t* row8 = NULL          # one output row
     cdef int32_t* sums = NULL
@@ -188,15 +196,19 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     if vertical_first:
         middle = <uint8_t*>malloc(in_width * 3)
         failed = failed or middle == NULL
-    elif horizontal and vertical:
+    elif horizontal:
         rows = <uint8_t*>malloc((last - first) * width * 3)
-        failed = failed or rows == NULL
+        scratch = <uint8_t*>malloc(in_width * 3 * MMIDX_BLOCK)
+        failed = failed or rows == NULL or scratch == NULL
     failed = failed or sums == NULL or row8 == NULL
     if not failed:
-        if horizontal and vertical and not vertical_first:
-            for y in range(last - first):
-                _horizontal_row(pixels + (y + first) * row_stride, pixel_stride, width, bh, kh, ksh,
-                                rows + y * width * 3)
+        if horizontal and not vertical_first:     # the horizontal pass, MMIDX_BLOCK rows at a time
+            y = 0
+            while y < last - first:
+                mmidx_horizontal_block(pixels + (y + first) * row_stride, row_stride, pixel_stride, in_width,
+                                       min(<Py_ssize_t>MMIDX_BLOCK, last - first - y), bh, kh, ksh, width,
+                                       rows + y * width * 3, width * 3, scratch)
+                y += MMIDX_BLOCK
         for y in range(height):
             if vertical_first:
                 _vertical_row(pixels, row_stride, pixel_stride, in_width, bv[2 * y], bv[2 * y + 1], kv + y * ksv,
@@ -208,7 +220,8 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
                 _vertical_row(pixels, row_stride, pixel_stride, width, bv[2 * y], bv[2 * y + 1], kv + y * ksv,
                               sums, row8)
             elif horizontal:
-                _horizontal_row(pixels + y * row_stride, pixel_stride, width, bh, kh, ksh, row8)
+                _emit(rows + y * width * 3, 3, y, width, table, chw, plane, line, patches, patch)
+                continue
             if vertical or horizontal:
                 _emit(row8, 3, y, width, table, chw, plane, line, patches, patch)
             else:
@@ -218,6 +231,7 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     free(kh)
     free(bh)
     free(rows)
+    free(scratch)
     free(middle)
     free(row8)
     free(sums)
