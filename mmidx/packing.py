@@ -35,11 +35,10 @@ from mmidx.format import FormatError
 from mmidx.images import (
     ImageTransform,
     decode_jpeg_batch,
-    decode_rgb,
+    decode_rgb_pixels,
     patchify,
     position_ids_extrapolate,
     position_ids_interpolate,
-    rgb_pixels,
 )
 
 SPECIAL_TOKEN_NAMES = ("bos_token_id", "eos_token_id", "start_of_image", "end_of_image")
@@ -130,7 +129,7 @@ class _Pixels:
     def __call__(self, job: _ImageJob) -> np.ndarray:
         """The (H, W, 3) uint8 pixels of the stored image of ``job``, before resizing."""
         if job.key not in self.decoded:
-            self.decoded[job.key] = rgb_pixels(decode_rgb(job.sample.image(job.key[3]).data))
+            self.decoded[job.key] = decode_rgb_pixels(job.sample.image(job.key[3]).data)
         pixels = self.decoded[job.key]
         if _output_size(job.transform, pixels.shape[1], pixels.shape[0], job.img_num) != (job.height, job.width):
             raise FormatError(f"image {job.key[3]} of sample {job.key[2]} decodes to {pixels.shape[1]}x"

@@ -1,6 +1,7 @@
 """The fused pixel kernel (csrc/_pixels.pyx) against the path it replaces: PIL's bicubic ``resize``
 on the decoded RGB image, then torchvision's ``ToTensor`` + ``Normalize`` (written out step by step
-in float32 in ``torchvision_steps``), then BAGEL's ``patchify``. Every comparison is bit for bit.
+in float32 in ``torchvision_steps``), then BAGEL's ``patchify``; and the JPEG decoder against PIL's.
+Every comparison is bit for bit.
 """
 
 from __future__ import annotations
@@ -8,12 +9,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageFile
 from test_images import encode, noise, palette_image, torchvision_steps
 
 import mmidx.images
 from mmidx import _pixels
-from mmidx.images import BAGEL_VAE_TRANSFORM, BAGEL_VIT_TRANSFORM, ImageTransform, decode_rgb, patchify, rgb_pixels
+from mmidx.images import (
+    BAGEL_VAE_TRANSFORM,
+    BAGEL_VIT_TRANSFORM,
+    ImageError,
+    ImageTransform,
+    decode_rgb,
+    decode_rgb_pixels,
+    patchify,
+    rgb_pixels,
+)
 
 IMAGENET = ImageTransform(518, 224, 14, image_mean=(0.485, 0.456, 0.406), image_std=(0.229, 0.224, 0.225))
 TRANSFORMS = [BAGEL_VAE_TRANSFORM, IMAGENET]
@@ -128,3 +138,35 @@ def test_kernel_refuses_mismatched_shapes():
         _pixels.render_patches(pixels, np.zeros((4, 588), np.float32), table, 28, 29, 14, False)
     with pytest.raises(ValueError, match=r"out must be \(4, 588\)"):
         _pixels.render_patches(pixels, np.zeros((5, 588), np.float32), table, 28, 28, 14, False)
+
+
+def jpeg(image: Image.Image, **options) -> bytes:
+    return encode(image, "JPEG", **options)
+
+
+def test_jpegs_decode_to_exactly_pils_pixels(monkeypatch):
+    monkeypatch.setattr(ImageFile, "MAXBLOCK", 1 << 24)  # PIL's default buffer is too small for progressive noise
+    rng = np.random.default_rng(5)
+    datas = [jpeg(random_image(rng, width, height), quality=int(rng.integers(40, 99)), subsampling=subsampling,
+                  progressive=progressive, optimize=bool(rng.integers(0, 2)) and width * height > 100)
+             for width, height in [(512, 512), (1, 1), (7, 3), (333, 517), (1023, 767), (17, 900)]
+             for subsampling in (0, 1, 2) for progressive in (False, True)]
+    datas.append(jpeg(random_image(rng, 300, 200).convert("L")))
+    for data in datas:
+        assert np.array_equal(decode_rgb_pixels(data), np.asarray(decode_rgb(data)))
+
+
+@pytest.mark.parametrize(("image", "fmt"), [(noise("CMYK", 40, 30), "JPEG"), (noise("RGBA", 40, 30), "PNG"),
+                                            (palette_image(40, 30, 3), "GIF")], ids=["jpeg-cmyk", "png", "gif"])
+def test_other_images_decode_through_pil(image, fmt):
+    data = encode(image, fmt)
+    assert np.array_equal(decode_rgb_pixels(data), np.asarray(decode_rgb(data)))
+
+
+def test_bad_jpegs_are_image_errors():
+    data = jpeg(noise("RGB", 64, 64))
+    for cut in (20, len(data) // 2, len(data) - 10):
+        with pytest.raises(ImageError):
+            decode_rgb_pixels(data[:cut])
+    with pytest.raises(ImageError, match="decompression bomb"):
+        decode_rgb_pixels(data, max_pixels=64 * 63)
