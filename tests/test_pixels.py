@@ -1,19 +1,24 @@
 """The fused pixel kernel (csrc/_pixels.pyx) against the path it replaces: PIL's bicubic ``resize``
 on the decoded RGB image, then torchvision's ``ToTensor`` + ``Normalize`` (written out step by step
-in float32 in ``torchvision_steps``), then BAGEL's ``patchify``; and the JPEG decoder against PIL's.
-Every comparison is bit for bit.
+in float32 in ``torchvision_steps``), then BAGEL's ``patchify``; the JPEG decoder against PIL's;
+and the pool of batch buffers the kernel writes into. Every comparison is bit for bit.
 """
 
 from __future__ import annotations
+
+import io
+from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageFile
 from test_images import encode, noise, palette_image, torchvision_steps
+from test_packing_reference import GEOMETRY, build_groups
 
 import mmidx.images
 from mmidx import _pixels
+from mmidx.config import DataConfig
 from mmidx.images import (
     BAGEL_VAE_TRANSFORM,
     BAGEL_VIT_TRANSFORM,
@@ -24,6 +29,7 @@ from mmidx.images import (
     patchify,
     rgb_pixels,
 )
+from mmidx.packing import PackBuilder, PackItem, _batch_buffer
 
 IMAGENET = ImageTransform(518, 224, 14, image_mean=(0.485, 0.456, 0.406), image_std=(0.229, 0.224, 0.225))
 TRANSFORMS = [BAGEL_VAE_TRANSFORM, IMAGENET]
@@ -170,3 +176,44 @@ def test_bad_jpegs_are_image_errors():
             decode_rgb_pixels(data[:cut])
     with pytest.raises(ImageError, match="decompression bomb"):
         decode_rgb_pixels(data, max_pixels=64 * 63)
+
+
+# --------------------------------------------------------------------------- batch buffers
+
+
+def test_batch_buffers_are_reused_only_once_nothing_uses_them():
+    first = _batch_buffer(2, 3, 256, 256)
+    address = first.data_ptr()
+    assert _batch_buffer(2, 3, 256, 256).data_ptr() != address      # in use: another buffer
+    view = first[1, 2]
+    del first
+    assert _batch_buffer(1, 3, 256, 256).data_ptr() != address      # a view still uses it
+    array = view.numpy()
+    del view
+    assert _batch_buffer(1, 3, 256, 256).data_ptr() != address      # an array derived from it still does
+    del array
+    assert _batch_buffer(1, 3, 256, 256).data_ptr() == address      # free: reused
+
+
+def test_a_batch_key_moved_to_shared_memory_keeps_its_values_and_frees_its_buffer():
+    tensor = _batch_buffer(2, 3, 256, 256).fill_(3.0)
+    address = tensor.data_ptr()
+    ForkingPickler(io.BytesIO()).dump(tensor)                         # what a DataLoader worker does
+    assert tensor.data_ptr() != address
+    assert _batch_buffer(2, 3, 256, 256).fill_(5.0).data_ptr() == address
+    assert torch.all(tensor == 3.0)
+
+
+def test_batches_kept_alive_are_never_overwritten_by_later_ones(tmp_path):
+    groups = build_groups(tmp_path)
+    config = DataConfig.from_dict({"groups": groups, "geometry": GEOMETRY, "seed": 5,
+                                   "dropout": {"text": 0.0, "vit": 0.0, "vae": 0.0},
+                                   "packing": {"max_num_tokens": 8192, "expected_num_tokens": 4096,
+                                               "max_num_tokens_per_sample": 4096}})
+    packs = [[PackItem(group, 0, sample, 0) for group in (0, 1, 2)] for sample in range(3)] * 2
+    builder = PackBuilder(config)
+    kept = [builder.build(k, items).to_dict() for k, items in enumerate(packs)]   # more than the pool holds
+    for k, items in enumerate(packs):
+        fresh = PackBuilder(config).build(k, items).to_dict()
+        for key in ("padded_images", "packed_vit_tokens"):
+            assert torch.equal(kept[k][key], fresh[key]), (k, key)
