@@ -211,9 +211,13 @@ def test_batches_kept_alive_are_never_overwritten_by_later_ones(tmp_path):
                                    "packing": {"max_num_tokens": 8192, "expected_num_tokens": 4096,
                                                "max_num_tokens_per_sample": 4096}})
     packs = [[PackItem(group, 0, sample, 0) for group in (0, 1, 2)] for sample in range(3)] * 2
+    keys = ("padded_images", "packed_vit_tokens")
     builder = PackBuilder(config)
-    kept = [builder.build(k, items).to_dict() for k, items in enumerate(packs)]   # more than the pool holds
-    for k, items in enumerate(packs):
-        fresh = PackBuilder(config).build(k, items).to_dict()
-        for key in ("padded_images", "packed_vit_tokens"):
-            assert torch.equal(kept[k][key], fresh[key]), (k, key)
+    expected = []
+    for k, items in enumerate(packs):                  # one batch alive at a time, its pixels copied out
+        batch = builder.build(k, items).to_dict()
+        expected.append({key: batch[key].clone() for key in keys})
+    kept = [builder.build(k, items).to_dict() for k, items in enumerate(packs)]   # all alive: more than the pool
+    for k in range(len(packs)):
+        for key in keys:
+            assert torch.equal(kept[k][key], expected[k][key]), (k, key)
