@@ -21,6 +21,7 @@ import io
 import sys
 import types
 from collections.abc import Callable
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,7 @@ from mmidx.images import (
     patchify,
     probe,
     resize_shape,
+    rgb_pixels,
 )
 
 
@@ -71,7 +73,7 @@ def test_jpegs() -> dict[str, bytes]:
 def jpeg_decoders() -> dict[str, Callable[[bytes], np.ndarray]]:
     """Decoders to RGB (H, W, 3) uint8 arrays: PIL as mmidx decodes, and the optional libraries installed."""
     decoders: dict[str, Callable[[bytes], np.ndarray]] = {
-        "PIL (libjpeg-turbo)": lambda data: np.asarray(decode_rgb(data))}
+        "PIL (libjpeg-turbo), zero-copy view": lambda data: rgb_pixels(decode_rgb(data))}
     try:
         import simplejpeg
 
@@ -82,7 +84,8 @@ def jpeg_decoders() -> dict[str, Callable[[bytes], np.ndarray]]:
         from turbojpeg import TJPF_RGB, TurboJPEG
 
         turbo = TurboJPEG()
-        decoders["PyTurboJPEG (system libturbojpeg)"] = lambda data: turbo.decode(data, pixel_format=TJPF_RGB)
+        decoders[f"PyTurboJPEG {version('PyTurboJPEG')} (system libturbojpeg)"] = \
+            lambda data: turbo.decode(data, pixel_format=TJPF_RGB)
     except (ImportError, RuntimeError, OSError):  # not installed, or no libturbojpeg
         pass
     return decoders
@@ -92,7 +95,8 @@ def compare_decoders(repeats: int) -> list[tuple[str, float, str]]:
     """(decoder, ms per decode of the 512² JPEG, how many test JPEGs decode to exactly PIL's pixels)."""
     jpegs = test_jpegs()
     decoders = jpeg_decoders()
-    reference = {name: decoders["PIL (libjpeg-turbo)"](data) for name, data in jpegs.items()}
+    pil = next(iter(decoders.values()))
+    reference = {name: pil(data) for name, data in jpegs.items()}
     rows = []
     for decoder_name, decode in decoders.items():
         equal = [name for name, data in jpegs.items() if np.array_equal(decode(data), reference[name])]
