@@ -1,6 +1,7 @@
 """Build the Cython kernels in csrc/ as extension modules of the mmidx package.
 
-Every ``csrc/<name>.pyx`` becomes ``mmidx.<name>``; adding a kernel file needs no change here.
+Every ``csrc/<name>.pyx`` becomes ``mmidx.<name>``; adding a kernel file needs no change here. Headers
+in ``csrc/`` (C loops a kernel includes) are dependencies of every extension, so they ship in the sdist.
 """
 
 from pathlib import Path
@@ -13,6 +14,7 @@ extensions = [
     Extension(
         f"mmidx.{pyx.stem}",
         [str(pyx)],
+        depends=[str(header) for header in sorted(Path("csrc").glob("*.h"))],  # C parts of kernels
         include_dirs=[np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"],

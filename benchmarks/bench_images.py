@@ -1,11 +1,17 @@
-"""Speed of mmidx.images on a 512² JPEG, and of token counting over many probed sizes.
+"""Speed of mmidx.images on a 512² JPEG, JPEG decoders compared, and token counting over many sizes.
 
     python benchmarks/bench_images.py [--bagel-repo DIR] [--repeats N]
 
-Prints a Markdown table (best of N runs, as timeit does, since shared cores only add noise; one
+Prints Markdown tables (best of N runs, as timeit does, since shared cores only add noise; one
 thread). With ``--bagel-repo`` (a checkout of ByteDance-Seed/Bagel whose ``data/`` imports with
 torchvision installed) it times BAGEL's own ``pil_img2rgb``/``ImageTransform``/``patchify`` beside
 mmidx's and checks the outputs are equal.
+
+Decoders: PIL's libjpeg-turbo (what mmidx and BAGEL use) against ``simplejpeg`` and
+``PyTurboJPEG`` (the system's libturbojpeg), each where installed, on the same bytes: time per
+decode to RGB and whether every pixel equals PIL's, over JPEGs of several subsamplings, qualities
+and odd sizes. ``pip install simplejpeg PyTurboJPEG`` (and ``apt-get install libturbojpeg0``) to
+include them; mmidx would adopt one only if its pixels were identical and it were faster.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import io
 import sys
 import types
 from collections.abc import Callable
+from importlib.metadata import version
 from typing import Any
 
 import numpy as np
@@ -30,6 +37,7 @@ from mmidx.images import (
     patchify,
     probe,
     resize_shape,
+    rgb_pixels,
 )
 
 
@@ -44,6 +52,59 @@ def photo_like_jpeg(size: int = 512, quality: int = 90) -> bytes:
     return buffer.getvalue()
 
 
+
+
+def test_jpegs() -> dict[str, bytes]:
+    """JPEGs covering what decoders may treat differently: chroma subsampling, quality, odd sizes, grey."""
+    photo = decode_rgb(photo_like_jpeg(1024))
+    jpegs = {"512² q90 4:2:0": photo_like_jpeg()}
+    for name, image, options in [
+        ("1024² q95 4:4:4", photo, {"quality": 95, "subsampling": 0}),
+        ("1023×767 q75 4:2:2", photo.crop((0, 0, 1023, 767)), {"quality": 75, "subsampling": 1}),
+        ("333×517 q85 4:2:0", photo.crop((5, 7, 338, 524)), {"quality": 85, "subsampling": 2}),
+        ("grey 640×480", photo.convert("L").crop((0, 0, 640, 480)), {"quality": 90}),
+    ]:
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", **options)
+        jpegs[name] = buffer.getvalue()
+    return jpegs
+
+
+def jpeg_decoders() -> dict[str, Callable[[bytes], np.ndarray]]:
+    """Decoders to RGB (H, W, 3) uint8 arrays: PIL as mmidx decodes, and the optional libraries installed."""
+    decoders: dict[str, Callable[[bytes], np.ndarray]] = {
+        "PIL (libjpeg-turbo), zero-copy view": lambda data: rgb_pixels(decode_rgb(data))}
+    try:
+        import simplejpeg
+
+        decoders[f"simplejpeg {simplejpeg.__version__}"] = lambda data: simplejpeg.decode_jpeg(data, colorspace="RGB")
+    except ImportError:
+        pass
+    try:
+        from turbojpeg import TJPF_RGB, TurboJPEG
+
+        turbo = TurboJPEG()
+        decoders[f"PyTurboJPEG {version('PyTurboJPEG')} (system libturbojpeg)"] = \
+            lambda data: turbo.decode(data, pixel_format=TJPF_RGB)
+    except (ImportError, RuntimeError, OSError):  # not installed, or no libturbojpeg
+        pass
+    return decoders
+
+
+def compare_decoders(repeats: int) -> list[tuple[str, float, str]]:
+    """(decoder, ms per decode of the 512² JPEG, how many test JPEGs decode to exactly PIL's pixels)."""
+    jpegs = test_jpegs()
+    decoders = jpeg_decoders()
+    pil = next(iter(decoders.values()))
+    reference = {name: pil(data) for name, data in jpegs.items()}
+    rows = []
+    for decoder_name, decode in decoders.items():
+        equal = [name for name, data in jpegs.items() if np.array_equal(decode(data), reference[name])]
+        differ = sorted(set(jpegs) - set(equal))
+        verdict = f"{len(equal)}/{len(jpegs)}" + (f" (differs: {', '.join(differ)})" if differ else "")
+        elapsed = best_of(lambda decode=decode: decode(jpegs["512² q90 4:2:0"]), repeats, warmup=True)[0]
+        rows.append((decoder_name, elapsed * 1e3, verdict))
+    return rows
 
 
 def torchvision_steps(image: Image.Image) -> torch.Tensor:
@@ -72,7 +133,7 @@ def main() -> None:
 
     data = photo_like_jpeg()
     image = decode_rgb(data)
-    resized = BAGEL_VIT_TRANSFORM.resize(image)
+    resized = image.resize(BAGEL_VIT_TRANSFORM.output_size(image), Image.Resampling.BICUBIC)
     vit_tensor = BAGEL_VIT_TRANSFORM(image)
     rows: list[tuple[str, float, float | None]] = []
     bagel = import_bagel(args.bagel_repo) if args.bagel_repo else None
@@ -90,8 +151,10 @@ def main() -> None:
     row("decode to RGB (open + to_rgb)", lambda: decode_rgb(data), bagel and bagel_decode)
     row("to tensor, 512² (reference: torchvision's steps)", lambda: BAGEL_VAE_TRANSFORM.to_tensor(image),
         lambda: torchvision_steps(image))
-    row("ViT resize 512² → 518² (PIL bicubic)", lambda: BAGEL_VIT_TRANSFORM.resize(image))
-    row("to tensor, 518²", lambda: BAGEL_VIT_TRANSFORM.to_tensor(resized), lambda: torchvision_steps(resized))
+    row("resize 512² → 518² + to tensor (fused; reference: PIL bicubic, torchvision's steps)",
+        lambda: BAGEL_VIT_TRANSFORM.to_tensor(image, resized.size),
+        lambda: torchvision_steps(image.resize(resized.size, Image.Resampling.BICUBIC)))
+    assert torch.equal(BAGEL_VIT_TRANSFORM.to_tensor(image, resized.size), torchvision_steps(resized))
     row("ViT transform 512² → 518² tensor", lambda: BAGEL_VIT_TRANSFORM(image),
         bagel and (lambda: bagel_vit(image)))
     row("VAE transform 512² → 512² tensor", lambda: BAGEL_VAE_TRANSFORM(image),
@@ -119,6 +182,9 @@ def main() -> None:
           f"({vectorised:.3f} µs per image); scalar resize_shape: {scalar:.1f} µs per image")
     if bagel:
         print("\nReference column: BAGEL's own code where one exists; transform outputs checked bit-equal.")
+    print("\n| JPEG decoder | ms per 512² decode to RGB | pixels equal to PIL's |\n|---|---:|---|")
+    for name, milliseconds, verdict in compare_decoders(args.repeats):
+        print(f"| {name} | {milliseconds:.2f} | {verdict} |")
 
 
 if __name__ == "__main__":

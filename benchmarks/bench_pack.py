@@ -4,15 +4,18 @@ Generates (once, under --workdir) a BAGEL-format corpus of 512² JPEGs (:mod:`mm
 t2i parquet, edit parquet, vlm JSONL + images), builds the mmidx datasets from it, and for t2i,
 edit, vlm and a 1:1:1 mix measures on one thread:
 
-* end-to-end tokens/s of ~32K-token packs: images decoded and transformed, batch tensors built,
-  split metadata instead of masks (flex); and the same plus dense masks built on the CPU (dense);
+* end-to-end tokens per CPU-second of ~32K-token packs (CPU time of the process, so that other
+  load on a shared machine does not count; the wall-clock ratio is printed too): images decoded and
+  transformed, batch tensors built, split metadata instead of masks (flex); and the same plus dense
+  masks built on the CPU (dense);
 * mask build time per pack on the CPU: dense per-sample masks (with an allocate-and-fill of the
   same tensors, the memory floor, in the same run) and the FlexAttention BlockMask;
 * bytes per pack.
 
 With ``--bagel-src DIR`` (a checkout of ByteDance-Seed/Bagel; its ``data`` package is imported
 unmodified) BAGEL's ``PackedDataset`` reads the same raw files with the same tokenizer and
-budgets, in flex and dense mode, and the table shows the ratios. BAGEL needs torchvision (only
+budgets, in flex and dense mode, and the table shows the ratios; then BAGEL's own image transforms
+(real torchvision) are checked bit-identical to mmidx's on the corpus's images. BAGEL needs torchvision (only
 its PIL-based ``ToTensor``/``Normalize``/``resize``), decord and cv2 importable; on a CPU-only
 torch, install them apart and pass ``--bagel-site DIR``:
 ``pip install --target DIR --no-deps torchvision==0.28.0 decord opencv-python-headless pandas``.
@@ -23,6 +26,7 @@ torchvision's Python parts import beside a CPU torch.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import statistics
 import sys
@@ -34,6 +38,7 @@ from typing import Any
 import torch
 import yaml
 from common import machine
+from PIL import Image
 
 from mmidx.config import DataConfig
 from mmidx.demo import BAGEL_GROUPS
@@ -96,13 +101,14 @@ def run_mmidx(datasets: Path, groups: list[str], packs: int) -> dict[str, float]
     for mode, use_flex in (("flex", True), ("dense", False)):
         builder = PackBuilder(config, use_flex=use_flex)
         builder.build(0, items[0])  # warm caches
-        tokens, nbytes, start = 0, 0, time.perf_counter()
+        tokens, nbytes, start, cpu = 0, 0, time.perf_counter(), time.process_time()
         for k in range(packs):
             batch = builder.build(k, items[k])
             data = batch.to_dict()
             tokens += batch.sequence_length
             nbytes += batch_bytes(data)
-        result[f"{mode}_tokens_per_s"] = tokens / (time.perf_counter() - start)
+        result[f"{mode}_tokens_per_s"] = tokens / (time.process_time() - cpu)
+        result[f"{mode}_wall_tokens_per_s"] = tokens / (time.perf_counter() - start)
         result[f"{mode}_mb_per_pack"] = nbytes / packs / 1e6
     builder = PackBuilder(config)
     dense_ms, floor_ms, block_ms = [], [], []
@@ -125,11 +131,17 @@ def run_mmidx(datasets: Path, groups: list[str], packs: int) -> dict[str, float]
     return result
 
 
-def run_bagel(raw: Path, groups: list[str], packs: int, bagel_src: str, bagel_site: str | None) -> dict[str, float]:
+def import_bagel(bagel_src: str, bagel_site: str | None) -> None:
+    """Make BAGEL's ``data`` package importable (and torchvision's Python parts beside a CPU torch)."""
     sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
-    if bagel_site:
+    if bagel_site and bagel_site not in sys.path:
         sys.path.append(bagel_site)
-    sys.path.insert(0, bagel_src)
+    if bagel_src not in sys.path:
+        sys.path.insert(0, bagel_src)
+
+
+def run_bagel(raw: Path, groups: list[str], packs: int, bagel_src: str, bagel_site: str | None) -> dict[str, float]:
+    import_bagel(bagel_src, bagel_site)
     import data.dataset_base as dataset_base  # BAGEL's own, unmodified
     import data.dataset_info as dataset_info_module
     from tokenizers import Tokenizer
@@ -177,16 +189,46 @@ def run_bagel(raw: Path, groups: list[str], packs: int, bagel_src: str, bagel_si
         packed.set_epoch(0)
         iterator = iter(packed)
         next(iterator)  # warm up
-        tokens, nbytes, start = 0, 0, time.perf_counter()
+        tokens, nbytes, start, cpu = 0, 0, time.perf_counter(), time.process_time()
         for _ in range(packs):
             data = next(iterator)
             tokens += data["sequence_length"]
             nbytes += batch_bytes(data)
-        result[f"{mode}_tokens_per_s"] = tokens / (time.perf_counter() - start)
+        result[f"{mode}_tokens_per_s"] = tokens / (time.process_time() - cpu)
+        result[f"{mode}_wall_tokens_per_s"] = tokens / (time.perf_counter() - start)
         result[f"{mode}_mb_per_pack"] = nbytes / packs / 1e6
     return result
 
 
+
+
+def check_pixels(raw: Path, bagel_src: str, bagel_site: str | None) -> int:
+    """BAGEL's ``pil_img2rgb`` + ``ImageTransform`` (real torchvision) against mmidx's decode + transform on the
+    corpus's images, as stored and cut to other sizes, with every group's transforms and several
+    img_num: each output is checked bit-identical; returns how many were compared."""
+    import_bagel(bagel_src, bagel_site)
+    from data.data_utils import pil_img2rgb  # BAGEL's own, unmodified
+    from data.transforms import ImageTransform as BagelTransform
+
+    from mmidx.images import ImageTransform, decode_rgb
+
+    datas = [path.read_bytes() for path in sorted((raw / "vlm" / "images").glob("*.jpg"))[:6]]
+    for index, size in enumerate([(300, 700), (1500, 900), (64, 2000), (1100, 97)]):
+        buffer = io.BytesIO()
+        Image.open(io.BytesIO(datas[index])).resize(size).save(buffer, "JPEG", quality=90)
+        datas.append(buffer.getvalue())
+    arguments = [args for group in BAGEL_GROUPS.values()
+                 for key, args in group.items() if key.endswith("transform_args")]
+    compared = 0
+    for args in arguments:
+        ours, theirs = ImageTransform.from_args(args), BagelTransform(**args)
+        for data in datas:
+            for img_num in (1, 2, 5):
+                expected = theirs(pil_img2rgb(Image.open(io.BytesIO(data))), img_num=img_num)
+                if not torch.equal(ours(decode_rgb(data), img_num=img_num), expected):
+                    raise AssertionError(f"pixels differ from BAGEL's for {args}, img_num={img_num}")
+                compared += 1
+    return compared
 
 
 def main() -> None:
@@ -204,7 +246,7 @@ def main() -> None:
     header = (f"{'mode':<5} {'mmidx flex tok/s':>16} {'mmidx dense tok/s':>17} {'MB/pack':>8} {'dense ms':>9} "
               f"{'fill ms':>8} {'ratio':>6} {'BlockMask ms':>12}")
     if args.bagel_src:
-        header += f" {'BAGEL flex':>11} {'BAGEL dense':>11} {'flex ×':>7} {'dense ×':>8}"
+        header += f" {'BAGEL flex':>11} {'BAGEL dense':>11} {'flex ×':>7} {'dense ×':>8} {'flex × wall':>11}"
     print(header)
     for mode in args.modes.split(","):
         ours = run_mmidx(datasets, MODES[mode], args.packs)
@@ -215,10 +257,17 @@ def main() -> None:
             theirs = run_bagel(raw, MODES[mode], args.packs, args.bagel_src, args.bagel_site)
             line += (f" {theirs['flex_tokens_per_s']:>11,.0f} {theirs['dense_tokens_per_s']:>11,.0f}"
                      f" {ours['flex_tokens_per_s'] / theirs['flex_tokens_per_s']:>7.2f}"
-                     f" {ours['dense_tokens_per_s'] / theirs['dense_tokens_per_s']:>8.2f}")
+                     f" {ours['dense_tokens_per_s'] / theirs['dense_tokens_per_s']:>8.2f}"
+                     f" {ours['flex_wall_tokens_per_s'] / theirs['flex_wall_tokens_per_s']:>11.2f}")
         print(line, flush=True)
+    if args.bagel_src:
+        compared = check_pixels(raw, args.bagel_src, args.bagel_site)
+        print(f"# pixels: {compared} image transforms (every group's, img_num 1/2/5, 512² and cut sizes) "
+              "bit-identical to BAGEL's pil_img2rgb + ImageTransform")
+    print("# tok/s: real tokens (not padding) per second of this process's CPU time, so that other load on a shared")
+    print("# machine does not count; 'flex × wall' is the flex ratio by wall-clock time instead.")
     print("# dense ms: mmidx dense masks of one pack; fill ms: allocating and filling tensors of the same shapes")
-    print("# (the memory floor); ratio = dense / fill. Medians over the packs. tok/s count real tokens, not padding.")
+    print("# (the memory floor); ratio = dense / fill. Medians over the packs.")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ would (workers build batches; the main process receives them, moves them to the 
 deferred images there and builds the masks), and the rates are timed from the first batch on, so
 worker start-up is left out. Then one process builds the same packs with a stage clock
 (:class:`StageClock`) attached to :class:`~mmidx.packing.PackBuilder`, which splits a pack's time
-into read, decode, resize, normalise/patchify, assemble and masks; from its rate follows the number
-of loader cores a given tokens/s needs. Text-only datasets get Megatron GPT samples/s instead.
+into read, decode, resize+normalise/patchify (one fused kernel), assemble and masks; from its rate
+follows the number of loader cores a given tokens/s needs. Text-only datasets get Megatron GPT samples/s instead.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import torch
 from mmidx.config import DataConfig
 from mmidx.dataset import MMIDXDataset
 
-STAGES = ("read", "decode", "resize", "normalise", "assemble", "masks")
-STAGE_LABELS = {"normalise": "normalise/patchify"}
+STAGES = ("read", "decode", "normalise", "assemble", "masks")
+# one fused kernel resizes and normalises/patchifies (mmidx._pixels), so they are one stage
+STAGE_LABELS = {"normalise": "resize+normalise/patchify"}
 MASKS = ("none", "dense", "flex")
 
 

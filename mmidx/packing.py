@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from mmidx.format import FormatError
 from mmidx.images import (
     ImageTransform,
     decode_jpeg_batch,
-    decode_rgb,
+    decode_rgb_pixels,
     patchify,
     position_ids_extrapolate,
     position_ids_interpolate,
@@ -132,28 +134,23 @@ def _output_size(transform: ImageTransform, width: int, height: int, img_num: in
 
 
 class _Pixels:
-    """Resized uint8 pixels of one pack's images: each stored image is decoded once, each size made once."""
+    """Decoded RGB pixels of one pack's images: each stored image is decoded once, however many elements use it."""
 
     def __init__(self, stage: Stage = _untimed) -> None:
-        self.decoded: dict[tuple[int, ...], Any] = {}
-        self.resized: dict[tuple[Any, ...], np.ndarray] = {}
+        self.decoded: dict[tuple[int, ...], np.ndarray] = {}
         self.stage = stage
 
     def __call__(self, job: _ImageJob) -> np.ndarray:
-        """The (H, W, 3) uint8 pixels of ``job``."""
-        resized_key = (job.key, job.transform, job.img_num)
-        if resized_key not in self.resized:
-            if job.key not in self.decoded:
-                with self.stage("decode"):
-                    self.decoded[job.key] = decode_rgb(job.sample.image(job.key[3]).data)
-            with self.stage("resize"):
-                pixels = job.transform.resized_pixels(self.decoded[job.key], job.img_num)
-            if pixels.shape[:2] != (job.height, job.width):
-                raise FormatError(f"image {job.key[3]} of sample {job.key[2]} decodes to {pixels.shape[1]}x"
-                                  f"{pixels.shape[0]} after resizing, but its probed size gives {job.width}x"
-                                  f"{job.height}: the dataset's image table does not match the image")
-            self.resized[resized_key] = pixels
-        return self.resized[resized_key]
+        """The (H, W, 3) uint8 pixels of the stored image of ``job``, before resizing."""
+        if job.key not in self.decoded:
+            with self.stage("decode"):
+                self.decoded[job.key] = decode_rgb_pixels(job.sample.image(job.key[3]).data)
+        pixels = self.decoded[job.key]
+        if _output_size(job.transform, pixels.shape[1], pixels.shape[0], job.img_num) != (job.height, job.width):
+            raise FormatError(f"image {job.key[3]} of sample {job.key[2]} decodes to {pixels.shape[1]}x"
+                              f"{pixels.shape[0]}, which resizes to another size than its probed size gives "
+                              f"({job.width}x{job.height}): the dataset's image table does not match the image")
+        return pixels
 
 
 class PackBuilder:
@@ -360,26 +357,63 @@ _MADV_HUGEPAGE = 14
 _PAGE = 4096
 
 
-def _batch_buffer(*shape: int) -> torch.Tensor:
-    """An uninitialised float32 CPU tensor for a large batch key, backed by transparent huge pages.
+class _BufferPool:
+    """Float32 buffers for the large batch keys, reused once no batch uses them any more.
 
     A fresh buffer of tens of MB is mmapped by the allocator, and filling it is dominated by its
-    first-touch page faults: 2.2 ms per 512² image with 4 KiB pages, 0.6 ms with 2 MiB ones (measured
-    here). ``madvise(MADV_HUGEPAGE)`` on just this buffer, before it is touched, asks the kernel for
-    huge pages; where that is unavailable nothing changes.
+    first-touch page faults, the kernel zeroing every page (2.2 ms per 512² image with 4 KiB pages,
+    0.6 ms with 2 MiB ones, measured here; ``madvise(MADV_HUGEPAGE)`` asks for the latter). A reused
+    buffer is faulted in already. Buffers are numpy arrays handed out as tensors viewing them: every
+    tensor, view or array derived from a batch key keeps its buffer referenced (a copy moved to shared
+    memory by a DataLoader worker lets it go), so a buffer whose only references are the pool's is
+    free. At most ``size`` buffers are kept; when all are in use, a new unpooled one is made.
     """
-    tensor = torch.empty(*shape)
-    if _MADVISE is not None and tensor.nbytes >= 2 << 20:
-        start = -(-tensor.data_ptr() // _PAGE) * _PAGE
-        end = (tensor.data_ptr() + tensor.nbytes) // _PAGE * _PAGE
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self.buffers: list[np.ndarray] = []
+        self.lock = threading.Lock()
+
+    def take(self, *shape: int) -> torch.Tensor:
+        """An uninitialised float32 CPU tensor of ``shape``."""
+        count = math.prod(shape)
+        with self.lock:
+            # Unused: referenced only by the pool's list and by getrefcount's own argument.
+            free = [i for i in range(len(self.buffers)) if sys.getrefcount(self.buffers[i]) == 2]
+            fitting = [i for i in free if self.buffers[i].size >= count]
+            if fitting:
+                buffer = self.buffers[fitting[0]]
+            else:
+                buffer = _huge_pages(np.empty(count, np.float32))
+                if free:
+                    self.buffers[free[0]] = buffer  # replace a free buffer that is too small
+                elif len(self.buffers) < self.size:
+                    self.buffers.append(buffer)
+        return torch.from_numpy(buffer[:count]).view(shape)
+
+
+def _huge_pages(array: np.ndarray) -> np.ndarray:
+    """``array`` (not touched yet), with the kernel asked to back it by transparent huge pages where it can."""
+    if _MADVISE is not None and array.nbytes >= 2 << 20:
+        start = -(-array.ctypes.data // _PAGE) * _PAGE
+        end = (array.ctypes.data + array.nbytes) // _PAGE * _PAGE
         _MADVISE(start, end - start, _MADV_HUGEPAGE)
-    return tensor
+    return array
+
+
+_BUFFERS = _BufferPool()
+
+
+def _batch_buffer(*shape: int) -> torch.Tensor:
+    """An uninitialised float32 CPU tensor for a large batch key, from the process's pool (``_BufferPool``)."""
+    return _BUFFERS.take(*shape)
 
 
 def _padded_images(jobs: list[_ImageJob], pixels: _Pixels) -> torch.Tensor:
     """BAGEL's ``padded_images``: (n, 3, max H, max W) float32, each image top-left, zeros elsewhere.
 
-    Written in place: only the padding is zeroed, and each image is normalised straight into its slot.
+    Written in place: only the padding is zeroed, and each image is resized and normalised straight into
+    its slot in one pass.
     """
     height, width = max(job.height for job in jobs), max(job.width for job in jobs)
     padded = _batch_buffer(len(jobs), 3, height, width)
@@ -392,11 +426,11 @@ def _padded_images(jobs: list[_ImageJob], pixels: _Pixels) -> torch.Tensor:
 
 def _vit_tokens(jobs: list[_ImageJob], counts: list[int], patch: int, pixels: _Pixels) -> torch.Tensor:
     """``packed_vit_tokens``: every image's patches (row-major; inside a patch (row, column, channel)),
-    normalised straight from the uint8 pixels into their rows of one buffer (BAGEL's ``patchify``)."""
+    resized and normalised straight from the decoded pixels into their rows of one buffer (BAGEL's ``patchify``)."""
     tokens = _batch_buffer(sum(counts), patch * patch * 3)
     start = 0
     for job, count in zip(jobs, counts, strict=True):
-        job.transform.patches_into(pixels(job), tokens[start:start + count], patch)
+        job.transform.patches_into(pixels(job), tokens[start:start + count], patch, job.height, job.width)
         start += count
     return tokens
 
