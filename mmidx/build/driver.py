@@ -91,4 +91,5 @@ def _node_report(options: BuildOptions, shards: str, reports: list[dict], reused
     totals["seconds"]["wall"] = time.perf_counter() - started
     return BuildReport({**totals, "output": shards, "units": len(reports), "reused_units": reused, "ok": True,
                         "message": f"node {options.node_rank} of {options.num_nodes} built its {len(reports)} units; "
-                                   f"once every node is done: mmidx merge {options.output} SHARD_FOLDER..."})
+                                   f"once every node is done: mmidx merge OUTPUT {shards} (and the other nodes' "
+                                   "shard folders, unless they share this one)"})

@@ -74,6 +74,7 @@ def merge_into(output: str | os.PathLike, inputs: list[str | os.PathLike], *,
     if not inputs:
         raise BuildError("give at least one input")
     plans = [read_json(Path(item, PLAN_NAME)) if Path(item).is_dir() else None for item in inputs]
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
     with output_lock(output, "merge"):
         if all(plan is not None for plan in plans):
             return _merge_shard_sets(output, [os.fspath(item) for item in inputs], plans, max_skip_rate, started)
