@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -121,14 +121,27 @@ class _HashingWriter:
     def write(self, data: bytes | memoryview | np.ndarray) -> None:
         view = memoryview(data).cast("B")
         self.digest.update(view)
-        self.stream.write(view)
+        with errors_naming(self.path):
+            self.stream.write(view)
         self.size += len(view)
 
     def close(self) -> None:
         if not self.stream.closed:
-            self.stream.flush()
-            os.fsync(self.stream.fileno())
-            self.stream.close()
+            with errors_naming(self.path):
+                self.stream.flush()
+                os.fsync(self.stream.fileno())
+                self.stream.close()
+
+
+@contextlib.contextmanager
+def errors_naming(path: str | os.PathLike) -> Iterator[None]:
+    """Let an OSError of the block (disk full, I/O error) name ``path``: the kernel's write errors name no file."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror or str(error), os.fspath(path)) from error
 
 
 def _partial(prefix: str, role: str) -> Path:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from mmidx.build.plan import BuildError
+from mmidx.builder import errors_naming
 
 _held: set[int] = set()  # lock descriptors of this process, closed in forked children (they never hold a lock)
 
@@ -54,8 +55,9 @@ def output_lock(prefix: str | os.PathLike, what: str = "build") -> Iterator[None
         os.close(fd)  # the holder removed the file between our open and flock: lock the new one
     _held.add(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "what": what}).encode())
+        with errors_naming(path):
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "what": what}).encode())
         yield
     finally:
         _held.discard(fd)

@@ -19,6 +19,7 @@ from typing import Any
 
 from mmidx import __version__
 from mmidx import format as fmt
+from mmidx.builder import errors_naming
 from mmidx.dataset import MMIDXDataset
 from mmidx.format import FormatError
 from mmidx.sources import SourceOptions, WorkUnit, get_source
@@ -116,7 +117,7 @@ def write_json(path: str | os.PathLike, obj: dict[str, Any]) -> None:
     path = Path(path)
     temporary = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")  # nodes may share it
     try:
-        with open(temporary, "w") as stream:
+        with errors_naming(temporary), open(temporary, "w") as stream:
             json.dump(obj, stream, indent=1, sort_keys=True)
             stream.write("\n")
             stream.flush()
