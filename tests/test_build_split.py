@@ -2,6 +2,8 @@
 
 import json
 import random
+import subprocess
+import sys
 
 import pytest
 from build_cases import build_command, same_dataset_files
@@ -65,3 +67,9 @@ def test_merge_of_whole_datasets_concatenates_them_and_refuses_mixed_kinds(tmp_p
     assert cli.main(["merge", str(tmp_path / "mixed"), str(tmp_path / "t2i"), str(tmp_path / "text")]) == 1
     assert "their kind differ ('text' vs 'multimodal')" in capsys.readouterr().err
     assert not (tmp_path / "mixed.idx").exists()
+
+
+def test_the_library_never_imports_the_command_line_and_ray_only_when_asked_for():
+    code = ("import sys, mmidx.build, mmidx.demo; "
+            "assert 'mmidx.cli' not in sys.modules and 'ray' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
