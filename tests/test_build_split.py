@@ -1,6 +1,7 @@
 """A build split over nodes (``--num-nodes``) and joined by ``mmidx merge`` equals one build, byte for byte."""
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -72,4 +73,5 @@ def test_merge_of_whole_datasets_concatenates_them_and_refuses_mixed_kinds(tmp_p
 def test_the_library_never_imports_the_command_line_and_ray_only_when_asked_for():
     code = ("import sys, mmidx.build, mmidx.demo; "
             "assert 'mmidx.cli' not in sys.modules and 'ray' not in sys.modules, sorted(sys.modules)")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
