@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="session")
 def cluster():
-    context = ray.init(num_cpus=2, log_to_driver=False, configure_logging=False)
+    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield context.address_info["gcs_address"]
     ray.shutdown()
 

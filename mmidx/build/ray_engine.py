@@ -59,7 +59,8 @@ class RayEngine:
         ray = import_ray()
         started_here = not ray.is_initialized()
         if started_here:
-            local = {} if self.address else {"num_cpus": self.workers}
+            # a cluster of its own: the CPUs asked for, and no dashboard taking cycles from the build
+            local = {} if self.address else {"num_cpus": self.workers, "include_dashboard": False}
             ray.init(address=self.address, log_to_driver=False, configure_logging=False, **local)
         try:
             return self._run(ray, plan, todo, progress)
