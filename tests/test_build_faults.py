@@ -75,7 +75,7 @@ def test_workers_die_with_a_killed_build_and_the_rerun_is_byte_identical(t2i_inp
                "--quiet"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     build = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while not list(Path(f"{output}.shards").glob("?????/report.json")) and time.monotonic() < deadline:
         time.sleep(0.002)
     workers = _descendants(build.pid)
