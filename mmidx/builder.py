@@ -7,10 +7,11 @@ hashed as they are written, so finalizing costs one pass over the small index ar
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -120,14 +121,27 @@ class _HashingWriter:
     def write(self, data: bytes | memoryview | np.ndarray) -> None:
         view = memoryview(data).cast("B")
         self.digest.update(view)
-        self.stream.write(view)
+        with errors_naming(self.path):
+            self.stream.write(view)
         self.size += len(view)
 
     def close(self) -> None:
         if not self.stream.closed:
-            self.stream.flush()
-            os.fsync(self.stream.fileno())
-            self.stream.close()
+            with errors_naming(self.path):
+                self.stream.flush()
+                os.fsync(self.stream.fileno())
+                self.stream.close()
+
+
+@contextlib.contextmanager
+def errors_naming(path: str | os.PathLike) -> Iterator[None]:
+    """Let an OSError of the block (disk full, I/O error) name ``path``: the kernel's write errors name no file."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror or str(error), os.fspath(path)) from error
 
 
 def _partial(prefix: str, role: str) -> Path:
@@ -194,11 +208,13 @@ class _DatasetWriter:
         return Path(self.prefix)
 
     def abort(self) -> None:
-        """Close and delete the partial files."""
-        for writer in (self.tokens, self.images):
-            if writer is not None:
-                writer.stream.close()
-        remove_partial_files(self.prefix)
+        """Close and delete the partial files (best effort: it runs while another error is on its way up)."""
+        with contextlib.suppress(OSError):  # closing flushes the buffer, which fails again on a full disk
+            for writer in (self.tokens, self.images):
+                if writer is not None:
+                    writer.stream.close()
+        with contextlib.suppress(OSError):
+            remove_partial_files(self.prefix)
 
 
 class DatasetBuilder:
@@ -360,7 +376,9 @@ def merge_datasets(prefixes: Iterable[str | os.PathLike], output_prefix: str | o
 
     Time and memory are proportional to the index arrays: token and image bytes are streamed file
     to file, and every offset array is shifted with one vectorised operation per input. Element
-    payloads are local to their sample and so are copied unchanged.
+    payloads are local to their sample and so are copied unchanged. With ``build_config`` the inputs
+    are the shards of one build and the result records that build; without, it records the inputs
+    (``merged_from``) and the first one's build.
     """
     from mmidx.dataset import MMIDXDataset
 
@@ -369,10 +387,11 @@ def merge_datasets(prefixes: Iterable[str | os.PathLike], output_prefix: str | o
         raise ValueError("merge_datasets needs at least one dataset")
     first = parts[0]
     for part in parts[1:]:
-        for key in ("kind", "token_dtype", "tokenizer", "special_tokens"):
-            if getattr(part, key) != getattr(first, key):
+        for key in ("kind", "token_dtype", "tokenizer", "special_tokens", "format_version"):
+            mine, theirs = _merge_key(part, key), _merge_key(first, key)
+            if mine != theirs:
                 raise ValueError(f"cannot merge {part.prefix} into {first.prefix}: their {key} differ "
-                                 f"({getattr(part, key)!r} vs {getattr(first, key)!r})")
+                                 f"({mine!r} vs {theirs!r})")
     writer = _DatasetWriter(output_prefix, first.kind, first.token_dtype)
     try:
         for part in parts:
@@ -413,13 +432,22 @@ def merge_datasets(prefixes: Iterable[str | os.PathLike], output_prefix: str | o
             counts.update(views=len(plan["view_element_offsets"]) - 1, elements=len(plan["elements"]),
                           images=len(plan["image_info"]), image_bytes=int(plan["image_offsets"][-1]))
         meta = {"tokenizer": first.tokenizer, "special_tokens": first.special_tokens, "sources": sources,
-                "counts": counts,
-                "build": build_config if build_config is not None else (first.metadata or {}).get("build", {}),
-                "merged_from": [os.fspath(part.prefix) for part in parts]}
+                "counts": counts}
+        if build_config is not None:  # the shards of one build: the result is that build's dataset
+            meta["build"] = build_config
+        else:
+            meta.update(build=(first.metadata or {}).get("build", {}),
+                        merged_from=[os.fspath(part.prefix) for part in parts])
         return writer.commit(lengths, documents, plan, meta)
     except BaseException:
         writer.abort()
         raise
+
+
+def _merge_key(dataset: Any, key: str) -> Any:
+    if key == "format_version":
+        return (dataset.metadata or {}).get("format_version", "megatron")
+    return getattr(dataset, key)
 
 
 def _concatenate_offsets(offset_arrays: list[np.ndarray]) -> np.ndarray:

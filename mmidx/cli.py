@@ -1,4 +1,4 @@
-"""The ``mmidx`` command line: build, index, inspect, verify, show, demo.
+"""The ``mmidx`` command line: build, merge, index, inspect, verify, show, demo.
 
 Each subcommand is a small function taking the parsed arguments and returning an exit code;
 ``main`` only wires them to argparse.
@@ -87,7 +87,7 @@ Commands = Any  # the object argparse's add_subparsers returns
 
 def add_command(commands: Commands, name: str, handler: Callable[[argparse.Namespace], int],
                 help: str) -> argparse.ArgumentParser:
-    """Register subcommand ``name``; modules that own a command call this from their ``register``."""
+    """Register subcommand ``name``."""
     sub = commands.add_parser(name, help=help, description=help)
     sub.set_defaults(handler=handler)
     return sub
@@ -277,17 +277,159 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("output", help="folder to write (created; must not hold files already)")
 
 
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(part for part in value.split(",") if part)
+
+
+def _source_options(args: argparse.Namespace) -> Any:
+    from mmidx.sources import SourceOptions
+
+    return SourceOptions(
+        views=args.views, seed=args.seed, image_root=args.image_root, max_image_size=args.max_image_size,
+        max_image_pixels=args.max_image_pixels, min_frames=args.min_frames, max_frames=args.max_frames,
+        text_key=args.text_key, extra_keys=args.extra_keys, prompt_key=args.prompt_key,
+        caption_key=args.caption_key, rows_per_shard=args.rows_per_shard, bytes_per_shard=args.bytes_per_shard)
+
+
+def _os_error_line(error: OSError) -> str:
+    """An OSError as one line: the path and the cause (disk full, read-only, permission denied...)."""
+    if error.filename is None:
+        return str(error.strerror or error)
+    return f"{error.filename}: {error.strerror or error}"
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """``mmidx build``: one source into one dataset, or every group of a BAGEL data config."""
+    from mmidx.build import BuildError, BuildOptions, build_dataset, build_from_config
+    from mmidx.sources import SourceError
+    from mmidx.tokenizer import TokenizerError
+
+    single = (args.source, args.input, args.output)
+    multi = (args.config, args.dataset_info, args.output_dir)
+    if not (all(single) and not any(multi)) and not (all(multi) and not any(single)):
+        print("mmidx build: give either --source, --input and --output, or --config, --dataset-info and "
+              "--output-dir", file=sys.stderr)
+        return 2
+    settings = {"tokenizer": args.tokenizer, "workers": args.workers, "max_skip_rate": args.max_skip_rate,
+                "progress": not args.quiet, "engine": args.engine, "ray_address": args.ray_address}
+    try:
+        if all(single):
+            reports = [build_dataset(BuildOptions(args.source, tuple(args.input), output=args.output,
+                                                  source_options=_source_options(args), num_nodes=args.num_nodes,
+                                                  node_rank=args.node_rank, **settings))]
+        elif args.num_nodes != 1:
+            print("mmidx build: --num-nodes builds one --source/--input/--output; split a --config build by "
+                  "giving each node its own groups", file=sys.stderr)
+            return 2
+        else:
+            reports = build_from_config(args.config, args.dataset_info, args.output_dir,
+                                        source_options=_source_options(args), **settings)
+    except (BuildError, SourceError, TokenizerError, ValueError) as error:
+        print(f"mmidx build: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"mmidx build: {_os_error_line(error)}", file=sys.stderr)
+        return 1
+    for report in reports:
+        print(report.summary())
+    return 0 if all(report.ok for report in reports) else 1
+
+
+def _register_build(commands: Commands) -> None:
+    from mmidx.sources import SOURCE_NAMES, SourceOptions
+
+    defaults = SourceOptions()
+    sub = add_command(commands, "build", cmd_build,
+                      "Build an mmidx dataset from raw sources (t2i/edit parquet, VLM/chat/text JSONL, RL prompt "
+                      "files, WebDataset tars), or every group of a BAGEL data config.")
+    sub.add_argument("--source", choices=SOURCE_NAMES, help="the kind of input")
+    sub.add_argument("--input", nargs="+", action="extend", help="input files or folders (local or pyarrow URIs)")
+    sub.add_argument("--output", help="output dataset prefix (a report goes to PREFIX.report.json)")
+    sub.add_argument("--config", help="BAGEL data config (data/configs/*.yaml shape)")
+    sub.add_argument("--dataset-info", help="YAML mapping group → dataset name → data_dir / jsonl_path")
+    sub.add_argument("--output-dir", help="folder for the datasets of --config and their data.yaml")
+    sub.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer directory or cached name")
+    sub.add_argument("--views", type=int, default=defaults.views, help="views (augmentations) per sample")
+    sub.add_argument("--workers", type=int, default=1,
+                     help="worker processes (--engine ray: CPUs of the local cluster it starts)")
+    sub.add_argument("--engine", choices=("local", "ray"), default="local",
+                     help="run the work units in local processes or as tasks of a Ray cluster (pip install "
+                          "\"mmidx[ray]\")")
+    sub.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a new local one)")
+    sub.add_argument("--num-nodes", type=int, default=1,
+                     help="split the units over this many nodes; each builds its share, then mmidx merge")
+    sub.add_argument("--node-rank", type=int, default=0, help="this node's number in 0..num-nodes-1")
+    sub.add_argument("--seed", type=int, default=defaults.seed, help="seed of every random draw")
+    sub.add_argument("--image-root", help="folder that image and video names in JSONL rows are relative to")
+    sub.add_argument("--max-image-size", type=int, help="downsize and re-encode images whose long edge is larger")
+    sub.add_argument("--max-image-pixels", type=int,
+                     help="refuse images with more pixels (decompression bombs; default 2^27)")
+    sub.add_argument("--max-skip-rate", type=float, default=0.01,
+                     help="fail when a larger fraction of the rows is skipped (default 0.01)")
+    sub.add_argument("--min-frames", type=int, default=defaults.min_frames, help="fewest frames drawn per video")
+    sub.add_argument("--max-frames", type=int, default=defaults.max_frames, help="most frames drawn per video")
+    sub.add_argument("--text-key", default=defaults.text_key, help="JSON field of a text document")
+    sub.add_argument("--extra-keys", type=_csv, default=(),
+                     help="chat: comma-separated fields placed before the conversation, without loss")
+    sub.add_argument("--prompt-key", default=defaults.prompt_key, help="prompts: JSON field of the prompt")
+    sub.add_argument("--caption-key", default=defaults.caption_key, help="wds: caption field of .json members")
+    sub.add_argument("--rows-per-shard", type=int, default=defaults.rows_per_shard,
+                     help="parquet rows per work unit (row groups are never split)")
+    sub.add_argument("--bytes-per-shard", type=int, default=defaults.bytes_per_shard,
+                     help="JSONL bytes per work unit (cut at line starts)")
+    sub.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    """``mmidx merge``: the shard folders of a build split over nodes, or whole datasets, into one."""
+    from mmidx.build import BuildError, merge_into
+
+    try:
+        report = merge_into(args.output, args.input, max_skip_rate=args.max_skip_rate)
+    except (BuildError, ValueError) as error:
+        print(f"mmidx merge: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"mmidx merge: {_os_error_line(error)}", file=sys.stderr)
+        return 1
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def _register_merge(commands: Commands) -> None:
+    sub = add_command(commands, "merge", cmd_merge,
+                      "Merge the shard folders (OUTPUT.shards) of a build split with --num-nodes, named in any "
+                      "order, into its dataset; or concatenate whole datasets of one kind and tokenizer.")
+    sub.add_argument("output", help="output dataset prefix")
+    sub.add_argument("input", nargs="+", help="shard folders of one build, or dataset prefixes")
+    sub.add_argument("--max-skip-rate", type=float, default=0.01,
+                     help="shard folders: fail when a larger fraction of the rows was skipped (default 0.01)")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from mmidx.demo import format_summary, run
+
+    result = run(args.workdir, quick=args.quick)
+    print(format_summary(result))
+    return 0 if not result["problems"] and all(r.ok for r in result["reports"]) else 1
+
+
+def _register_demo(commands: Commands) -> None:
+    sub = add_command(commands, "demo", cmd_demo,
+                      "Generate BAGEL-style sample data, build, index and pack it, and print a summary.")
+    sub.add_argument("--workdir", default="mmidx-demo", help="folder for the generated data and outputs")
+    sub.add_argument("--quick", action="store_true", help="a smaller corpus (for tests)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmidx", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    from mmidx import build, demo  # they register through add_command, so they import this module
-
-    # Each module that owns a command registers it here (one line each).
     _register_inspect_and_verify(commands)
     _register_index_and_show(commands)
     _register_toolkit(commands)
-    build.register(commands)
-    demo.register(commands)
+    _register_build(commands)
+    _register_merge(commands)
+    _register_demo(commands)
     return parser
 
 

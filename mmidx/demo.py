@@ -8,15 +8,12 @@ verifies every dataset, and prints what happened and how fast.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-
-from mmidx.cli import Commands, add_command
 
 BAGEL_GROUPS = {
     "t2i_pretrain": {"dataset_names": ["t2i"], "is_mandatory": True, "weight": 1,
@@ -105,16 +102,3 @@ def format_summary(result: dict[str, Any]) -> str:
     lines.append(f"  next      mmidx inspect {result['reports'][0].data['output']}")
     lines.append(f"            mmidx show {data_yaml} --pack 0 -o pack.png")
     return "\n".join(lines)
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    result = run(args.workdir, quick=args.quick)
-    print(format_summary(result))
-    return 0 if not result["problems"] and all(r.ok for r in result["reports"]) else 1
-
-
-def register(commands: Commands) -> None:
-    sub = add_command(commands, "demo", cmd_demo,
-                      "Generate BAGEL-style sample data, build, index and pack it, and print a summary.")
-    sub.add_argument("--workdir", default="mmidx-demo", help="folder for the generated data and outputs")
-    sub.add_argument("--quick", action="store_true", help="a smaller corpus (for tests)")

@@ -30,10 +30,14 @@ def _png_claiming(width, height):
     return bytes(data)
 
 
-def _assert_skipped(report, reason, rows, path):
+def _assert_skipped(report, reason, rows, path, lines=None):
+    """``rows`` skipped; JSONL inputs report them by ``lines``, 1-based, as editors number lines."""
     entry = report.data["skips"][reason]
     assert entry["count"] == len(rows)
-    assert [(e["file"], e["row"]) for e in entry["examples"]] == [(str(path), row) for row in rows[:5]]
+    if lines is None:
+        assert [(e["file"], e["row"]) for e in entry["examples"]] == [(str(path), row) for row in rows[:5]]
+    else:
+        assert [(e["file"], e["line"]) for e in entry["examples"]] == [(str(path), line) for line in lines[:5]]
     assert all(e["detail"] for e in entry["examples"])
     assert report.data["skipped"] == len(rows)
 
@@ -120,38 +124,38 @@ def _vlm_case(tmp_path, bad_rows, bad_line):
 
 def test_invalid_json_line(tmp_path):
     report, path = _vlm_case(tmp_path, [0, 3], '{"image": "img.png", "conversations": [')
-    _assert_skipped(report, "invalid_json", [0, 3], path)
+    _assert_skipped(report, "invalid_json", [0, 3], path, lines=[1, 4])
 
 
 def test_missing_image_file(tmp_path):
     report, path = _vlm_case(tmp_path, [2], {"image": ["img.png", "gone.png"], "conversations": GOOD_TURNS})
-    _assert_skipped(report, "missing_file", [2], path)
+    _assert_skipped(report, "missing_file", [2], path, lines=[3])
 
 
 def test_missing_video_file(tmp_path):
     turns = [{"from": "human", "value": "<video>"}, {"from": "gpt", "value": "ok"}]
     report, path = _vlm_case(tmp_path, [4], {"video": "gone.mp4", "conversations": turns})
-    _assert_skipped(report, "missing_file", [4], path)
+    _assert_skipped(report, "missing_file", [4], path, lines=[5])
 
 
 def test_undecodable_video(tmp_path):
     (tmp_path / "broken.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"garbage" * 50)
     turns = [{"from": "human", "value": "<video>"}, {"from": "gpt", "value": "ok"}]
     report, path = _vlm_case(tmp_path, [1], {"video": "broken.mp4", "conversations": turns})
-    _assert_skipped(report, "undecodable_video", [1], path)
+    _assert_skipped(report, "undecodable_video", [1], path, lines=[2])
 
 
 @pytest.mark.parametrize("turns", [[{"from": "human", "value": "<image> only a question"}],
                                    [{"from": "human", "value": "<image> q"}, {"from": "gpt", "value": ""}]])
 def test_conversation_without_a_loss_bearing_turn(tmp_path, turns):
     report, path = _vlm_case(tmp_path, [1], {"image": "img.png", "conversations": turns})
-    _assert_skipped(report, "no_loss_turn", [1], path)
+    _assert_skipped(report, "no_loss_turn", [1], path, lines=[2])
 
 
 def test_empty_text(tmp_path):
     path = write_jsonl(tmp_path / "docs.jsonl", [{"text": "kept one"}, {"text": ""}, {"text": "kept two"}])
     dataset, report = build("text", [path], tmp_path / "out")
-    _assert_skipped(report, "empty_text", [1], path)
+    _assert_skipped(report, "empty_text", [1], path, lines=[2])
     assert [dataset[i].text(0).tolist()[:-1] for i in range(2)] == [encode("kept one"), encode("kept two")]
 
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from fixtures_sources import build, image_bytes, tokenizer_dir, write_parquet
 
-import mmidx.build
+import mmidx.build.merge
 from mmidx.dataset import MMIDXDataset
 from mmidx.format import FormatError, file_path
 
@@ -67,7 +67,7 @@ def test_a_finished_build_is_not_rebuilt_and_leaves_no_shards(inputs, tmp_path):
 def test_a_crash_in_the_merge_leaves_no_dataset_and_the_rerun_reuses_every_shard(inputs, serial, tmp_path,
                                                                                    monkeypatch):
     with monkeypatch.context() as patch:
-        patch.setattr(mmidx.build, "merge_datasets", _crashing_merge)
+        patch.setattr(mmidx.build.merge, "merge_datasets", _crashing_merge)
         with pytest.raises(OSError, match="disk full"):
             build("t2i", inputs, tmp_path / "out", views=2, rows_per_shard=4)
     with pytest.raises(FormatError):
@@ -80,7 +80,7 @@ def test_a_crash_in_the_merge_leaves_no_dataset_and_the_rerun_reuses_every_shard
 def test_shards_of_a_changed_input_are_rebuilt(inputs, tmp_path, monkeypatch):
     copies = [_t2i_file(tmp_path / "a.parquet", 24, seed=1), _t2i_file(tmp_path / "b.parquet", 10, seed=2)]
     with monkeypatch.context() as patch:
-        patch.setattr(mmidx.build, "merge_datasets", _crashing_merge)
+        patch.setattr(mmidx.build.merge, "merge_datasets", _crashing_merge)
         with pytest.raises(OSError, match="disk full"):
             build("t2i", copies, tmp_path / "out", rows_per_shard=4)
     time.sleep(0.01)
@@ -108,12 +108,12 @@ def test_a_build_killed_mid_way_resumes_to_exactly_the_expected_samples(serial, 
     process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
     shards = tmp_path / "out.shards"
     deadline = time.monotonic() + 60
-    while not list(shards.glob("*.report.json")) and process.poll() is None and time.monotonic() < deadline:
+    while not list(shards.glob("?????/report.json")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
     assert process.poll() is None, f"the build ended (exit {process.returncode}) before it could be killed"
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    finished = len(list(shards.glob("*.report.json")))
+    finished = len(list(shards.glob("?????/report.json")))
     assert 1 <= finished < 34, "the kill did not land mid-way"
     with pytest.raises(FormatError):
         MMIDXDataset(tmp_path / "out")

@@ -2,6 +2,7 @@
 
 import io
 import itertools
+import json
 import os
 import random
 
@@ -11,6 +12,7 @@ import pytest
 from fixtures_sources import build, decoded, image_bytes, pyav_frames, write_jsonl
 from PIL import Image
 
+from mmidx.format import FormatError
 from mmidx.sources import SourceContext, SourceOptions, media
 from mmidx.sources.media import frame_indices, frame_sampler_options
 
@@ -149,9 +151,11 @@ def test_a_build_stores_the_frames_bagels_sampler_picks(clip, tmp_path, sample, 
 
 def test_a_fix_start_past_the_last_frame_skips_the_row(clip, tmp_path):
     _, jsonl = clip
-    _, report = build("vlm", [jsonl], tmp_path / "out", min_frames=2, max_frames=2, frame_sample="middle",
-                      frame_fix_start=15)
-    (skip,) = report.data["skips"]["undecodable_video"]["examples"]
+    with pytest.raises(FormatError, match="no dataset here"):  # its only row skipped: nothing is left that opens
+        build("vlm", [jsonl], tmp_path / "out", min_frames=2, max_frames=2, frame_sample="middle",
+              frame_fix_start=15)
+    report = json.loads((tmp_path / "out.report.json").read_text())
+    (skip,) = report["skips"]["undecodable_video"]["examples"]
     assert "sampling 'middle' gives frames [15, 25] of 20" in skip["detail"]
 
 

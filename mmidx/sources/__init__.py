@@ -46,6 +46,12 @@ SKIP_REASONS = {
     "unreadable_file": "input file that cannot be opened or read to its end",
 }
 
+WARNING_REASONS = {
+    "image_placeholder_mismatch": "LLaVA row whose <image> count differs from its image count; built BAGEL's way "
+                                  "(images beyond the placeholders are not placed, placeholders beyond the images "
+                                  "are dropped)",
+}
+
 
 def pil_pixel_limit() -> int:
     """The pixel count above which PIL itself refuses to open an image (2 × ``Image.MAX_IMAGE_PIXELS``)."""
@@ -119,6 +125,7 @@ class WorkUnit:
     first_row: int = 0
     rows: int | None = None  # rows in the unit, when the file's metadata says so
     identity: str = ""  # size and modification time of the file when planned (reruns compare it)
+    line_based: bool = False  # rows are line numbers (reported 1-based, as editors show them)
 
     @property
     def label(self) -> str:
@@ -135,6 +142,7 @@ class SourceSample:
     images: list[StoredImage]
     views: list[list[Element]]
     extra: dict[str, Any] | None = None
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (key of WARNING_REASONS, detail): built
 
 
 @dataclass

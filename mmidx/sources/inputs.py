@@ -122,7 +122,7 @@ def parquet_units(paths: Sequence[str], rows_per_shard: int) -> list[WorkUnit]:
             with fs.open_input_file(path) as stream:
                 metadata = pq.ParquetFile(stream).metadata
         except Exception:
-            units.append(WorkUnit(location, identity=identity))
+            units.append(WorkUnit(location, identity=identity, line_based=True))
             continue
         start, first_row, rows = 0, 0, 0
         for group in range(metadata.num_row_groups):
@@ -177,7 +177,7 @@ def jsonl_units(paths: Sequence[str], bytes_per_shard: int) -> list[WorkUnit]:
         fs, path = filesystem(location)
         size = fs.get_file_info(path).size
         if size <= bytes_per_shard:
-            units.append(WorkUnit(location, identity=identity))
+            units.append(WorkUnit(location, identity=identity, line_based=True))
             continue
         start, first_row, lines, position, target = 0, 0, 0, 0, bytes_per_shard
         with fs.open_input_stream(path) as stream:
@@ -189,13 +189,13 @@ def jsonl_units(paths: Sequence[str], bytes_per_shard: int) -> list[WorkUnit]:
                         break
                     lines += chunk.count(b"\n", offset, cut + 1)
                     end = position + cut + 1
-                    units.append(WorkUnit(location, start, end, first_row, None, identity))
+                    units.append(WorkUnit(location, start, end, first_row, None, identity, line_based=True))
                     start, first_row, offset = end, lines, cut + 1
                     target = end + bytes_per_shard
                 lines += chunk.count(b"\n", offset)
                 position += len(chunk)
         if start < size:
-            units.append(WorkUnit(location, start, size, first_row, None, identity))
+            units.append(WorkUnit(location, start, size, first_row, None, identity, line_based=True))
     return units
 
 

@@ -97,8 +97,12 @@ def read_media_file(location: str) -> bytes:
 
 
 def ingest_image_file(location: str, context: SourceContext) -> StoredImage:
-    """:func:`ingest_image` of the file at ``location``."""
-    return ingest_image(read_media_file(location), context)
+    """:func:`ingest_image` of the file at ``location``; a skip names the file."""
+    data = read_media_file(location)
+    try:
+        return ingest_image(data, context)
+    except Skipped as skipped:
+        raise Skipped(skipped.reason, f"{location}: {skipped.detail}") from skipped
 
 
 # --------------------------------------------------------------------------- video

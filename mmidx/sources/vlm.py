@@ -105,13 +105,23 @@ def _plan(turn_lists: Sequence[Sequence[tuple[str, str]]], image_lists: Sequence
     return views, tokens
 
 
+def _placeholder_warnings(turns: Sequence[tuple[str, str]], images: int) -> list[tuple[str, str]]:
+    """A warning when the human turns' ``<image>`` count differs from the row's image count (built anyway)."""
+    placeholders = sum(value.count("<image>") for speaker, value in turns if speaker == "human")
+    if placeholders == images:
+        return []
+    return [("image_placeholder_mismatch", f"{placeholders} <image> placeholder(s) for {images} image(s)")]
+
+
 def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> SourceSample:
     turns = conversation_turns(record)
     root = context.options.image_root or parent(unit.path)
     if "image" in record:
         stored = [ingest_image_file(resolve(root, name), context) for name in _image_names(record["image"])]
         views, tokens = _plan([turns], [list(range(len(stored)))], context)
-        return assemble(row, views, tokens, stored.__getitem__)
+        sample = assemble(row, views, tokens, stored.__getitem__)
+        sample.warnings = _placeholder_warnings(turns, len(stored))
+        return sample
     if "video" in record:
         if not isinstance(record["video"], str):
             raise Skipped("malformed_record", f"video is not a file name: {str(record['video'])[:80]!r}")
@@ -137,7 +147,9 @@ def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> S
         return assemble(row, views, tokens, lambda j: frames[union[j]],
                         {"video": record["video"], "video_frames": [union[j] for j in used]})
     views, tokens = _plan([turns], [[]], context)
-    return assemble(row, views, tokens, lambda j: None)
+    sample = assemble(row, views, tokens, lambda j: None)
+    sample.warnings = _placeholder_warnings(turns, 0)
+    return sample
 
 
 def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip]:

@@ -1,0 +1,97 @@
+"""Build every group of a BAGEL data config (``data/configs/*.yaml``) and write the matching ``data.yaml``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from mmidx.build.driver import build_dataset
+from mmidx.build.plan import BuildError, BuildOptions
+from mmidx.build.report import BuildReport
+from mmidx.sources import SourceOptions
+
+GROUP_SOURCES = {"t2i_pretrain": "t2i", "unified_edit": "edit", "vlm_sft": "vlm"}
+DATA_CONFIG_NAME = "data.yaml"
+
+
+def _load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path) as stream:
+            loaded = yaml.safe_load(stream)
+    except (OSError, yaml.YAMLError) as error:
+        raise BuildError(f"cannot read {path}: {error}") from error
+    if not isinstance(loaded, dict):
+        raise BuildError(f"{path}: expected a mapping at the top level")
+    return loaded
+
+
+def _group_builds(group: str, spec: dict[str, Any], info: dict[str, Any], info_folder: str, output_dir: str,
+                  settings: dict[str, Any]) -> list[BuildOptions]:
+    """The builds of one group of a BAGEL data config: one per dataset name, inputs from the dataset info."""
+    if group not in GROUP_SOURCES:
+        raise BuildError(f"group {group!r}: mmidx builds the BAGEL groups {', '.join(GROUP_SOURCES)}")
+    source = GROUP_SOURCES[group]
+    builds = []
+    for name in spec.get("dataset_names", []):
+        entry = info.get(group, {}).get(name)
+        if not isinstance(entry, dict) or "data_dir" not in entry:
+            raise BuildError(f"the dataset info has no data_dir for {group}/{name}")
+        where = {key: os.path.join(info_folder, entry[key]) for key in ("data_dir", "jsonl_path") if key in entry}
+        options = settings["source_options"]
+        if source == "vlm":
+            if "jsonl_path" not in where:
+                raise BuildError(f"the dataset info has no jsonl_path for {group}/{name}")
+            frames = spec.get("frame_sampler_args", {})
+            options = replace(options, image_root=where["data_dir"],
+                              min_frames=frames.get("min_num_frames", options.min_frames),
+                              max_frames=frames.get("max_num_frames", options.max_frames))
+        inputs = (where["jsonl_path"],) if source == "vlm" else (where["data_dir"],)
+        builds.append(BuildOptions(source, inputs, output=os.path.join(output_dir, group, name),
+                                   **{**settings, "source_options": options}))
+    return builds
+
+
+def build_from_config(config: str | os.PathLike, dataset_info: str | os.PathLike, output_dir: str | os.PathLike,
+                      *, tokenizer: str, source_options: SourceOptions | None = None, workers: int = 1,
+                      max_skip_rate: float = 0.01, progress: bool = True, engine: str = "local",
+                      ray_address: str | None = None) -> list[BuildReport]:
+    """Build every (group, dataset name) of a BAGEL data YAML and write ``output_dir/data.yaml``.
+
+    ``config`` has BAGEL's ``data/configs/*.yaml`` shape; ``dataset_info`` maps group → dataset name →
+    ``data_dir`` (parquet folder, or image folder for ``vlm_sft``) and ``jsonl_path``, as BAGEL's
+    ``DATASET_INFO`` (relative paths are relative to the info file). The other arguments apply to
+    every build; a group's ``frame_sampler_args`` set its frame counts. ``num_used_data`` is not
+    applied: every file is built once, and how often a group is drawn is its ``weight``. The data
+    config is written only when every build passed.
+    """
+    import yaml
+
+    groups, info = _load_yaml(config), _load_yaml(dataset_info)
+    output_dir = os.fspath(output_dir)
+    info_folder = os.path.dirname(os.path.abspath(dataset_info))
+    settings = {"tokenizer": tokenizer, "source_options": source_options or SourceOptions(), "workers": workers,
+                "max_skip_rate": max_skip_rate, "progress": progress, "engine": engine, "ray_address": ray_address}
+    plans = {group: _group_builds(group, spec or {}, info, info_folder, output_dir, settings)
+             for group, spec in groups.items()}
+    reports = [build_dataset(options) for builds in plans.values() for options in builds]
+    if all(report.ok for report in reports):
+        data_config: dict[str, Any] = {"groups": {}}
+        for group, builds in plans.items():
+            spec = groups[group] or {}
+            entry = {"datasets": [os.path.relpath(options.output, output_dir) for options in builds],
+                     "weight": float(spec.get("weight", 1.0)), "is_mandatory": bool(spec.get("is_mandatory", False)),
+                     "image_transform_args": dict(spec.get("image_transform_args", {}))}
+            if "vit_image_transform_args" in spec:
+                entry["vit_image_transform_args"] = dict(spec["vit_image_transform_args"])
+            data_config["groups"][group] = entry
+        temporary = Path(output_dir, DATA_CONFIG_NAME + ".partial")
+        try:
+            temporary.write_text(yaml.safe_dump(data_config, sort_keys=False))
+            os.replace(temporary, Path(output_dir, DATA_CONFIG_NAME))
+        finally:
+            temporary.unlink(missing_ok=True)
+    return reports

@@ -1,0 +1,117 @@
+"""The Ray engine: the same files and report as a local build, retries of killed workers, resumption.
+
+One real local Ray cluster (``ray.init(num_cpus=2)``) is started once per test session.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+from build_cases import build_command, same_dataset_files
+from fixtures_sources import image_bytes, tokenizer_dir, write_jsonl, write_parquet
+
+from mmidx import cli
+from mmidx.build import BuildOptions, build_dataset, report_path
+from mmidx.sources import SourceOptions
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield context.address_info["gcs_address"]
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def many_rows(tmp_path_factory):
+    """Six units of 150 rows each: slow enough to kill a worker or the driver in the middle."""
+    folder = tmp_path_factory.mktemp("many")
+    images = [image_bytes(24, 16, "RGB", "PNG", seed=i) for i in range(900)]
+    captions = [json.dumps({"0": f"a photo number {i}"}) for i in range(900)]
+    return write_parquet(folder / "many.parquet", {"image": images, "captions": captions},
+                         {"image": pa.binary(), "captions": pa.string()}, 150)
+
+
+def _build(inputs, output, engine, **settings):
+    return build_dataset(BuildOptions("t2i", (inputs,), tokenizer_dir(), str(output), SourceOptions(views=1),
+                                      engine=engine, progress=False, **settings))
+
+
+def _counts(data):
+    return {key: value for key, value in data.items() if key not in ("seconds", "output")}
+
+
+@pytest.mark.parametrize("source", ["t2i", "edit", "vlm", "text"])
+def test_a_ray_build_writes_the_files_and_report_of_a_local_build(cluster, source, tmp_path):
+    assert cli.main(build_command(source, tmp_path / "local" / "out")) == 0
+    assert cli.main(build_command(source, tmp_path / "ray" / "out", "--engine", "ray")) == 0
+    assert same_dataset_files(tmp_path / "local" / "out", tmp_path / "ray" / "out")
+    local, remote = (json.loads(report_path(tmp_path / name / "out").read_text()) for name in ("local", "ray"))
+    assert local["units"] >= 3 and _counts(local) == _counts(remote)
+
+
+def test_bad_input_gives_the_same_skips_report_and_exit_status_on_ray(cluster, tmp_path, capsys):
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": "" if i % 4 == 1 else f"doc {i}"} for i in range(12)]
+                       + ["{not json"])
+    outputs = {}
+    for engine in ("local", "ray"):
+        command = ["build", "--source", "text", "--input", path, "--tokenizer", tokenizer_dir(), "--quiet",
+                   "--output", str(tmp_path / engine / "out"), "--bytes-per-shard", "40", "--engine", engine]
+        assert cli.main(command) == 1  # 4 of 13 rows skipped, more than the default 1 %
+        outputs[engine] = capsys.readouterr().out
+    local, remote = (json.loads(report_path(tmp_path / name / "out").read_text()) for name in ("local", "ray"))
+    assert local["skips"]["empty_text"]["count"] == 3 and local["skips"]["invalid_json"]["count"] == 1
+    assert _counts(local) == _counts(remote)
+    assert [line for line in outputs["local"].splitlines()[1:]] == [line for line in outputs["ray"].splitlines()[1:]]
+
+
+def test_a_ray_worker_killed_mid_task_is_retried_and_the_output_is_byte_identical(cluster, many_rows, tmp_path):
+    _build(many_rows, tmp_path / "local" / "out", "local")
+    result = {}
+    builder = threading.Thread(target=lambda: result.update(report=_build(many_rows, tmp_path / "ray" / "out", "ray")))
+    builder.start()
+    shards, killed = tmp_path / "ray" / "out.shards", None
+    deadline = time.monotonic() + 240
+    while killed is None and builder.is_alive() and time.monotonic() < deadline:
+        for attempt in shards.glob("*.attempt-*") if shards.exists() else []:
+            pid = int(attempt.name.split(".attempt-")[1].split("-")[0])
+            os.kill(pid, signal.SIGKILL)  # the Ray worker process running this task
+            killed = pid
+            break
+        time.sleep(0.001)
+    builder.join(120)
+    assert killed is not None, "no task was caught running"
+    assert not os.path.exists(f"/proc/{killed}/cmdline") or open(f"/proc/{killed}/stat").read().split()[2] == "Z"
+    assert result["report"].ok and result["report"].data["rows"] == 900
+    assert same_dataset_files(tmp_path / "local" / "out", tmp_path / "ray" / "out")
+
+
+def test_a_killed_ray_driver_is_resumed_from_every_finished_shard(cluster, many_rows, tmp_path):
+    _build(many_rows, tmp_path / "local" / "out", "local")
+    command = [sys.executable, "-m", "mmidx.cli", "build", "--source", "t2i", "--input", many_rows, "--views", "1",
+               "--tokenizer", tokenizer_dir(), "--output", str(tmp_path / "ray" / "out"), "--quiet",
+               "--engine", "ray", "--ray-address", cluster]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shards = tmp_path / "ray" / "out.shards"
+    deadline = time.monotonic() + 240  # a new driver joins the cluster slowly on a loaded machine
+    while not list(shards.glob("?????/report.json")) and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert driver.poll() is None, f"the build ended (exit {driver.returncode}) before it could be killed"
+    assert list(shards.glob("?????/report.json")), "no shard was finished in time"
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    time.sleep(1)  # the cluster stops the dead driver's tasks
+    finished = len(list(shards.glob("?????/report.json")))
+    assert 1 <= finished < 6
+    report = _build(many_rows, tmp_path / "ray" / "out", "ray")
+    assert report.ok and report.data["reused_units"] >= finished
+    assert same_dataset_files(tmp_path / "local" / "out", tmp_path / "ray" / "out")
