@@ -287,8 +287,9 @@ def _source_options(args: argparse.Namespace) -> Any:
     return SourceOptions(
         views=args.views, seed=args.seed, image_root=args.image_root, max_image_size=args.max_image_size,
         max_image_pixels=args.max_image_pixels, min_frames=args.min_frames, max_frames=args.max_frames,
-        text_key=args.text_key, extra_keys=args.extra_keys, prompt_key=args.prompt_key,
-        caption_key=args.caption_key, rows_per_shard=args.rows_per_shard, bytes_per_shard=args.bytes_per_shard)
+        frame_quality=args.video_frame_quality, text_key=args.text_key, extra_keys=args.extra_keys,
+        prompt_key=args.prompt_key, caption_key=args.caption_key, rows_per_shard=args.rows_per_shard,
+        bytes_per_shard=args.bytes_per_shard)
 
 
 def _os_error_line(error: OSError) -> str:
@@ -368,6 +369,8 @@ def _register_build(commands: Commands) -> None:
                      help="fail when a larger fraction of the rows is skipped (default 0.01)")
     sub.add_argument("--min-frames", type=int, default=defaults.min_frames, help="fewest frames drawn per video")
     sub.add_argument("--max-frames", type=int, default=defaults.max_frames, help="most frames drawn per video")
+    sub.add_argument("--video-frame-quality", type=int, metavar="Q",
+                     help="store video frames as JPEG of quality Q (1-100), smaller but lossy; default: lossless")
     sub.add_argument("--text-key", default=defaults.text_key, help="JSON field of a text document")
     sub.add_argument("--extra-keys", type=_csv, default=(),
                      help="chat: comma-separated fields placed before the conversation, without loss")

@@ -102,14 +102,16 @@ def test_data_yaml_lists_every_group_with_its_datasets_weights_and_transforms(ba
     config = yaml.safe_load((bagel_data / "out" / "data.yaml").read_text())
     assert config == {"groups": {
         "t2i_pretrain": {"datasets": ["t2i_pretrain/t2i"], "weight": 1.0, "is_mandatory": True,
-                         "image_transform_args": {"image_stride": 16, "max_image_size": 1024, "min_image_size": 512}},
+                         "image_transform_args": {"image_stride": 16, "max_image_size": 1024, "min_image_size": 512},
+                         "num_used_data": [10]},
         "unified_edit": {"datasets": ["unified_edit/seedxedit_multi"], "weight": 1.0, "is_mandatory": False,
                          "image_transform_args": {"image_stride": 16, "max_image_size": 1024, "min_image_size": 512},
                          "vit_image_transform_args": {"image_stride": 14, "max_image_size": 518,
-                                                      "min_image_size": 224}},
+                                                      "min_image_size": 224}, "num_used_data": [10]},
         "vlm_sft": {"datasets": ["vlm_sft/llava_ov"], "weight": 0.5, "is_mandatory": True,
                     "image_transform_args": {"image_stride": 14, "max_image_size": 980, "min_image_size": 378,
-                                             "max_pixels": 2007040}}}}
+                                             "max_pixels": 2007040},
+                    "num_used_data": [1000], "shuffle_lines": True, "shuffle_seed": 0}}}
 
 
 def test_each_dataset_is_built_from_its_dataset_info_entry(bagel_data):
@@ -141,3 +143,29 @@ def test_no_data_yaml_is_written_when_a_build_fails(bagel_data):
 def test_mixing_single_source_and_config_arguments_is_refused(bagel_data, capsys):
     assert _build(bagel_data, "--source", "t2i") == 2
     assert "either --source, --input and --output, or --config" in capsys.readouterr().err
+
+
+def test_frame_sampler_args_choose_the_sampling_mode(bagel_data):
+    (bagel_data / "bagel.yaml").write_text(BAGEL_CONFIG.replace("    min_num_frames: 2", "    min_num_frames: 3\n"
+                                                                "    sample: middle"))
+    assert _build(bagel_data) == 0
+    vlm = MMIDXDataset(bagel_data / "out" / "vlm_sft" / "llava_ov")
+    numbers = vlm[1].extra["video_frames"]
+    drawn = [numbers[e["payload"]] for e in vlm[1].sequence_plan(0) if e["type"] == "vit_image"]
+    assert drawn == [2, 9, 16]  # intervals [0, 6) [6, 13) [13, 20) of 20 frames: (a + b - 1) // 2
+
+
+def test_unknown_group_and_frame_sampler_keys_are_refused_before_building(bagel_data, capsys):
+    (bagel_data / "bagel.yaml").write_text(BAGEL_CONFIG.replace("  shuffle_seed: 0", "  shuffle_sed: 0"))
+    assert _build(bagel_data) == 1
+    assert "unknown keys ['shuffle_sed']" in capsys.readouterr().err
+    assert not (bagel_data / "out").exists()
+    (bagel_data / "bagel.yaml").write_text(BAGEL_CONFIG.replace("    min_num_frames: 2", "    min_frames: 2"))
+    assert _build(bagel_data) == 1
+    assert "unknown keys ['min_frames']; the known ones are min_num_frames" in capsys.readouterr().err
+
+
+def test_video_frame_quality_stores_jpeg_frames(bagel_data):
+    assert _build(bagel_data, "--video-frame-quality", "90") == 0
+    vlm = MMIDXDataset(bagel_data / "out" / "vlm_sft" / "llava_ov")
+    assert {image.format for image in vlm[1].images} == {"JPEG"}

@@ -32,6 +32,8 @@ def _load_yaml(path: str | os.PathLike) -> dict[str, Any]:
 def _group_builds(group: str, spec: dict[str, Any], info: dict[str, Any], info_folder: str, output_dir: str,
                   settings: dict[str, Any]) -> list[BuildOptions]:
     """The builds of one group of a BAGEL data config: one per dataset name, inputs from the dataset info."""
+    from mmidx.sources.media import frame_sampler_options
+
     if group not in GROUP_SOURCES:
         raise BuildError(f"group {group!r}: mmidx builds the BAGEL groups {', '.join(GROUP_SOURCES)}")
     source = GROUP_SOURCES[group]
@@ -45,10 +47,8 @@ def _group_builds(group: str, spec: dict[str, Any], info: dict[str, Any], info_f
         if source == "vlm":
             if "jsonl_path" not in where:
                 raise BuildError(f"the dataset info has no jsonl_path for {group}/{name}")
-            frames = spec.get("frame_sampler_args", {})
-            options = replace(options, image_root=where["data_dir"],
-                              min_frames=frames.get("min_num_frames", options.min_frames),
-                              max_frames=frames.get("max_num_frames", options.max_frames))
+            options = frame_sampler_options(replace(options, image_root=where["data_dir"]),
+                                            spec.get("frame_sampler_args", {}))
         inputs = (where["jsonl_path"],) if source == "vlm" else (where["data_dir"],)
         builds.append(BuildOptions(source, inputs, output=os.path.join(output_dir, group, name),
                                    **{**settings, "source_options": options}))
@@ -64,30 +64,30 @@ def build_from_config(config: str | os.PathLike, dataset_info: str | os.PathLike
     ``config`` has BAGEL's ``data/configs/*.yaml`` shape; ``dataset_info`` maps group → dataset name →
     ``data_dir`` (parquet folder, or image folder for ``vlm_sft``) and ``jsonl_path``, as BAGEL's
     ``DATASET_INFO`` (relative paths are relative to the info file). The other arguments apply to
-    every build; a group's ``frame_sampler_args`` set its frame counts. ``num_used_data`` is not
-    applied: every file is built once, and how often a group is drawn is its ``weight``. The data
-    config is written only when every build passed.
+    every build; a group's ``frame_sampler_args`` set how its video frames are sampled. Every file is
+    built once; ``num_used_data``, ``shuffle_lines`` and ``shuffle_seed`` go to the data config and
+    select samples when the pack index is built. Unknown group keys are refused before anything is
+    built. The data config is written only when every build passed.
     """
     import yaml
+
+    from mmidx.config import data_yaml_group
 
     groups, info = _load_yaml(config), _load_yaml(dataset_info)
     output_dir = os.fspath(output_dir)
     info_folder = os.path.dirname(os.path.abspath(dataset_info))
     settings = {"tokenizer": tokenizer, "source_options": source_options or SourceOptions(), "workers": workers,
                 "max_skip_rate": max_skip_rate, "progress": progress, "engine": engine, "ray_address": ray_address}
+    for group, spec in groups.items():
+        data_yaml_group(group, spec or {}, [])  # refuses unknown keys before anything is built
     plans = {group: _group_builds(group, spec or {}, info, info_folder, output_dir, settings)
              for group, spec in groups.items()}
     reports = [build_dataset(options) for builds in plans.values() for options in builds]
     if all(report.ok for report in reports):
         data_config: dict[str, Any] = {"groups": {}}
         for group, builds in plans.items():
-            spec = groups[group] or {}
-            entry = {"datasets": [os.path.relpath(options.output, output_dir) for options in builds],
-                     "weight": float(spec.get("weight", 1.0)), "is_mandatory": bool(spec.get("is_mandatory", False)),
-                     "image_transform_args": dict(spec.get("image_transform_args", {}))}
-            if "vit_image_transform_args" in spec:
-                entry["vit_image_transform_args"] = dict(spec["vit_image_transform_args"])
-            data_config["groups"][group] = entry
+            data_config["groups"][group] = data_yaml_group(
+                group, groups[group] or {}, [os.path.relpath(options.output, output_dir) for options in builds])
         temporary = Path(output_dir, DATA_CONFIG_NAME + ".partial")
         try:
             temporary.write_text(yaml.safe_dump(data_config, sort_keys=False))
