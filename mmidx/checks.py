@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from mmidx import format as fmt
-from mmidx.dataset import MMIDXDataset, dataset_files
+from mmidx.dataset import MMIDXDataset, dataset_files, structure_problems
 from mmidx.format import FormatError
 
 
@@ -23,10 +23,7 @@ def verify(prefix: str | os.PathLike) -> list[str]:
         dataset = MMIDXDataset(prefix)
     except FormatError as error:
         return [str(error)]
-    problems = _verify_checksums(dataset) + _verify_token_index(dataset)
-    if dataset.plan is not None:
-        problems += _verify_plan(dataset)
-    return problems
+    return _verify_checksums(dataset) + structure_problems(dataset)
 
 
 def _verify_checksums(dataset: MMIDXDataset) -> list[str]:
@@ -35,55 +32,6 @@ def _verify_checksums(dataset: MMIDXDataset) -> list[str]:
         path = fmt.file_path(dataset.prefix, role)
         if fmt.sha256_file(path) != entry["sha256"]:
             problems.append(f"{path}: sha256 differs from the metadata: the file was modified or corrupted")
-    return problems
-
-
-def _verify_token_index(dataset: MMIDXDataset) -> list[str]:
-    tokens, problems = dataset.tokens, []
-    lengths = tokens.sequence_lengths
-    where = f"{dataset.prefix}.idx"
-    if np.any(lengths < 0):
-        problems.append(f"{where}: {int(np.sum(lengths < 0))} negative sequence lengths")
-    if not np.array_equal(tokens.sequence_pointers, fmt.sequence_pointers(lengths, tokens.dtype.itemsize)):
-        problems.append(f"{where}: sequence pointers are not the cumulative sequence lengths")
-    if np.any(np.diff(tokens.document_indices) < 0):
-        problems.append(f"{where}: document indices decrease")
-    return problems
-
-
-def _verify_plan(dataset: MMIDXDataset) -> list[str]:
-    plan, problems = dataset.plan, []
-    where = f"{dataset.prefix}.plan"
-    for name in ("sample_view_offsets", "sample_image_offsets", "view_element_offsets", "image_offsets",
-                 "sample_extra_offsets"):
-        if name in plan and np.any(np.diff(plan[name]) < 0):
-            problems.append(f"{where}: {name} decrease")
-    if problems:
-        return problems  # the per-element checks below index with these offsets
-    elements = plan["elements"]
-    if np.any(elements["kind"] >= len(fmt.KIND_NAMES)):
-        problems.append(f"{where}: unknown element kinds {sorted(set(elements['kind'][elements['kind'] > 2]))}")
-    if np.any(elements["flags"] > fmt.KNOWN_FLAGS):  # the known flags are the low bits
-        problems.append(f"{where}: elements with unknown flag bits")
-    if np.any(elements["img_num"] < 1):
-        problems.append(f"{where}: elements with img_num 0")
-    sample_of_element = dataset.element_samples()
-    texts = np.diff(dataset.tokens.document_indices)[sample_of_element]
-    images = np.diff(plan["sample_image_offsets"])[sample_of_element]
-    limit = np.where(elements["kind"] == fmt.TEXT, texts, images)
-    bad = (elements["payload"] < 0) | (elements["payload"] >= limit)
-    if np.any(bad):
-        problems.append(f"{where}: {int(bad.sum())} elements name a text or image their sample does not have "
-                        f"(first: element {int(np.argmax(bad))})")
-    info = plan["image_info"]
-    if np.any((info["width"] <= 0) | (info["height"] <= 0)):
-        problems.append(f"{where}: images with a non-positive width or height")
-    if np.any(info["format"] >= len(fmt.IMAGE_FORMATS)) or np.any(info["mode"] >= len(fmt.IMAGE_MODES)):
-        problems.append(f"{where}: images with unknown format or mode codes")
-    sources = len((dataset.metadata or {}).get("sources", []))
-    origin = plan["sample_origin"][:, 0]
-    if np.any((origin < -1) | (origin >= sources)):
-        problems.append(f"{where}: samples whose origin names none of the {sources} recorded sources")
     return problems
 
 

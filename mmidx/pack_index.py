@@ -40,6 +40,7 @@ def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
     Each view's size counts every element's tokens plus its two framing tokens, as BAGEL's packer
     estimates a sample (``num_tokens + 2 * len(sequence_plan)``); it is exact when nothing is dropped.
     """
+    dataset.check_structure()  # everything below indexes with the index arrays
     tokens = dataset.tokens
     lengths = tokens.sequence_lengths.astype(np.int64)
     documents = tokens.document_indices

@@ -18,10 +18,11 @@ masks are not built here (split metadata travels; :mod:`mmidx.masks` builds mask
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from mmidx.config import DataConfig, GroupConfig
 from mmidx.dataset import MMIDXDataset, Sample
 from mmidx.format import FormatError
 from mmidx.images import (
+    ImageError,
     ImageTransform,
     decode_jpeg_batch,
     decode_rgb,
@@ -120,6 +122,27 @@ def _output_size(transform: ImageTransform, width: int, height: int, img_num: in
     return int(heights), int(widths)
 
 
+def _image_name(job: _ImageJob) -> str:
+    return f"{job.sample.dataset.prefix}.images: image {job.key[3]} of sample {job.key[2]}"
+
+
+@contextlib.contextmanager
+def _named(where: str) -> Iterator[None]:
+    """Re-raise an undecodable stored image as a ``FormatError`` naming the file and the image."""
+    try:
+        yield
+    except (ImageError, RuntimeError) as error:  # RuntimeError: nvJPEG's
+        raise FormatError(f"{where}: {error}: the stored image is corrupted") from error
+
+
+def _check_decoded_size(where: str, probed: tuple[int, int], decoded: tuple[int, int]) -> None:
+    """Both decode paths: a stored image must decode to the (width, height) its ``image_info`` records,
+    from which the pack's token counts were computed."""
+    if tuple(decoded) != tuple(probed):
+        raise FormatError(f"{where} decodes to {decoded[0]}x{decoded[1]}, but the image table (image_info) "
+                          f"says {probed[0]}x{probed[1]}: the dataset is corrupted")
+
+
 class _Pixels:
     """Resized uint8 pixels of one pack's images: each stored image is decoded once, each size made once."""
 
@@ -132,13 +155,13 @@ class _Pixels:
         resized_key = (job.key, job.transform, job.img_num)
         if resized_key not in self.resized:
             if job.key not in self.decoded:
-                self.decoded[job.key] = decode_rgb(job.sample.image(job.key[3]).data)
-            pixels = job.transform.resized_pixels(self.decoded[job.key], job.img_num)
-            if pixels.shape[:2] != (job.height, job.width):
-                raise FormatError(f"image {job.key[3]} of sample {job.key[2]} decodes to {pixels.shape[1]}x"
-                                  f"{pixels.shape[0]} after resizing, but its probed size gives {job.width}x"
-                                  f"{job.height}: the dataset's image table does not match the image")
-            self.resized[resized_key] = pixels
+                image = job.sample.image(job.key[3])
+                where = _image_name(job)
+                with _named(where):
+                    decoded = decode_rgb(image.data)
+                _check_decoded_size(where, (image.width, image.height), decoded.size)
+                self.decoded[job.key] = decoded
+            self.resized[resized_key] = job.transform.resized_pixels(self.decoded[job.key], job.img_num)
         return self.resized[resized_key]
 
 
@@ -387,27 +410,35 @@ class DeferredImages:
     vae: list[tuple[int, ImageTransform, int, int]]
     vit: list[tuple[int, ImageTransform, int, int]]
     patch_size: int
+    probed: list[tuple[str, int, int]]  # per encoded image: where it is stored, its image_info width, height
 
     @classmethod
     def of(cls, vae_jobs: list[_ImageJob], vit_jobs: list[_ImageJob], patch_size: int) -> DeferredImages:
         numbers: dict[tuple[int, ...], int] = {}
         encoded: list[torch.Tensor] = []
+        probed: list[tuple[str, int, int]] = []
         for job in [*vae_jobs, *vit_jobs]:
             if job.key not in numbers:
                 numbers[job.key] = len(encoded)
-                encoded.append(torch.frombuffer(bytearray(job.sample.image(job.key[3]).data), dtype=torch.uint8))
+                image = job.sample.image(job.key[3])
+                encoded.append(torch.frombuffer(bytearray(image.data), dtype=torch.uint8))
+                probed.append((_image_name(job), image.width, image.height))
 
         def entries(jobs: list[_ImageJob]) -> list[tuple[int, ImageTransform, int, int]]:
             return [(numbers[job.key], job.transform, job.height, job.width) for job in jobs]
 
-        return cls(encoded, entries(vae_jobs), entries(vit_jobs), patch_size)
+        return cls(encoded, entries(vae_jobs), entries(vit_jobs), patch_size, probed)
 
     def pin_memory(self) -> DeferredImages:
-        return DeferredImages([data.pin_memory() for data in self.encoded], self.vae, self.vit, self.patch_size)
+        return DeferredImages([data.pin_memory() for data in self.encoded], self.vae, self.vit, self.patch_size,
+                              self.probed)
 
     def render(self, device: torch.device | str) -> dict[str, torch.Tensor]:
         """``padded_images`` and ``packed_vit_tokens`` (those present) on ``device``."""
-        decoded = decode_jpeg_batch([data.numpy() for data in self.encoded], device)
+        with _named(", ".join(sorted({where.split(":")[0] for where, _, _ in self.probed}))):
+            decoded = decode_jpeg_batch([data.numpy() for data in self.encoded], device)
+        for (where, width, height), pixels in zip(self.probed, decoded, strict=True):
+            _check_decoded_size(where, (width, height), (pixels.shape[2], pixels.shape[1]))
         resized: dict[tuple[int, int, int], torch.Tensor] = {}
 
         def image(number: int, transform: ImageTransform, height: int, width: int) -> torch.Tensor:
