@@ -342,7 +342,7 @@ class Sample:
             return {}
         try:
             extra = json.loads(plan["sample_extra"][start:end].tobytes().decode("utf-8"))
-        except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        except (ValueError, RecursionError) as error:  # ValueError: JSONDecodeError, UnicodeDecodeError
             extra = error
         if not isinstance(extra, dict):
             raise FormatError(f"{self._dataset.prefix}.plan: extra data of sample {self.index} is not a JSON "

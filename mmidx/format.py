@@ -141,16 +141,21 @@ Writing and version rules
 * ``format_version`` changes only when a version-1 reader would misread the data. Readers refuse
   versions newer than they know, with a message to upgrade. Additive changes (new metadata keys,
   new ``P.plan`` arrays) keep the version; readers ignore what they do not know.
-* Opening checks, in O(1): magics, versions, dtype codes, the metadata's own checksum, every
-  array's size against its file's size, and counts across files. ``mmidx verify`` adds the
-  checksums of all files and the O(n) invariants (monotone offsets, pointers equal to the
-  cumulative sizes, payloads inside their sample, known kinds and formats).
+* Opening checks, in O(1): magics, versions, dtype codes, the metadata's own checksum and schema
+  (the type and range of every field above), every array's size against its file's size, and
+  counts across files. A prefix with ``P.plan`` or ``P.images`` but no ``P.meta.json`` is refused.
+  Reads check every file-derived index they use (overflow-proof) before dereferencing it; whatever
+  sizes something from whole arrays (GPT and pack indices) first checks the O(n) invariants
+  (monotone offsets, pointers equal to the cumulative sizes, payloads inside their sample, known
+  kinds and formats). ``mmidx verify`` adds the checksums of all files and probes every image's
+  header against ``image_info`` (``--decode``: decodes every image).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -410,7 +415,7 @@ def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
         header = json.loads(bytes(view[PLAN_PREAMBLE_SIZE:data_start]).decode("utf-8"))
         entries = {entry["name"]: entry for entry in header["arrays"]}
         order = [entry["name"] for entry in header["arrays"]]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+    except (ValueError, RecursionError, KeyError, TypeError) as error:
         raise FormatError(f"{path}: the plan header is not valid JSON of the expected shape ({error})") from error
     arrays: dict[str, np.ndarray] = {}
     end = data_start
@@ -424,7 +429,7 @@ def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
             raise FormatError(f"{path}: plan array {name!r} has a malformed header entry ({error})") from error
         if offset != _align(end) or min(shape, default=0) < 0:
             raise FormatError(f"{path}: plan array {name!r} is not where the layout puts it (offset {offset})")
-        if nbytes != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or offset + nbytes > size:
+        if nbytes != math.prod(shape) * dtype.itemsize or offset + nbytes > size:
             raise FormatError(f"{path}: plan array {name!r} ({nbytes} bytes at {offset}) does not fit "
                               f"its shape {shape} or the file ({size} bytes): truncated or corrupted")
         end = offset + nbytes
@@ -479,7 +484,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         meta = json.loads(raw.decode("utf-8"))
     except OSError as error:
         raise FormatError(f"{path}: cannot read the metadata ({error.strerror})") from error
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # ValueError: undecodable, not JSON, or a 5,000-digit int
         raise FormatError(f"{path}: the metadata is not valid JSON ({error}): truncated or corrupted") from error
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise FormatError(f"{path}: not mmidx metadata (no \"format\": \"mmidx\")")
@@ -516,9 +521,9 @@ def check_metadata_schema(path: str | os.PathLike, meta: dict[str, Any]) -> None
     if not _is_int(meta.get("format_version")) or meta["format_version"] < 1:
         refuse("format_version", f"is {meta.get('format_version')!r}, not a positive integer")
     kind = meta.get("kind")
-    if kind not in KIND_FILES:
+    if not isinstance(kind, str) or kind not in KIND_FILES:
         refuse("kind", f"is {kind!r}, not one of {sorted(KIND_FILES)}")
-    if meta.get("token_dtype") not in {dtype.name for dtype in DTYPE_CODES.values()}:
+    if meta.get("token_dtype") not in [dtype.name for dtype in DTYPE_CODES.values()]:
         refuse("token_dtype", f"is {meta.get('token_dtype')!r}, not a Megatron token dtype")
     counts = meta.get("counts")
     if not isinstance(counts, dict):

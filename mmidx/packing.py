@@ -242,6 +242,7 @@ class PackBuilder:
         split_lens: list[int] = []
         attn_modes: list[str] = []
         rope = 0
+        first_token = pack.curr
         split_len = 0
         timestep = None
         sample_len = 0
@@ -330,6 +331,9 @@ class PackBuilder:
             if flags & fmt.FLAG_SPLIT_END:
                 split_lens.append(split_len)
                 sample_len += split_len
+        if len(split_lens) != len(attn_modes) or sample_len != pack.curr - first_token:
+            raise FormatError(f"{sample.dataset.prefix}.plan: view {item.view} of sample {item.sample}: the split "
+                              "flags (split_start, split_end) of its elements do not make whole splits: corrupted")
         pack.sample_lens.append(sample_len)
         pack.split_lens.append(split_lens)
         pack.attn_modes.append(attn_modes)

@@ -389,6 +389,8 @@ def worker(bases_dir: Path, seed: int) -> None:
     try:
         for line in sys.stdin:
             case = int(line)
+            if str(case) == os.environ.get("MMIDX_FUZZ_ABORT_CASE"):  # lets the tests see a crash observed
+                os.abort()
             kind, files, edit = bases.case(seed, case)
             prefix = scratch / f"case-{kind}"
             result = run_case(prefix, files, edit, bases.reference(kind, prefix))
@@ -421,11 +423,31 @@ class Worker:
         return self.process.stderr.read()[-4000:]
 
 
-def reproduce(bases: Bases, seed: int, case: int, out: Path, reason: str, stderr: str) -> Path:
-    """Write the mutated files of a crashing or hanging case, reduced to its smallest single edit."""
+def _crashes(prefix: Path, timeout: float) -> bool:
+    """Whether reading the dataset at ``prefix`` kills (or hangs) a fresh process."""
+    try:
+        run = subprocess.run([sys.executable, __file__, "--replay", str(prefix)], capture_output=True,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return True
+    return run.returncode < 0
+
+
+def reproduce(bases: Bases, seed: int, case: int, out: Path, reason: str, stderr: str, timeout: float) -> Path:
+    """Write the mutated files of a crashing or hanging case, reduced to a single write when one of
+    its writes alone still crashes: the reproducer is then one file, one offset and its bytes."""
     kind, files, edit = bases.case(seed, case)
     folder = out / f"repro-{case}"
     folder.mkdir(parents=True, exist_ok=True)
+    for offset, data in edit.get("writes", []) if len(edit.get("writes", [])) > 1 else []:
+        single = dict(bases.files[kind])
+        content = bytearray(single[edit["role"]])
+        content[offset:offset + len(data) // 2] = bytes.fromhex(data)
+        single[edit["role"]] = bytes(content)
+        write_files(folder / kind, single)
+        if _crashes(folder / kind, timeout):
+            files, edit = single, {**edit, "writes": [[offset, data]], "reduced": True}
+            break
     write_files(folder / kind, files)
     (folder / "edit.json").write_text(json.dumps({"reason": reason, "edit": edit, "stderr": stderr}, indent=1,
                                                  default=str))
@@ -435,7 +457,7 @@ def reproduce(bases: Bases, seed: int, case: int, out: Path, reason: str, stderr
 
 
 def run_pool(bases: Bases, seed: int, cases: range, jobs: int, case_timeout: float, time_limit: float | None,
-             out: Path) -> tuple[collections.Counter, list[dict]]:
+             out: Path, progress: int = 0) -> tuple[collections.Counter, list[dict]]:
     counts: collections.Counter = collections.Counter()
     findings: list[dict] = []
     pending = iter(cases)
@@ -468,7 +490,7 @@ def run_pool(bases: Bases, seed: int, cases: range, jobs: int, case_timeout: flo
         selector.unregister(worker.process.stdout)
         workers.remove(worker)
         counts[outcome] += 1
-        folder = reproduce(bases, seed, worker.case, out, outcome, stderr)
+        folder = reproduce(bases, seed, worker.case, out, outcome, stderr, case_timeout)
         findings.append({"case": worker.case, "outcome": outcome, "reproducer": str(folder), "stderr": stderr[-800:]})
         feed(start())
 
@@ -485,6 +507,9 @@ def run_pool(bases: Bases, seed: int, cases: range, jobs: int, case_timeout: flo
             counts[result["outcome"]] += 1
             if result["outcome"] in BAD_OUTCOMES:
                 findings.append(result)
+                print(f"finding: {json.dumps(result, default=str)[:1500]}", file=sys.stderr, flush=True)
+            if progress and sum(counts.values()) % progress == 0:
+                print(f"{sum(counts.values()):,} cases: {dict(counts)}", file=sys.stderr, flush=True)
             feed(worker)
         now = time.monotonic()
         for worker in list(workers):
@@ -513,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, help="stop starting cases after this many seconds")
     parser.add_argument("--out", default="fuzz-out", help="folder for the base datasets and reproducers")
     parser.add_argument("--json", action="store_true", help="print the counts and findings as JSON")
+    parser.add_argument("--progress", type=int, default=0, help="print the counts to stderr every N cases")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--replay", help="read a reproducer's dataset prefix in this process")
     args = parser.parse_args(argv)
@@ -534,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     bases = Bases(bases_dir)
     start = time.monotonic()
     counts, findings = run_pool(bases, args.seed, range(args.first, args.first + args.cases), args.jobs,
-                                args.case_timeout, args.time_limit, out)
+                                args.case_timeout, args.time_limit, out, args.progress)
     seconds = time.monotonic() - start
     if args.json:
         print(json.dumps({"counts": dict(counts), "findings": findings, "seconds": seconds}, default=str))
