@@ -115,7 +115,7 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
     datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
     group_sizes = [sum(len(d) for d in group) for group in datasets]
     if min(group_sizes) == 0:
-        empty = [g.name for g, n in zip(config.groups, group_sizes, strict=True) if n == 0]
+        empty = {g.name: g.datasets for g, n in zip(config.groups, group_sizes, strict=True) if n == 0}
         raise ValueError(f"groups {empty} have no samples")
     num_samples = sum(group_sizes) if num_samples is None else int(num_samples)
     group_offsets = [np.concatenate([[0], np.cumsum([len(d) for d in group])]).astype(np.int64)

@@ -152,9 +152,9 @@ SCHEMA_BREAKS = {
     "special_tokens.eod": lambda meta: meta["special_tokens"].update(eod=2**63),
     "special_tokens": lambda meta: meta.update(special_tokens=[1]),
     "tokenizer": lambda meta: meta.update(tokenizer=7),
-    "kind": lambda meta: meta.update(kind="video"),
+    "kind": lambda meta: meta.update(kind={"multimodal": 1}),
     "format_version": lambda meta: meta.update(format_version="1"),
-    "token_dtype": lambda meta: meta.update(token_dtype=None),
+    "token_dtype": lambda meta: meta.update(token_dtype={"a": 1}),
     "build": lambda meta: meta.update(build=[]),
 }
 
@@ -226,6 +226,21 @@ def test_an_image_table_size_that_disagrees_with_the_image_is_refused_on_both_pa
                 builder.build(pack, index.items(pack)).to("cpu").to_dict()
 
 
+def test_split_flags_that_do_not_make_whole_splits_are_a_format_error(pack_setup, tmp_path):
+    groups = {"t2i": dict(pack_setup["t2i"], datasets=[str(tmp_path / "t2i")])}
+    for role in ("idx", "bin", "images", "plan", "meta"):
+        source = fmt.file_path(pack_setup["t2i"]["datasets"][0], role)
+        fmt.file_path(tmp_path / "t2i", role).write_bytes(source.read_bytes())
+    path = fmt.file_path(tmp_path / "t2i", "plan")
+    flags = _array_offsets(path)["elements"] + 1  # the first element (sample 0's text) loses its split_end
+    _overwrite(path, flags, bytes([path.read_bytes()[flags] & ~fmt.FLAG_SPLIT_END]))
+    config = config_of(groups)
+    index = build_pack_index(config, num_samples=4)
+    pack = next(k for k in range(len(index)) if any(item.sample == 0 and item.view == 0 for item in index.items(k)))
+    with pytest.raises(FormatError, match=r"t2i\.plan: view 0 of sample 0: the split flags"):
+        PackBuilder(config).build(pack, index.items(pack))
+
+
 # ------------------------------------------------------------------ 6. verify tells the truth
 
 
@@ -264,3 +279,11 @@ def test_verify_never_prints_a_traceback(prefix):
     for args in (["verify", str(prefix)], ["verify", "--decode", str(prefix)], ["inspect", str(prefix)]):
         run = subprocess.run([sys.executable, "-m", "mmidx.cli", *args], capture_output=True, text=True, timeout=120)
         assert run.returncode == 1 and "Traceback" not in run.stderr and str(prefix) in run.stderr, run.stderr
+
+
+def test_gpt_samples_of_a_dataset_without_tokens_name_the_dataset(tmp_path):
+    with DatasetBuilder(tmp_path / "e", kind="text", vocab_size=100, special_tokens={"eod": 0}) as builder:
+        builder.add_document([[]])
+        builder.finalize()
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'e'}: the exposed documents hold 0 tokens"):
+        GPTTextDataset(tmp_path / "e", seq_length=4)
