@@ -254,6 +254,7 @@ def read_everything(prefix: Path) -> str:
     """A digest of everything a training job reads from the dataset at ``prefix``."""
     import torch
 
+    from mmidx import masks
     from mmidx.config import DataConfig
     from mmidx.dataset import MMIDXDataset
     from mmidx.gpt import GPTTextDataset
@@ -266,7 +267,7 @@ def read_everything(prefix: Path) -> str:
         if isinstance(value, torch.Tensor):
             value = value.detach().cpu().numpy()
         if isinstance(value, np.ndarray):
-            digest.update(str((value.dtype, value.shape)).encode() + np.ascontiguousarray(value).tobytes())
+            digest.update(f"{value.dtype.str}{value.shape}".encode() + np.ascontiguousarray(value).tobytes())
         elif isinstance(value, (bytes, memoryview)):
             digest.update(bytes(value))
         else:
@@ -300,16 +301,15 @@ def read_everything(prefix: Path) -> str:
     index = build_pack_index(config, num_samples=2 * len(dataset), cache_dir=None)
     add(index.arrays["pack_items"])
     for decode_images in ("loader", "device"):
-        for use_flex in (False, True):
-            builder = PackBuilder(config, use_flex=use_flex, decode_images=decode_images, datasets=[[dataset]],
-                                  special_tokens=SPECIAL)  # a bare Megatron pair records none
-            for pack in range(min(len(index), 2)):
-                batch = builder.build(pack, index.items(pack)).to("cpu")
-                for _key, value in sorted(batch.to_dict().items()):
-                    add([add(v) for v in value] if isinstance(value, list) and value
-                        and isinstance(value[0], torch.Tensor) else value)
-                masks = batch.attention_masks()
-                add(masks.to_dense() if use_flex else [add(mask) for mask in masks])
+        builder = PackBuilder(config, use_flex=False, decode_images=decode_images, datasets=[[dataset]],
+                              special_tokens=SPECIAL)  # a bare Megatron pair records none
+        for pack in range(min(len(index), 2)):
+            batch = builder.build(pack, index.items(pack)).to("cpu")
+            for _key, value in sorted(batch.to_dict().items()):  # with the dense masks
+                add([add(v) for v in value] if isinstance(value, list) and value
+                    and isinstance(value[0], torch.Tensor) else value)
+            flex = masks.block_mask(*batch.flat_split_metadata(pad=True), device="cpu")
+            add([flex.kv_num_blocks, flex.kv_indices, flex.full_kv_num_blocks, flex.full_kv_indices])
     return digest.hexdigest()
 
 
