@@ -108,12 +108,14 @@ cdef class TokenStream:
             return
         cdef int64_t first = _load_i64(self._pointers, 0)
         cdef int64_t last = _load_i64(self._pointers, n - 1)
-        cdef int64_t end = last + <int64_t>_load_i32(self._lengths, n - 1) * self._itemsize
+        cdef int64_t last_size = _load_i32(self._lengths, n - 1)
         if first != 0:
             raise FormatError(f"{self.path_prefix}.idx: the first sequence pointer is {first}, not 0: corrupted index")
-        if end != self._bin_size:
-            raise FormatError(f"{self.path_prefix}.bin: size {self._bin_size} bytes, but the index says the "
-                              f"tokens end at byte {end}: the .bin is truncated, or does not belong to this .idx")
+        # Compared, never added: the last pointer comes from the file and may be anything.
+        if last < 0 or last > self._bin_size or last_size < 0 or last_size * self._itemsize != self._bin_size - last:
+            raise FormatError(f"{self.path_prefix}.bin: size {self._bin_size} bytes, but the index says the last "
+                              f"sequence ({last_size} tokens) starts at byte {last}: the .bin is truncated, or "
+                              "does not belong to this .idx")
 
     def __len__(self):
         return self.sequence_count
@@ -155,6 +157,17 @@ cdef class TokenStream:
         cnp.PyArray_SetBaseObject(array, self._bin_view)
         return array
 
+    cdef inline int64_t _span_start(self, int64_t sequence, int64_t offset, int64_t count) noexcept nogil:
+        """Byte offset of tokens [offset, offset + count) of ``sequence`` in the .bin, or -1 when its
+        pointer puts them outside the file. Overflow-proof: 0 <= offset, count <= 2^31, so only the
+        pointer, read from the file, can be anything, and it is compared, never added, to the size."""
+        cdef int64_t pointer = _load_i64(self._pointers, sequence)
+        if pointer < 0 or pointer > self._bin_size or pointer % self._itemsize:
+            return -1
+        if offset + count > (self._bin_size - pointer) // self._itemsize:
+            return -1
+        return pointer + offset * self._itemsize
+
     cpdef cnp.ndarray get(self, int64_t sequence, int64_t offset=0, object length=None):
         """Tokens ``[offset, offset + length)`` of one sequence, as a read-only zero-copy view.
 
@@ -167,13 +180,20 @@ cdef class TokenStream:
         if sequence < 0 or sequence >= n:
             raise IndexError(f"sequence {sequence} out of range for {n} sequences")
         cdef int64_t size = _load_i32(self._lengths, sequence)
+        if size < 0:
+            raise FormatError(f"{self.path_prefix}.idx: sequence {sequence} has a negative length ({size}): "
+                              "corrupted index")
+        if offset < 0 or offset > size:
+            raise IndexError(f"offset {offset} out of range for sequence {sequence} of {size} tokens")
         cdef int64_t count = size - offset if length is None else <int64_t>length
-        if offset < 0 or count < 0 or offset + count > size:
-            raise IndexError(f"tokens [{offset}, {offset + count}) out of range for sequence {sequence} "
+        if count < 0 or count > size - offset:
+            raise IndexError(f"tokens [{offset}, {offset} + {count}) out of range for sequence {sequence} "
                              f"of {size} tokens")
-        cdef int64_t start = _load_i64(self._pointers, sequence) + offset * self._itemsize
-        if start < 0 or start + count * self._itemsize > self._bin_size:
-            raise FormatError(f"{self.path_prefix}.idx: pointer of sequence {sequence} lies outside the .bin file")
+        cdef int64_t start = self._span_start(sequence, offset, count)
+        if start < 0:
+            raise FormatError(f"{self.path_prefix}.idx: pointer of sequence {sequence} "
+                              f"({_load_i64(self._pointers, sequence)}) lies outside the .bin file "
+                              f"({self._bin_size} bytes) or is not a multiple of the token size: corrupted index")
         return self._view(start, count)
 
     def gather(self, sequences, offsets=None, lengths=None):
@@ -193,9 +213,11 @@ cdef class TokenStream:
             raise ValueError(f"offsets and lengths must have one entry per sequence ({count})")
         bounds_array = np.empty(count + 1, dtype=np.int64)
         cdef int64_t[::1] bounds = bounds_array
+        cdef int64_t[::1] starts = np.empty(count, dtype=np.int64)
         cdef int64_t n = self.sequence_count, s = 0, size = 0, start, take, total = 0
         cdef Py_ssize_t bad = -1
-        cdef int reason = 0  # 1: sequence out of range, 2: span out of range, 3: pointer outside .bin
+        cdef int reason = 0  # 1: sequence out of range, 2: span out of range, 3: pointer outside .bin,
+        # 4: negative length
         cdef int itemsize = self._itemsize
         with nogil:
             bounds[0] = 0
@@ -205,14 +227,18 @@ cdef class TokenStream:
                     bad, reason = i, 1
                     break
                 size = _load_i32(self._lengths, s)
+                if size < 0:
+                    bad, reason = i, 4
+                    break
                 take = size - off[i] if whole else lens[i]
-                if off[i] < 0 or take < 0 or off[i] + take > size:
+                if off[i] < 0 or off[i] > size or take < 0 or take > size - off[i]:
                     bad, reason = i, 2
                     break
-                start = _load_i64(self._pointers, s) + off[i] * itemsize
-                if start < 0 or start + take * itemsize > self._bin_size:
+                start = self._span_start(s, off[i], take)
+                if start < 0:
                     bad, reason = i, 3
                     break
+                starts[i] = start
                 total += take
                 bounds[i + 1] = total
         if reason == 1:
@@ -221,16 +247,18 @@ cdef class TokenStream:
             raise IndexError(f"span of entry {bad} (offset {off[bad]}) out of range for sequence {s} "
                              f"of {size} tokens")
         if reason == 3:
-            raise FormatError(f"{self.path_prefix}.idx: pointer of sequence {s} lies outside the .bin file")
+            raise FormatError(f"{self.path_prefix}.idx: pointer of sequence {s} ({_load_i64(self._pointers, s)}) "
+                              f"lies outside the .bin file ({self._bin_size} bytes) or is not a multiple "
+                              "of the token size: corrupted index")
+        if reason == 4:
+            raise FormatError(f"{self.path_prefix}.idx: sequence {s} has a negative length ({size}): corrupted index")
         out = np.empty(total, dtype=self.dtype)
         cdef char* dst = <char*>cnp.PyArray_DATA(out)
         with nogil:
             for i in range(count):
                 take = bounds[i + 1] - bounds[i]
                 if take:
-                    memcpy(dst + bounds[i] * itemsize,
-                           self._bin + _load_i64(self._pointers, seq[i]) + off[i] * itemsize,
-                           take * itemsize)
+                    memcpy(dst + bounds[i] * itemsize, self._bin + starts[i], take * itemsize)
         return out, bounds_array
 
     def __reduce__(self):

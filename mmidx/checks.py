@@ -13,19 +13,24 @@ from typing import Any
 import numpy as np
 
 from mmidx import format as fmt
-from mmidx.dataset import MMIDXDataset, dataset_files
+from mmidx.dataset import MMIDXDataset, dataset_files, structure_problems
 from mmidx.format import FormatError
+from mmidx.images import ImageError, probe, verify_decodable
 
 
-def verify(prefix: str | os.PathLike) -> list[str]:
-    """Every problem found in the dataset at ``prefix`` (an empty list means it is sound)."""
+def verify(prefix: str | os.PathLike, *, decode: bool = False) -> list[str]:
+    """Every problem found in the dataset at ``prefix`` (an empty list means it is sound).
+
+    Recomputes every file's checksum, checks the O(n) structure, and probes every stored image's
+    header (format, width, height, mode) against ``image_info``; ``decode`` also decodes every image.
+    """
     try:
         dataset = MMIDXDataset(prefix)
     except FormatError as error:
         return [str(error)]
-    problems = _verify_checksums(dataset) + _verify_token_index(dataset)
-    if dataset.plan is not None:
-        problems += _verify_plan(dataset)
+    problems = _verify_checksums(dataset) + structure_problems(dataset)
+    if dataset.plan is not None and not problems:  # the image checks read with the offsets
+        problems += _verify_images(dataset, decode)
     return problems
 
 
@@ -33,58 +38,44 @@ def _verify_checksums(dataset: MMIDXDataset) -> list[str]:
     problems = []
     for role, entry in (dataset.metadata or {}).get("files", {}).items():
         path = fmt.file_path(dataset.prefix, role)
-        if fmt.sha256_file(path) != entry["sha256"]:
+        try:
+            digest = fmt.sha256_file(path)
+        except OSError as error:
+            problems.append(f"{path}: cannot be read ({error.strerror})")
+            continue
+        if digest != entry["sha256"]:
             problems.append(f"{path}: sha256 differs from the metadata: the file was modified or corrupted")
     return problems
 
 
-def _verify_token_index(dataset: MMIDXDataset) -> list[str]:
-    tokens, problems = dataset.tokens, []
-    lengths = tokens.sequence_lengths
-    where = f"{dataset.prefix}.idx"
-    if np.any(lengths < 0):
-        problems.append(f"{where}: {int(np.sum(lengths < 0))} negative sequence lengths")
-    if not np.array_equal(tokens.sequence_pointers, fmt.sequence_pointers(lengths, tokens.dtype.itemsize)):
-        problems.append(f"{where}: sequence pointers are not the cumulative sequence lengths")
-    if np.any(np.diff(tokens.document_indices) < 0):
-        problems.append(f"{where}: document indices decrease")
+def _verify_images(dataset: MMIDXDataset, decode: bool) -> list[str]:
+    plan, data, problems = dataset.plan, dataset.image_bytes, []
+    offsets, info = plan["image_offsets"], plan["image_info"]
+    check = verify_decodable if decode else probe
+    for number in range(len(info)):
+        where = f"{dataset.prefix}.images: image {number}"
+        try:
+            found = check(data[offsets[number]:offsets[number + 1]])
+        except ImageError as error:
+            problems.append(f"{where}: {error}")
+            continue
+        recorded = (int(info[number]["width"]), int(info[number]["height"]),
+                    _name(fmt.IMAGE_FORMATS, info[number]["format"]), _name(fmt.IMAGE_MODES, info[number]["mode"]))
+        if (found.width, found.height, found.format, found.mode) != recorded:
+            problems.append(f"{where} is a {found.width}x{found.height} {found.format} {found.mode} image, but "
+                            f"image_info in {dataset.prefix}.plan records {'x'.join(map(str, recorded[:2]))} "
+                            f"{recorded[2]} {recorded[3]}")
+        if len(problems) >= MAX_IMAGE_PROBLEMS:
+            problems.append(f"{dataset.prefix}.images: stopped after {MAX_IMAGE_PROBLEMS} image problems")
+            break
     return problems
 
 
-def _verify_plan(dataset: MMIDXDataset) -> list[str]:
-    plan, problems = dataset.plan, []
-    where = f"{dataset.prefix}.plan"
-    for name in ("sample_view_offsets", "sample_image_offsets", "view_element_offsets", "image_offsets",
-                 "sample_extra_offsets"):
-        if name in plan and np.any(np.diff(plan[name]) < 0):
-            problems.append(f"{where}: {name} decrease")
-    if problems:
-        return problems  # the per-element checks below index with these offsets
-    elements = plan["elements"]
-    if np.any(elements["kind"] >= len(fmt.KIND_NAMES)):
-        problems.append(f"{where}: unknown element kinds {sorted(set(elements['kind'][elements['kind'] > 2]))}")
-    if np.any(elements["flags"] > fmt.KNOWN_FLAGS):  # the known flags are the low bits
-        problems.append(f"{where}: elements with unknown flag bits")
-    if np.any(elements["img_num"] < 1):
-        problems.append(f"{where}: elements with img_num 0")
-    sample_of_element = dataset.element_samples()
-    texts = np.diff(dataset.tokens.document_indices)[sample_of_element]
-    images = np.diff(plan["sample_image_offsets"])[sample_of_element]
-    limit = np.where(elements["kind"] == fmt.TEXT, texts, images)
-    bad = (elements["payload"] < 0) | (elements["payload"] >= limit)
-    if np.any(bad):
-        problems.append(f"{where}: {int(bad.sum())} elements name a text or image their sample does not have "
-                        f"(first: element {int(np.argmax(bad))})")
-    info = plan["image_info"]
-    if np.any((info["width"] <= 0) | (info["height"] <= 0)):
-        problems.append(f"{where}: images with a non-positive width or height")
-    if np.any(info["format"] >= len(fmt.IMAGE_FORMATS)) or np.any(info["mode"] >= len(fmt.IMAGE_MODES)):
-        problems.append(f"{where}: images with unknown format or mode codes")
-    sources = len((dataset.metadata or {}).get("sources", []))
-    origin = plan["sample_origin"][:, 0]
-    if np.any((origin < -1) | (origin >= sources)):
-        problems.append(f"{where}: samples whose origin names none of the {sources} recorded sources")
-    return problems
+MAX_IMAGE_PROBLEMS = 20
+
+
+def _name(names: tuple[str, ...], code: int) -> str:
+    return names[code] if code < len(names) else str(int(code))
 
 
 def _stats(values: np.ndarray) -> dict[str, float]:
@@ -98,6 +89,7 @@ def _stats(values: np.ndarray) -> dict[str, float]:
 
 def summary(dataset: MMIDXDataset) -> dict[str, Any]:
     """Counts, size statistics, element kinds, images and file sizes of a dataset, as plain data."""
+    dataset.check_structure()  # the statistics index with the index arrays
     meta = dataset.metadata or {}
     tokens = dataset.tokens
     cumulative = np.concatenate([[0], np.cumsum(tokens.sequence_lengths, dtype=np.int64)])
@@ -135,10 +127,9 @@ def summary(dataset: MMIDXDataset) -> dict[str, Any]:
                 "bytes": _stats(np.diff(plan["image_offsets"])),
                 "width": _stats(info["width"]),
                 "height": _stats(info["height"]),
-                "formats": {fmt.IMAGE_FORMATS[c] if c < len(fmt.IMAGE_FORMATS) else str(c): n
+                "formats": {_name(fmt.IMAGE_FORMATS, c): n
                             for c, n in sorted(Counter(info["format"].tolist()).items())},
-                "modes": {fmt.IMAGE_MODES[c] if c < len(fmt.IMAGE_MODES) else str(c): n
-                          for c, n in sorted(Counter(info["mode"].tolist()).items())},
+                "modes": {_name(fmt.IMAGE_MODES, c): n for c, n in sorted(Counter(info["mode"].tolist()).items())},
             },
         })
     return result

@@ -40,6 +40,7 @@ class _Mapped:
     tokens: TokenStream
     plan: dict[str, np.ndarray] | None
     images: memoryview | None
+    structure_checked: bool = False
 
 
 def _open(prefix: str) -> _Mapped:
@@ -47,6 +48,11 @@ def _open(prefix: str) -> _Mapped:
     meta = fmt.read_metadata(meta_path) if meta_path.exists() else None
     if meta is None and not idx_path.exists():
         raise FormatError(f"{prefix}: no dataset here: neither {meta_path.name} nor {idx_path.name} exists")
+    if meta is None:
+        multimodal = [path.name for role in ("plan", "images") if (path := fmt.file_path(prefix, role)).exists()]
+        if multimodal:  # without its metadata a multimodal dataset would silently read as text only
+            raise FormatError(f"{meta_path}: missing, but {' and '.join(multimodal)} beside it make this a "
+                              "multimodal dataset that cannot be read without it: restore it or rebuild")
     if meta is not None:
         _check_file_sizes(prefix, meta)
     if not bin_path.exists():
@@ -65,32 +71,27 @@ def _open(prefix: str) -> _Mapped:
 
 
 def _check_file_sizes(prefix: str, meta: dict[str, Any]) -> None:
-    kind = meta.get("kind")
-    roles = {"multimodal": ("idx", "bin", "images", "plan"), "text": ("idx", "bin")}.get(kind)
-    if roles is None:
-        raise FormatError(f"{fmt.file_path(prefix, 'meta')}: unknown dataset kind {kind!r}")
-    files = meta.get("files", {})
-    for role in roles:
+    files = meta["files"]  # its roles are those of the dataset's kind (fmt.check_metadata_schema)
+    for role in files:
         path = fmt.file_path(prefix, role)
-        if role not in files:
-            raise FormatError(f"{fmt.file_path(prefix, 'meta')}: lists no {role} file for this {kind} dataset")
         if not path.exists():
             raise FormatError(f"{path}: missing (the metadata lists it): the build did not finish, rebuild it")
         size = path.stat().st_size
-        if size != files[role].get("bytes"):
-            raise FormatError(f"{path}: {size} bytes, the metadata says {files[role].get('bytes')}: "
+        if size != files[role]["bytes"]:
+            raise FormatError(f"{path}: {size} bytes, the metadata says {files[role]['bytes']}: "
                               "the file is truncated or was replaced")
 
 
 def _check_counts(prefix: str, meta: dict[str, Any], tokens: TokenStream) -> None:
-    counts = meta.get("counts", {})
+    counts = meta["counts"]
     found = {"samples": tokens.document_count, "sequences": tokens.sequence_count,
              "tokens": len(tokens.tokens)}
     for key, value in found.items():
         if counts.get(key) != value:
-            raise FormatError(f"{prefix}: the metadata counts {counts.get(key)} {key}, the token index has {value}")
+            raise FormatError(f"{fmt.file_path(prefix, 'meta')}: the metadata counts {counts.get(key)} {key}, "
+                              f"the token index has {value}")
     if meta.get("token_dtype") != tokens.dtype.name:
-        raise FormatError(f"{prefix}: the metadata says {meta.get('token_dtype')} tokens, "
+        raise FormatError(f"{fmt.file_path(prefix, 'meta')}: the metadata says {meta.get('token_dtype')} tokens, "
                           f"the index says {tokens.dtype}")
 
 
@@ -123,10 +124,74 @@ def _check_plan(prefix: str, meta: dict[str, Any], tokens: TokenStream, plan: di
         if extra_bytes != len(plan["sample_extra"]):
             raise FormatError(f"{path}: sample_extra holds {len(plan['sample_extra'])} bytes, its offsets need "
                               f"{extra_bytes}")
-    counts = meta.get("counts", {})
+    counts = meta["counts"]
     for key, value in {"views": views, "elements": elements, "images": images, "image_bytes": image_bytes}.items():
         if counts.get(key) != value:
-            raise FormatError(f"{prefix}: the metadata counts {counts.get(key)} {key}, the plan has {value}")
+            raise FormatError(f"{fmt.file_path(prefix, 'meta')}: the metadata counts {counts.get(key)} {key}, "
+                              f"the plan has {value}")
+
+
+def element_problem(records: np.ndarray, texts: Any, images: Any) -> str | None:
+    """What is wrong with plan records whose samples have ``texts`` texts and ``images`` images
+    (numbers or per-record arrays), or None: kinds, flags, img_num and payloads are checked."""
+    kind = records["kind"]
+    if np.any(kind >= len(fmt.KIND_NAMES)):
+        return f"unknown element kinds {sorted(set(kind[kind >= len(fmt.KIND_NAMES)].tolist()))}"
+    if np.any(records["flags"] & ~np.uint8(fmt.KNOWN_FLAGS)):
+        return "elements with unknown flag bits"
+    if np.any(records["img_num"] < 1):
+        return "elements with img_num 0"
+    payload = records["payload"]
+    bad = (payload < 0) | (payload >= np.where(kind == fmt.TEXT, texts, images))
+    if np.any(bad):
+        return (f"{int(bad.sum())} elements name a text or image their sample does not have "
+                f"(first: element {int(np.argmax(bad))}, payload {int(payload[np.argmax(bad)])})")
+    return None
+
+
+def structure_problems(dataset: MMIDXDataset) -> list[str]:
+    """Every O(n) structural invariant the dataset's index arrays break (vectorised; empty = sound).
+
+    Opening checks only what is O(1); reads check what they use. Whatever sizes something from
+    whole arrays (GPT and pack indices) runs this first, so no corrupted value can make it
+    allocate or index out of proportion (``MMIDXDataset.check_structure``); ``mmidx verify`` reports it.
+    """
+    tokens, problems = dataset.tokens, []
+    where = f"{dataset.prefix}.idx"
+    lengths = tokens.sequence_lengths
+    if np.any(lengths < 0):
+        problems.append(f"{where}: {int(np.sum(lengths < 0))} negative sequence lengths")
+    elif not np.array_equal(tokens.sequence_pointers, fmt.sequence_pointers(lengths, tokens.dtype.itemsize)):
+        problems.append(f"{where}: sequence pointers are not the cumulative sequence lengths")
+    if np.any(np.diff(tokens.document_indices) < 0):
+        problems.append(f"{where}: document indices decrease")
+    plan = dataset.plan
+    if plan is None or problems:
+        return problems  # the plan checks below index with the document indices
+    where = f"{dataset.prefix}.plan"
+    for name in ("sample_view_offsets", "sample_image_offsets", "view_element_offsets", "image_offsets",
+                 "sample_extra_offsets"):
+        if name in plan and np.any(np.diff(plan[name]) < 0):
+            problems.append(f"{where}: {name} decrease")
+    if problems:
+        return problems  # the per-element checks below index with these offsets
+    if np.any(np.diff(plan["sample_view_offsets"]) == 0):
+        return [f"{where}: samples without a view"]
+    sample_of_element = dataset.element_samples()
+    problem = element_problem(plan["elements"], np.diff(tokens.document_indices)[sample_of_element],
+                              np.diff(plan["sample_image_offsets"])[sample_of_element])
+    if problem:
+        problems.append(f"{where}: {problem}")
+    info = plan["image_info"]
+    if np.any((info["width"] <= 0) | (info["height"] <= 0)):
+        problems.append(f"{where}: images with a non-positive width or height")
+    if np.any(info["format"] >= len(fmt.IMAGE_FORMATS)) or np.any(info["mode"] >= len(fmt.IMAGE_MODES)):
+        problems.append(f"{where}: images with unknown format or mode codes")
+    sources = len((dataset.metadata or {}).get("sources", []))
+    origin = plan["sample_origin"][:, 0]
+    if np.any((origin < -1) | (origin >= sources)):
+        problems.append(f"{where}: samples whose origin names none of the {sources} recorded sources")
+    return problems
 
 
 class Sample:
@@ -138,14 +203,28 @@ class Sample:
         self._dataset = dataset
         self.index = index
 
+    @property
+    def dataset(self) -> MMIDXDataset:
+        """The dataset the sample belongs to."""
+        return self._dataset
+
     def __repr__(self) -> str:
         return (f"Sample({self.index}, views={self.num_views}, texts={self.num_texts}, "
                 f"images={self.num_images})")
 
+    def _range(self, name: str, number: int, limit: int, *, role: str = "plan") -> tuple[int, int]:
+        """Entries ``number`` and ``number + 1`` of the offsets array ``name``, checked to be an
+        ordered range inside ``[0, limit]`` before anything is read with them."""
+        offsets = self._dataset.tokens.document_indices if name == "document_indices" else self._dataset.plan[name]
+        start, end = int(offsets[number]), int(offsets[number + 1])
+        if not 0 <= start <= end <= limit:
+            raise FormatError(f"{self._dataset.prefix}.{role}: {name}[{number}:{number + 2}] = [{start}, {end}] is "
+                              f"not a range inside [0, {limit}] (sample {self.index}): corrupted")
+        return start, end
+
     @property
     def _sequence_range(self) -> tuple[int, int]:
-        documents = self._dataset.tokens.document_indices
-        return int(documents[self.index]), int(documents[self.index + 1])
+        return self._range("document_indices", self.index, self._dataset.tokens.sequence_count, role="idx")
 
     @property
     def num_texts(self) -> int:
@@ -153,16 +232,25 @@ class Sample:
         return end - start
 
     @property
+    def _image_range(self) -> tuple[int, int]:
+        return self._range("sample_image_offsets", self.index, len(self._dataset.plan["image_info"]))
+
+    @property
     def num_images(self) -> int:
-        plan = self._dataset.plan
-        return 0 if plan is None else int(plan["sample_image_offsets"][self.index + 1]
-                                          - plan["sample_image_offsets"][self.index])
+        if self._dataset.plan is None:
+            return 0
+        start, end = self._image_range
+        return end - start
 
     @property
     def num_views(self) -> int:
         plan = self._dataset.plan
-        return 1 if plan is None else int(plan["sample_view_offsets"][self.index + 1]
-                                          - plan["sample_view_offsets"][self.index])
+        if plan is None:
+            return 1
+        start, end = self._range("sample_view_offsets", self.index, len(plan["view_element_offsets"]) - 1)
+        if start == end:
+            raise FormatError(f"{self._dataset.prefix}.plan: sample {self.index} has no view: corrupted")
+        return end - start
 
     def text(self, j: int) -> np.ndarray:
         """Token ids of the sample's text ``j`` (a read-only view of the mapped ``.bin``)."""
@@ -182,13 +270,13 @@ class Sample:
         count = self.num_images
         if not 0 <= j < count:
             raise IndexError(f"image {j} out of range: sample {self.index} has {count} images")
-        number = int(plan["sample_image_offsets"][self.index]) + j
-        start, end = int(plan["image_offsets"][number]), int(plan["image_offsets"][number + 1])
+        number = self._image_range[0] + j
         data = self._dataset.image_bytes
-        if not 0 <= start <= end <= len(data):
-            raise FormatError(f"{self._dataset.prefix}.plan: image {number} spans bytes {start}..{end} "
-                              f"outside {len(data)}: corrupted")
+        start, end = self._range("image_offsets", number, len(data))
         info = plan["image_info"][number]
+        if info["width"] <= 0 or info["height"] <= 0:
+            raise FormatError(f"{self._dataset.prefix}.plan: image {number} (sample {self.index}) has a size of "
+                              f"{info['width']}x{info['height']} in image_info: corrupted")
         return ImageRecord(data[start:end], int(info["width"]), int(info["height"]),
                            fmt.IMAGE_FORMATS[info["format"]] if info["format"] < len(fmt.IMAGE_FORMATS) else "unknown",
                            fmt.IMAGE_MODES[info["mode"]] if info["mode"] < len(fmt.IMAGE_MODES) else "unknown",
@@ -214,9 +302,13 @@ class Sample:
             records["special_token_label"] = -1
             records["payload"] = np.arange(self.num_texts)
             return records
-        number = int(plan["sample_view_offsets"][self.index]) + view
-        start, end = plan["view_element_offsets"][number], plan["view_element_offsets"][number + 1]
-        return plan["elements"][start:end]
+        number = int(plan["sample_view_offsets"][self.index]) + view  # checked by num_views
+        start, end = self._range("view_element_offsets", number, len(plan["elements"]))
+        records = plan["elements"][start:end]
+        problem = element_problem(records, self.num_texts, self.num_images)
+        if problem:
+            raise FormatError(f"{self._dataset.prefix}.plan: view {view} of sample {self.index}: {problem}: corrupted")
+        return records
 
     def sequence_plan(self, view: int = 0) -> list[dict[str, Any]]:
         """The plan of one view in BAGEL's ``sequence_plan`` shape (dicts), with each element's payload."""
@@ -245,11 +337,17 @@ class Sample:
         plan = self._dataset.plan
         if plan is None or "sample_extra" not in plan:
             return {}
-        start, end = plan["sample_extra_offsets"][self.index], plan["sample_extra_offsets"][self.index + 1]
-        if not 0 <= start <= end <= len(plan["sample_extra"]):
-            raise FormatError(f"{self._dataset.prefix}.plan: extra data of sample {self.index} lies outside "
-                              "sample_extra: corrupted")
-        return json.loads(plan["sample_extra"][start:end].tobytes()) if end > start else {}
+        start, end = self._range("sample_extra_offsets", self.index, len(plan["sample_extra"]))
+        if start == end:
+            return {}
+        try:
+            extra = json.loads(plan["sample_extra"][start:end].tobytes().decode("utf-8"))
+        except (ValueError, RecursionError) as error:  # ValueError: JSONDecodeError, UnicodeDecodeError
+            extra = error
+        if not isinstance(extra, dict):
+            raise FormatError(f"{self._dataset.prefix}.plan: extra data of sample {self.index} is not a JSON "
+                              f"object ({extra}): corrupted")
+        return extra
 
     @property
     def origin(self) -> tuple[str | None, int]:
@@ -337,8 +435,20 @@ class MMIDXDataset:
         stats = [fmt.file_path(self.prefix, role).stat() for role in ("idx", "bin")]
         return "megatron:" + ":".join(f"{stat.st_size}:{stat.st_mtime_ns}" for stat in stats)
 
+    def check_structure(self) -> None:
+        """Raise ``FormatError`` naming the first broken O(n) invariant (:func:`structure_problems`);
+        checked once per opening, before anything is sized or indexed from the whole index arrays."""
+        files = self._files
+        if not files.structure_checked:
+            problems = structure_problems(self)
+            if problems:
+                raise FormatError(problems[0])
+            files.structure_checked = True
+
     def element_samples(self) -> np.ndarray:
-        """The sample number of every element record of ``P.plan`` (int64; empty for text datasets)."""
+        """The sample number of every element record of ``P.plan`` (int64; empty for text datasets).
+
+        Needs monotone offsets (:meth:`check_structure`)."""
         plan = self.plan
         if plan is None:
             return np.zeros(0, dtype=np.int64)

@@ -141,16 +141,21 @@ Writing and version rules
 * ``format_version`` changes only when a version-1 reader would misread the data. Readers refuse
   versions newer than they know, with a message to upgrade. Additive changes (new metadata keys,
   new ``P.plan`` arrays) keep the version; readers ignore what they do not know.
-* Opening checks, in O(1): magics, versions, dtype codes, the metadata's own checksum, every
-  array's size against its file's size, and counts across files. ``mmidx verify`` adds the
-  checksums of all files and the O(n) invariants (monotone offsets, pointers equal to the
-  cumulative sizes, payloads inside their sample, known kinds and formats).
+* Opening checks, in O(1): magics, versions, dtype codes, the metadata's own checksum and schema
+  (the type and range of every field above), every array's size against its file's size, and
+  counts across files. A prefix with ``P.plan`` or ``P.images`` but no ``P.meta.json`` is refused.
+  Reads check every file-derived index they use (overflow-proof) before dereferencing it; whatever
+  sizes something from whole arrays (GPT and pack indices) first checks the O(n) invariants
+  (monotone offsets, pointers equal to the cumulative sizes, payloads inside their sample, known
+  kinds and formats). ``mmidx verify`` adds the checksums of all files and probes every image's
+  header against ``image_info`` (``--decode``: decodes every image).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -410,7 +415,7 @@ def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
         header = json.loads(bytes(view[PLAN_PREAMBLE_SIZE:data_start]).decode("utf-8"))
         entries = {entry["name"]: entry for entry in header["arrays"]}
         order = [entry["name"] for entry in header["arrays"]]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
+    except (ValueError, RecursionError, KeyError, TypeError) as error:
         raise FormatError(f"{path}: the plan header is not valid JSON of the expected shape ({error})") from error
     arrays: dict[str, np.ndarray] = {}
     end = data_start
@@ -424,7 +429,7 @@ def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
             raise FormatError(f"{path}: plan array {name!r} has a malformed header entry ({error})") from error
         if offset != _align(end) or min(shape, default=0) < 0:
             raise FormatError(f"{path}: plan array {name!r} is not where the layout puts it (offset {offset})")
-        if nbytes != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or offset + nbytes > size:
+        if nbytes != math.prod(shape) * dtype.itemsize or offset + nbytes > size:
             raise FormatError(f"{path}: plan array {name!r} ({nbytes} bytes at {offset}) does not fit "
                               f"its shape {shape} or the file ({size} bytes): truncated or corrupted")
         end = offset + nbytes
@@ -479,7 +484,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         meta = json.loads(raw.decode("utf-8"))
     except OSError as error:
         raise FormatError(f"{path}: cannot read the metadata ({error.strerror})") from error
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # ValueError: undecodable, not JSON, or a 5,000-digit int
         raise FormatError(f"{path}: the metadata is not valid JSON ({error}): truncated or corrupted") from error
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise FormatError(f"{path}: not mmidx metadata (no \"format\": \"mmidx\")")
@@ -488,10 +493,72 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     if raw != serialize_metadata(meta):
         raise FormatError(f"{path}: the metadata is not byte-identical to its canonical form: it was edited")
     version = meta.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if _is_int(version) and version > FORMAT_VERSION:
         raise FormatError(f"{path}: format version {version!r} is newer than this mmidx reads "
                           f"({FORMAT_VERSION}); upgrade mmidx")
+    check_metadata_schema(path, meta)
     return meta
+
+
+# Files and counts of each dataset kind, as the metadata must list them.
+KIND_FILES = {"multimodal": ("idx", "bin", "images", "plan"), "text": ("idx", "bin")}
+KIND_COUNTS = {"multimodal": ("samples", "sequences", "tokens", "views", "elements", "images", "image_bytes"),
+               "text": ("samples", "sequences", "tokens")}
+TOKEN_ID_LIMIT = 2**31  # token ids are stored as int32 at most
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_metadata_schema(path: str | os.PathLike, meta: dict[str, Any]) -> None:
+    """Refuse metadata whose fields do not have the types and ranges this specification gives them,
+    so that no reader ever trips over a wrong type: each problem is a ``FormatError`` naming the field."""
+
+    def refuse(field: str, problem: str) -> None:
+        raise FormatError(f"{path}: metadata field {field!r} {problem}: corrupted or hand-edited metadata")
+
+    if not _is_int(meta.get("format_version")) or meta["format_version"] < 1:
+        refuse("format_version", f"is {meta.get('format_version')!r}, not a positive integer")
+    kind = meta.get("kind")
+    if not isinstance(kind, str) or kind not in KIND_FILES:
+        refuse("kind", f"is {kind!r}, not one of {sorted(KIND_FILES)}")
+    if meta.get("token_dtype") not in [dtype.name for dtype in DTYPE_CODES.values()]:
+        refuse("token_dtype", f"is {meta.get('token_dtype')!r}, not a Megatron token dtype")
+    counts = meta.get("counts")
+    if not isinstance(counts, dict):
+        refuse("counts", f"is {type(counts).__name__}, not an object")
+    for key in KIND_COUNTS[kind]:
+        if not _is_int(counts.get(key)) or not 0 <= counts[key] < 2**63:
+            refuse(f"counts.{key}", f"is {counts.get(key)!r}, not a count")
+    files = meta.get("files")
+    if not isinstance(files, dict) or set(files) != set(KIND_FILES[kind]):
+        listed = sorted(files) if isinstance(files, dict) else type(files).__name__
+        refuse("files", f"lists {listed}, a {kind} dataset has exactly {list(KIND_FILES[kind])}")
+    for role, entry in files.items():
+        if not isinstance(entry, dict) or not _is_int(entry.get("bytes")) or entry["bytes"] < 0:
+            refuse(f"files.{role}.bytes", "is not a byte count")
+        sha = entry.get("sha256")
+        if not isinstance(sha, str) or len(sha) != 64 or sha.strip("0123456789abcdef"):
+            refuse(f"files.{role}.sha256", f"is {sha!r}, not a sha256 hex digest")
+    sources = meta.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(source, str) for source in sources):
+        refuse("sources", "is not a list of file names")
+    tokenizer = meta.get("tokenizer")
+    if tokenizer is not None and not isinstance(tokenizer, dict):
+        refuse("tokenizer", f"is {type(tokenizer).__name__}, not an object or null")
+    vocab_size = (tokenizer or {}).get("vocab_size")
+    if vocab_size is not None and (not _is_int(vocab_size) or not 0 < vocab_size <= TOKEN_ID_LIMIT):
+        refuse("tokenizer.vocab_size", f"is {vocab_size!r}, not a vocabulary size")
+    special = meta.get("special_tokens", {})
+    if not isinstance(special, dict):
+        refuse("special_tokens", f"is {type(special).__name__}, not an object")
+    limit = vocab_size or TOKEN_ID_LIMIT
+    for name, value in special.items():
+        if value is not None and (not _is_int(value) or not 0 <= value < limit):
+            refuse(f"special_tokens.{name}", f"is {value!r}, not a token id below {limit}")
+    if not isinstance(meta.get("build", {}), dict):
+        refuse("build", "is not an object")
 
 
 def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 22) -> str:

@@ -69,8 +69,13 @@ class GPTTextDataset(torch.utils.data.Dataset):
                        "dataset": self.dataset.checksum}
 
         def build() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-            document, sample, shuffle = gpt_indices(sizes, seq_length=seq_length, num_samples=num_samples,
-                                                    seed=seed, add_extra_token=add_extra_token, drop_last=drop_last)
+            self.dataset.check_structure()  # the sample count is sized from the lengths: check them first
+            try:
+                document, sample, shuffle = gpt_indices(sizes, seq_length=seq_length, num_samples=num_samples,
+                                                        seed=seed, add_extra_token=add_extra_token,
+                                                        drop_last=drop_last)
+            except ValueError as error:  # e.g. too few tokens: say which dataset
+                raise ValueError(f"{self.dataset.prefix}: {error}") from error
             return {"document_index": document, "sample_index": sample, "shuffle_index": shuffle}, \
                 {"samples": len(sample) - 1}
 

@@ -48,6 +48,7 @@ def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
     Each view's size counts every element's tokens plus its two framing tokens, as BAGEL's packer
     estimates a sample (``num_tokens + 2 * len(sequence_plan)``); it is exact when nothing is dropped.
     """
+    dataset.check_structure()  # everything below indexes with the index arrays
     tokens = dataset.tokens
     lengths = tokens.sequence_lengths.astype(np.int64)
     documents = tokens.document_indices
@@ -194,7 +195,7 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
              for group, selected in zip(datasets, selections, strict=True)]
     group_sizes = [sum(group) for group in sizes]
     if min(group_sizes) == 0:
-        empty = [g.name for g, n in zip(config.groups, group_sizes, strict=True) if n == 0]
+        empty = {g.name: g.datasets for g, n in zip(config.groups, group_sizes, strict=True) if n == 0}
         raise ValueError(f"groups {empty} have no samples")
     num_samples = sum(group_sizes) if num_samples is None else int(num_samples)
     if num_samples < 0:

@@ -25,8 +25,8 @@ import functools
 import math
 import sys
 import threading
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from mmidx.config import DataConfig, GroupConfig
 from mmidx.dataset import MMIDXDataset, Sample
 from mmidx.format import FormatError
 from mmidx.images import (
+    ImageError,
     ImageTransform,
     decode_jpeg_batch,
     decode_rgb_pixels,
@@ -133,6 +134,27 @@ def _output_size(transform: ImageTransform, width: int, height: int, img_num: in
     return int(heights), int(widths)
 
 
+def _image_name(job: _ImageJob) -> str:
+    return f"{job.sample.dataset.prefix}.images: image {job.key[3]} of sample {job.key[2]}"
+
+
+@contextmanager
+def _named(where: str) -> Iterator[None]:
+    """Re-raise an undecodable stored image as a ``FormatError`` naming the file and the image."""
+    try:
+        yield
+    except (ImageError, RuntimeError) as error:  # RuntimeError: nvJPEG's
+        raise FormatError(f"{where}: {error}: the stored image is corrupted") from error
+
+
+def _check_decoded_size(where: str, probed: tuple[int, int], decoded: tuple[int, int]) -> None:
+    """Both decode paths: a stored image must decode to the (width, height) its ``image_info`` records,
+    from which the pack's token counts were computed."""
+    if tuple(decoded) != tuple(probed):
+        raise FormatError(f"{where} decodes to {decoded[0]}x{decoded[1]}, but the image table (image_info) "
+                          f"says {probed[0]}x{probed[1]}: the dataset is corrupted")
+
+
 class _Pixels:
     """Decoded RGB pixels of one pack's images: each stored image is decoded once, however many elements use it."""
 
@@ -143,14 +165,13 @@ class _Pixels:
     def __call__(self, job: _ImageJob) -> np.ndarray:
         """The (H, W, 3) uint8 pixels of the stored image of ``job``, before resizing."""
         if job.key not in self.decoded:
-            with self.stage("decode"):
-                self.decoded[job.key] = decode_rgb_pixels(job.sample.image(job.key[3]).data)
-        pixels = self.decoded[job.key]
-        if _output_size(job.transform, pixels.shape[1], pixels.shape[0], job.img_num) != (job.height, job.width):
-            raise FormatError(f"image {job.key[3]} of sample {job.key[2]} decodes to {pixels.shape[1]}x"
-                              f"{pixels.shape[0]}, which resizes to another size than its probed size gives "
-                              f"({job.width}x{job.height}): the dataset's image table does not match the image")
-        return pixels
+            image = job.sample.image(job.key[3])
+            where = _image_name(job)
+            with self.stage("decode"), _named(where):
+                decoded = decode_rgb_pixels(image.data)
+            _check_decoded_size(where, (image.width, image.height), (decoded.shape[1], decoded.shape[0]))
+            self.decoded[job.key] = decoded
+        return self.decoded[job.key]
 
 
 class PackBuilder:
@@ -240,6 +261,7 @@ class PackBuilder:
         split_lens: list[int] = []
         attn_modes: list[str] = []
         rope = 0
+        first_token = pack.curr
         split_len = 0
         timestep = None
         sample_len = 0
@@ -332,6 +354,9 @@ class PackBuilder:
                 split_lens.append(split_len)
                 sample_len += split_len
                 split_open = False
+        if len(split_lens) != len(attn_modes) or sample_len != pack.curr - first_token:
+            raise FormatError(f"{sample.dataset.prefix}.plan: view {item.view} of sample {item.sample}: the split "
+                              "flags (split_start, split_end) of its elements do not make whole splits: corrupted")
         pack.sample_lens.append(sample_len)
         pack.split_lens.append(split_lens)
         pack.attn_modes.append(attn_modes)
@@ -449,27 +474,35 @@ class DeferredImages:
     vae: list[tuple[int, ImageTransform, int, int]]
     vit: list[tuple[int, ImageTransform, int, int]]
     patch_size: int
+    probed: list[tuple[str, int, int]]  # per encoded image: where it is stored, its image_info width, height
 
     @classmethod
     def of(cls, vae_jobs: list[_ImageJob], vit_jobs: list[_ImageJob], patch_size: int) -> DeferredImages:
         numbers: dict[tuple[int, ...], int] = {}
         encoded: list[torch.Tensor] = []
+        probed: list[tuple[str, int, int]] = []
         for job in [*vae_jobs, *vit_jobs]:
             if job.key not in numbers:
                 numbers[job.key] = len(encoded)
-                encoded.append(torch.frombuffer(bytearray(job.sample.image(job.key[3]).data), dtype=torch.uint8))
+                image = job.sample.image(job.key[3])
+                encoded.append(torch.frombuffer(bytearray(image.data), dtype=torch.uint8))
+                probed.append((_image_name(job), image.width, image.height))
 
         def entries(jobs: list[_ImageJob]) -> list[tuple[int, ImageTransform, int, int]]:
             return [(numbers[job.key], job.transform, job.height, job.width) for job in jobs]
 
-        return cls(encoded, entries(vae_jobs), entries(vit_jobs), patch_size)
+        return cls(encoded, entries(vae_jobs), entries(vit_jobs), patch_size, probed)
 
     def pin_memory(self) -> DeferredImages:
-        return DeferredImages([data.pin_memory() for data in self.encoded], self.vae, self.vit, self.patch_size)
+        return DeferredImages([data.pin_memory() for data in self.encoded], self.vae, self.vit, self.patch_size,
+                              self.probed)
 
     def render(self, device: torch.device | str) -> dict[str, torch.Tensor]:
         """``padded_images`` and ``packed_vit_tokens`` (those present) on ``device``."""
-        decoded = decode_jpeg_batch([data.numpy() for data in self.encoded], device)
+        with _named(", ".join(sorted({where.split(":")[0] for where, _, _ in self.probed}))):
+            decoded = decode_jpeg_batch([data.numpy() for data in self.encoded], device)
+        for (where, width, height), pixels in zip(self.probed, decoded, strict=True):
+            _check_decoded_size(where, (width, height), (pixels.shape[2], pixels.shape[1]))
         resized: dict[tuple[int, int, int], torch.Tensor] = {}
 
         def image(number: int, transform: ImageTransform, height: int, width: int) -> torch.Tensor:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 
 import numpy as np
 from hypothesis import strategies as st
+from PIL import Image
 
 from mmidx.builder import DatasetBuilder, Element, StoredImage
 
@@ -77,13 +79,20 @@ def assert_sample_equal(read, raw: RawSample) -> None:
         assert read.elements(v).tobytes() == expected.tobytes()
 
 
+def png_bytes(width: int, height: int, color: tuple[int, ...] = (200, 30, 90), mode: str = "RGB") -> bytes:
+    """A real, tiny (one-colour) PNG, so that ``mmidx verify`` can probe and decode it."""
+    stream = io.BytesIO()
+    Image.new(mode, (width, height), color).save(stream, format="PNG")
+    return stream.getvalue()
+
+
 def small_dataset(prefix, seed: int = 0, count: int = 3) -> list[RawSample]:
     """A deterministic little dataset with every element kind; returns what was written."""
     rng = np.random.default_rng(seed)
     samples = []
     for i in range(count):
         texts = [rng.integers(0, 1000, rng.integers(1, 8)).tolist() for _ in range(2)]
-        images = [StoredImage(rng.bytes(int(rng.integers(5, 30))), 64 + i, 48, "JPEG", "RGB")]
+        images = [StoredImage(png_bytes(64 + i, 48, tuple(rng.integers(0, 256, 3).tolist())), 64 + i, 48, "PNG", "RGB")]
         views = [[Element("vae_image", 0, enable_cfg=True), Element("vit_image", 0, enable_cfg=True),
                   Element("text", v), Element("vae_image", 0, loss=True)] for v in range(2)]
         samples.append(RawSample(texts, images, views, (0, i)))

@@ -11,7 +11,7 @@ def test_inspect_prints_counts_and_json(tmp_path, capsys):
     small_dataset(tmp_path / "ds", count=3)
     assert main(["inspect", str(tmp_path / "ds")]) == 0
     text = capsys.readouterr().out
-    assert "samples 3" in text and "vae_image 12" in text and "JPEG 3" in text
+    assert "samples 3" in text and "vae_image 12" in text and "PNG 3" in text
     assert main(["inspect", str(tmp_path / "ds"), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["samples"] == 3 and info["views"] == 6 and info["images"]["count"] == 3

@@ -1,0 +1,289 @@
+"""Regression tests of issue 8: no byte pattern in any file crashes a reader, downgrades a dataset
+silently, or surfaces as anything but a FormatError naming the file; verify tells the truth."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from helpers import png_bytes, small_dataset
+from test_pack_index import config_of
+from test_packing_reference import build_groups
+
+from mmidx import format as fmt
+from mmidx.builder import DatasetBuilder
+from mmidx.checks import verify
+from mmidx.cli import main
+from mmidx.dataset import MMIDXDataset
+from mmidx.format import FormatError
+from mmidx.gpt import GPTTextDataset
+from mmidx.pack_index import build_pack_index
+from mmidx.packing import PackBuilder
+
+
+@pytest.fixture
+def prefix(tmp_path):
+    small_dataset(tmp_path / "ds", count=3)
+    return tmp_path / "ds"
+
+
+def _overwrite(path, offset, data):
+    content = bytearray(path.read_bytes())
+    content[offset:offset + len(data)] = data
+    path.write_bytes(bytes(content))
+
+
+def _resign(prefix, edit=lambda meta: None):
+    """Recompute the metadata's file checksums (after an edit of ``meta``): only structure can object."""
+    path = fmt.file_path(prefix, "meta")
+    meta = json.loads(path.read_bytes())
+    for role, entry in meta["files"].items():
+        path_of_role = fmt.file_path(prefix, role)
+        entry.update(bytes=path_of_role.stat().st_size, sha256=fmt.sha256_file(path_of_role))
+    edit(meta)
+    path.write_bytes(fmt.serialize_metadata(meta))
+
+
+# ------------------------------------------------------------------ 1. memory safety
+
+
+@pytest.mark.parametrize("pointer", [2**63 - 8, 2**63 - 1, 2**62, -(2**63), 2**64 - 8, 3])
+def test_a_wild_sequence_pointer_is_a_format_error_not_a_segfault(prefix, pointer):
+    """Run in a subprocess: a read at bin + 2^63 would kill pytest rather than fail the test."""
+    header = fmt.read_token_index_header(fmt.file_path(prefix, "idx"))
+    _overwrite(fmt.file_path(prefix, "idx"), header.pointers_offset + 8,
+               (pointer % 2**64).to_bytes(8, "little"))
+    script = textwrap.dedent(f"""
+        from mmidx.dataset import MMIDXDataset
+        from mmidx.format import FormatError
+        ds = MMIDXDataset({str(prefix)!r})
+        for read in (lambda: ds[0].texts[1], lambda: ds.gather([0, 1, 2]), lambda: ds.get_tokens(1, 0, 1)):
+            try:
+                read()
+            except FormatError as error:
+                assert "ds.idx" in str(error) and "outside the .bin" in str(error), error
+            else:
+                raise AssertionError("read through a wild pointer")
+        print("refused")
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "refused", (run.returncode, run.stderr[-2000:])
+
+
+def test_a_negative_sequence_length_is_a_format_error(prefix):
+    _overwrite(fmt.file_path(prefix, "idx"), fmt.MEGATRON_HEADER_SIZE, (-5).to_bytes(4, "little", signed=True))
+    dataset = MMIDXDataset(prefix)
+    with pytest.raises(FormatError, match=r"ds\.idx: sequence 0 has a negative length"):
+        dataset.get_tokens(0)
+    with pytest.raises(FormatError, match=r"ds\.idx: sequence 0 has a negative length"):
+        dataset.gather([0])
+
+
+def test_document_indices_out_of_order_are_refused_at_the_read(prefix):
+    header = fmt.read_token_index_header(fmt.file_path(prefix, "idx"))
+    _overwrite(fmt.file_path(prefix, "idx"), header.documents_offset + 8, (2**40).to_bytes(8, "little"))
+    dataset = MMIDXDataset(prefix)
+    with pytest.raises(FormatError, match=r"ds\.idx: document_indices"):
+        dataset[0].text(0)
+
+
+@pytest.mark.parametrize(("array", "field", "value"), [
+    ("sample_image_offsets", None, 2**40), ("view_element_offsets", None, -3), ("image_offsets", None, 2**62),
+    ("elements", "payload", 7), ("elements", "kind", 9), ("image_info", "width", 0), ("sample_view_offsets", None, 0),
+])
+def test_plan_indexes_are_checked_where_they_are_used(prefix, array, field, value):
+    path = fmt.file_path(prefix, "plan")
+    dtype = fmt.PLAN_ARRAYS[array]
+    field_offset, width = (dtype.fields[field][1], dtype[field].itemsize) if field else (0, dtype.itemsize)
+    # the second record of the array (sample 1's entry of the offsets arrays)
+    _overwrite(path, _array_offsets(path)[array] + dtype.itemsize + field_offset,
+               (value % 2 ** (8 * width)).to_bytes(width, "little"))
+    dataset = MMIDXDataset(prefix)
+    with pytest.raises(FormatError, match=r"ds\.plan"):
+        for sample in (dataset[i] for i in range(len(dataset))):
+            sample.images, [sample.elements(v) for v in range(sample.num_views)]
+    with pytest.raises(FormatError, match=r"ds\.plan"):
+        dataset.check_structure()
+
+
+def _array_offsets(path):
+    data = path.read_bytes()
+    size = int.from_bytes(data[16:24], "little")
+    header = json.loads(data[fmt.PLAN_PREAMBLE_SIZE:fmt.PLAN_PREAMBLE_SIZE + size])
+    return {entry["name"]: entry["offset"] for entry in header["arrays"]}
+
+
+def test_undecodable_extra_json_is_a_format_error(tmp_path):
+    with DatasetBuilder(tmp_path / "p", vocab_size=100) as builder:
+        builder.add_sample([[1, 2]], [], [[]], extra={"prompt_id": "abc"})
+        builder.finalize()
+    path = fmt.file_path(tmp_path / "p", "plan")
+    _overwrite(path, _array_offsets(path)["sample_extra"], b"\xff")
+    with pytest.raises(FormatError, match=r"p\.plan: extra data of sample 0"):
+        assert MMIDXDataset(tmp_path / "p")[0].extra is None
+
+
+# ------------------------------------------------------------------ 2. no silent downgrade
+
+
+@pytest.mark.parametrize("beside", [("plan",), ("images",), ("plan", "images")])
+def test_a_multimodal_dataset_without_metadata_is_refused_naming_it(prefix, beside):
+    os.remove(fmt.file_path(prefix, "meta"))
+    for role in {"plan", "images"} - set(beside):
+        os.remove(fmt.file_path(prefix, role))
+    with pytest.raises(FormatError, match=r"ds\.meta\.json: missing"):
+        MMIDXDataset(prefix)
+    assert verify(prefix) and "ds.meta.json: missing" in verify(prefix)[0]
+
+
+# ------------------------------------------------------------------ 3. metadata schema
+
+
+SCHEMA_BREAKS = {
+    "counts": lambda meta: meta.update(counts=3),
+    "counts.samples": lambda meta: meta["counts"].update(samples=True),
+    "files": lambda meta: meta.update(files=False),
+    "files.bin.bytes": lambda meta: meta["files"]["bin"].update(bytes="32"),
+    "files.idx.sha256": lambda meta: meta["files"]["idx"].update(sha256=None),
+    "sources": lambda meta: meta.update(sources=None),
+    "special_tokens.eod": lambda meta: meta["special_tokens"].update(eod=2**63),
+    "special_tokens": lambda meta: meta.update(special_tokens=[1]),
+    "tokenizer": lambda meta: meta.update(tokenizer=7),
+    "kind": lambda meta: meta.update(kind={"multimodal": 1}),
+    "format_version": lambda meta: meta.update(format_version="1"),
+    "token_dtype": lambda meta: meta.update(token_dtype={"a": 1}),
+    "build": lambda meta: meta.update(build=[]),
+}
+
+
+@pytest.mark.parametrize("field", sorted(SCHEMA_BREAKS))
+def test_metadata_of_the_wrong_shape_is_a_format_error_naming_the_field(prefix, field, capsys):
+    _resign(prefix, SCHEMA_BREAKS[field])
+    with pytest.raises(FormatError, match=rf"ds\.meta\.json: metadata field '{field}'"):
+        MMIDXDataset(prefix)
+    assert main(["verify", str(prefix)]) == 1
+    assert main(["inspect", str(prefix)]) == 1
+    err = capsys.readouterr().err
+    assert f"'{field}'" in err and "Traceback" not in err
+
+
+def test_a_text_dataset_whose_metadata_lists_image_files_is_refused(tmp_path):
+    with DatasetBuilder(tmp_path / "t", kind="text", vocab_size=100) as builder:
+        builder.add_document([[1, 2, 3]])
+        builder.finalize()
+
+    def list_images(meta):
+        meta["files"]["images"] = {"bytes": 0, "name": "t.images", "sha256": "0" * 64}
+
+    _resign(tmp_path / "t", list_images)
+    with pytest.raises(FormatError, match=r"t\.meta\.json: metadata field 'files' lists \['bin', 'idx', 'images'\]"):
+        MMIDXDataset(tmp_path / "t")
+
+
+# ------------------------------------------------------------------ 4. no resource amplification
+
+
+def test_a_corrupted_length_is_refused_before_the_gpt_index_is_sized_from_it(tmp_path):
+    with DatasetBuilder(tmp_path / "t", kind="text", vocab_size=100, special_tokens={"eod": 0}) as builder:
+        for _ in range(4):
+            builder.add_document([[5, 6, 7, 0]])
+        builder.finalize()
+    _overwrite(tmp_path / "t.idx", fmt.MEGATRON_HEADER_SIZE + 4, (2**31 - 1).to_bytes(4, "little"))
+    MMIDXDataset(tmp_path / "t")  # opening is O(1): the last pointer and length still agree with the .bin
+    with pytest.raises(FormatError, match=r"t\.idx: sequence pointers are not the cumulative sequence lengths"):
+        GPTTextDataset(tmp_path / "t", seq_length=4)
+
+
+# ------------------------------------------------------------------ 5. both decode paths check sizes
+
+
+@pytest.fixture(scope="module")
+def pack_setup(tmp_path_factory):
+    return build_groups(tmp_path_factory.mktemp("hardening"))
+
+
+@pytest.mark.parametrize("decode_images", ["loader", "device"])
+def test_an_image_table_size_that_disagrees_with_the_image_is_refused_on_both_paths(pack_setup, tmp_path,
+                                                                                    decode_images):
+    groups = {"t2i": dict(pack_setup["t2i"], datasets=[str(tmp_path / "t2i")])}
+    for role in ("idx", "bin", "images", "plan", "meta"):
+        source = fmt.file_path(pack_setup["t2i"]["datasets"][0], role)
+        fmt.file_path(tmp_path / "t2i", role).write_bytes(source.read_bytes())
+    path = fmt.file_path(tmp_path / "t2i", "plan")
+    info = _array_offsets(path)["image_info"]
+    width = int.from_bytes(path.read_bytes()[info:info + 4], "little")
+    _overwrite(path, info, (width + 16).to_bytes(4, "little"))  # image 0 is 16 pixels wider on paper
+    config = config_of(groups)
+    index = build_pack_index(config, num_samples=4)
+    builder = PackBuilder(config, decode_images=decode_images)
+    with pytest.raises(FormatError, match=rf"t2i\.images: image 0 of sample 0 decodes to {width}x\d+, "
+                                          rf"but the image table \(image_info\) says {width + 16}x"):
+        for pack in range(len(index)):
+            if any(item.sample == 0 for item in index.items(pack)):
+                builder.build(pack, index.items(pack)).to("cpu").to_dict()
+
+
+def test_split_flags_that_do_not_make_whole_splits_are_a_format_error(pack_setup, tmp_path):
+    groups = {"t2i": dict(pack_setup["t2i"], datasets=[str(tmp_path / "t2i")])}
+    for role in ("idx", "bin", "images", "plan", "meta"):
+        source = fmt.file_path(pack_setup["t2i"]["datasets"][0], role)
+        fmt.file_path(tmp_path / "t2i", role).write_bytes(source.read_bytes())
+    path = fmt.file_path(tmp_path / "t2i", "plan")
+    flags = _array_offsets(path)["elements"] + 1  # the first element (sample 0's text) loses its split_end
+    _overwrite(path, flags, bytes([path.read_bytes()[flags] & ~fmt.FLAG_SPLIT_END]))
+    config = config_of(groups)
+    index = build_pack_index(config, num_samples=4)
+    pack = next(k for k in range(len(index)) if any(item.sample == 0 and item.view == 0 for item in index.items(k)))
+    with pytest.raises(FormatError, match=r"t2i\.plan: view 0 of sample 0: the split flags"):
+        PackBuilder(config).build(pack, index.items(pack))
+
+
+# ------------------------------------------------------------------ 6. verify tells the truth
+
+
+def test_verify_probes_every_image_header_against_the_image_table(prefix):
+    path = fmt.file_path(prefix, "plan")
+    _overwrite(path, _array_offsets(path)["image_info"] + 4, (49).to_bytes(4, "little"))  # height 48 → 49
+    _resign(prefix)
+    assert verify(prefix) == [f"{prefix}.images: image 0 is a 64x48 PNG RGB image, but image_info in {prefix}.plan "
+                              "records 64x49 PNG RGB"]
+
+
+def test_verify_decode_decodes_every_image(tmp_path):
+    data = bytearray(png_bytes(64, 48))
+    data[-20] ^= 0xFF  # inside the compressed pixels: the header still probes
+    from mmidx.builder import Element, StoredImage
+
+    with DatasetBuilder(tmp_path / "d", vocab_size=100) as builder:
+        builder.add_sample([[1]], [StoredImage(bytes(data), 64, 48, "PNG", "RGB")], [[Element("vae_image", 0)]])
+        builder.finalize()
+    assert verify(tmp_path / "d") == []
+    problems = verify(tmp_path / "d", decode=True)
+    assert len(problems) == 1 and problems[0].startswith(f"{tmp_path / 'd'}.images: image 0: cannot decode")
+
+
+def test_verify_of_a_megatron_pair_says_no_checksum_guards_it(tmp_path, capsys):
+    fmt.write_token_index(tmp_path / "m.idx", np.dtype(np.uint16), np.array([3, 4]), np.array([0, 2]))
+    (tmp_path / "m.bin").write_bytes(b"\x01" * 14)
+    assert main(["verify", str(tmp_path / "m")]) == 0
+    out = capsys.readouterr().out
+    assert "structure only" in out and "no checksum guards its bytes" in out and "checksums" not in out
+
+
+def test_verify_never_prints_a_traceback(prefix):
+    meta = fmt.file_path(prefix, "meta")
+    meta.write_bytes(b'{"format": "mmidx", "kind": 7}')  # not even valid for its checksum
+    for args in (["verify", str(prefix)], ["verify", "--decode", str(prefix)], ["inspect", str(prefix)]):
+        run = subprocess.run([sys.executable, "-m", "mmidx.cli", *args], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 1 and "Traceback" not in run.stderr and str(prefix) in run.stderr, run.stderr
+
+
+def test_gpt_samples_of_a_dataset_without_tokens_name_the_dataset(tmp_path):
+    with DatasetBuilder(tmp_path / "e", kind="text", vocab_size=100, special_tokens={"eod": 0}) as builder:
+        builder.add_document([[]])
+        builder.finalize()
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'e'}: the exposed documents hold 0 tokens"):
+        GPTTextDataset(tmp_path / "e", seq_length=4)
