@@ -552,34 +552,53 @@ cdef inline uint64_t _read(const uint8_t* data, int width, int64_t i) noexcept n
     return value
 
 
-def pack_members(const uint8_t[::1] offsets, int offset_width, const uint8_t[::1] samples, int sample_width,
-                 const uint8_t[::1] views, int view_width, const int64_t[::1] dataset_starts,
-                 const int64_t[::1] dataset_group, const int64_t[::1] dataset_number, int64_t pack):
-    """([group], [dataset], [sample], [view]) lists of the items of pack ``pack``, read from the raw
-    bytes of the index's unsigned arrays (``view_width`` 0: every view is 0). Returns an error text
-    instead when the arrays name items or samples they do not hold."""
-    cdef int64_t num_items = samples.shape[0] // max(sample_width, 1)
-    cdef int64_t num_datasets = dataset_starts.shape[0] - 1
-    cdef uint64_t first = _read(&offsets[0], offset_width, pack)
-    cdef uint64_t last = _read(&offsets[0], offset_width, pack + 1)
-    cdef uint64_t i, number
-    cdef int64_t low, high, middle
-    if first > last or last > <uint64_t> num_items:
-        return f"pack {pack} spans items [{first}, {last}) of {num_items}"
-    groups, datasets, numbers, item_views = [], [], [], []
-    for i in range(first, last):
-        number = _read(&samples[0], sample_width, i)
-        if number >= <uint64_t> dataset_starts[num_datasets]:
-            return f"pack {pack} names sample {number}, beyond the datasets' {dataset_starts[num_datasets]}"
-        low, high = 0, num_datasets - 1  # the last dataset starting at or before the sample
-        while low < high:
-            middle = (low + high + 1) // 2
-            if <uint64_t> dataset_starts[middle] <= number:
-                low = middle
-            else:
-                high = middle - 1
-        groups.append(dataset_group[low])
-        datasets.append(dataset_number[low])
-        numbers.append(number - <uint64_t> dataset_starts[low])
-        item_views.append(_read(&views[0], view_width, i) if view_width else 0)
-    return groups, datasets, numbers, item_views
+cdef class PackReader:
+    """The items of any pack, read from the raw bytes of a pack index's unsigned arrays
+    (``view_width`` 0: every view is 0). Holds the arrays' views, so a call costs no argument
+    conversion; pickles as its arguments."""
+
+    cdef const uint8_t[::1] offsets, samples, views
+    cdef int offset_width, sample_width, view_width
+    cdef const int64_t[::1] dataset_starts, dataset_group, dataset_number
+    cdef object item_type, arguments
+
+    def __init__(self, offsets, int offset_width, samples, int sample_width, views, int view_width,
+                 dataset_starts, dataset_group, dataset_number, item_type):
+        self.arguments = (offsets, offset_width, samples, sample_width, views, view_width, dataset_starts,
+                          dataset_group, dataset_number, item_type)
+        self.offsets, self.samples, self.views = offsets, samples, views
+        self.offset_width, self.sample_width, self.view_width = offset_width, sample_width, view_width
+        self.dataset_starts, self.dataset_group, self.dataset_number = dataset_starts, dataset_group, dataset_number
+        self.item_type = item_type
+
+    def __reduce__(self):
+        return PackReader, self.arguments
+
+    def items(self, int64_t pack):
+        """Pack ``pack``'s items, each an ``item_type`` (a tuple subclass) of (group, dataset, sample,
+        view); an error text instead when the arrays name items or samples they do not hold."""
+        cdef int64_t num_items = self.samples.shape[0] // max(self.sample_width, 1)
+        cdef int64_t num_datasets = self.dataset_starts.shape[0] - 1
+        cdef uint64_t first = _read(&self.offsets[0], self.offset_width, pack)
+        cdef uint64_t last = _read(&self.offsets[0], self.offset_width, pack + 1)
+        cdef uint64_t i, number
+        cdef int64_t low, high, middle
+        if first > last or last > <uint64_t> num_items:
+            return f"pack {pack} spans items [{first}, {last}) of {num_items}"
+        items = []
+        for i in range(first, last):
+            number = _read(&self.samples[0], self.sample_width, i)
+            if number >= <uint64_t> self.dataset_starts[num_datasets]:
+                return f"pack {pack} names sample {number}, beyond the datasets' {self.dataset_starts[num_datasets]}"
+            low, high = 0, num_datasets - 1  # the last dataset starting at or before the sample
+            while low < high:
+                middle = (low + high + 1) // 2
+                if <uint64_t> self.dataset_starts[middle] <= number:
+                    low = middle
+                else:
+                    high = middle - 1
+            # tuple.__new__ fills the named tuple without a Python-level constructor call per item
+            items.append(tuple.__new__(self.item_type, (
+                self.dataset_group[low], self.dataset_number[low], number - <uint64_t> self.dataset_starts[low],
+                _read(&self.views[0], self.view_width, i) if self.view_width else 0)))
+        return items

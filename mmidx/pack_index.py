@@ -142,39 +142,33 @@ class PackIndex:
         if len(self._group) != len(self.dataset_starts) - 1:
             raise ValueError("dataset_starts needs one entry per dataset of the config, then the total")
         # Raw little-endian bytes of each array (dtypes are narrow and differ from index to index).
-        self._raw = []
+        raw: list[Any] = []
         for name in ("pack_offsets", "samples", "views"):
             array = self.arrays.get(name)
             if array is None:
-                self._raw += [np.zeros(1, np.uint8), 0]
+                raw += [np.zeros(1, np.uint8), 0]
                 continue
             dtype = array.dtype.newbyteorder("<")
             if array.dtype.kind != "u" or array.ndim != 1 or array.dtype != dtype:
                 raise fmt.FormatError(f"{self.path}: {name} is {array.dtype} of {array.ndim} dimensions, expected "
                                       "little-endian unsigned integers in one dimension")
-            self._raw += [np.asarray(array).view(np.uint8) if array.size else np.zeros(1, np.uint8),
-                          array.dtype.itemsize]
+            raw += [np.asarray(array).view(np.uint8) if array.size else np.zeros(1, np.uint8), array.dtype.itemsize]
+        self._reader = _packing.PackReader(*raw, self.dataset_starts, self._group, self._dataset, PackItem)
 
     def __len__(self) -> int:
         return len(self.arrays["pack_offsets"]) - 1
 
-    def pack(self, pack: int) -> tuple[list[int], list[int], list[int], list[int]]:
-        """(groups, datasets, samples, views) of pack ``pack``'s items, in packing order."""
-        if not 0 <= pack < len(self):
-            raise IndexError(f"pack {pack} out of range for {len(self)} packs")
-        members = _packing.pack_members(*self._raw, self.dataset_starts, self._group, self._dataset, pack)
-        if isinstance(members, str):
-            raise fmt.FormatError(f"{self.path}: {members}; delete the cache entry to rebuild it")
-        if self.selections is not None:  # the stream numbers a dataset's used samples: map them back
-            groups, datasets, samples, views = members
-            samples = [s if (chosen := self.selections[g][d]) is None else int(chosen[s])
-                       for g, d, s in zip(groups, datasets, samples, strict=True)]
-            return groups, datasets, samples, views
-        return members
-
     def items(self, pack: int) -> list[PackItem]:
         """The samples of pack ``pack`` in packing order, each with the view its epoch reads."""
-        return list(map(PackItem, *self.pack(pack)))
+        if not 0 <= pack < len(self):
+            raise IndexError(f"pack {pack} out of range for {len(self)} packs")
+        items = self._reader.items(pack)
+        if isinstance(items, str):
+            raise fmt.FormatError(f"{self.path}: {items}; delete the cache entry to rebuild it")
+        if self.selections is not None:  # the stream numbers a dataset's used samples: map them back
+            items = [item if (chosen := self.selections[item.group][item.dataset]) is None
+                     else item._replace(sample=int(chosen[item.sample])) for item in items]
+        return items
 
 
 def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
