@@ -181,6 +181,6 @@ def test_bad_input_is_one_line_and_an_exit_status(argv, status, demo, vlm, tmp_p
     assert "Traceback" not in captured.out + captured.err
     lines = captured.err.strip().splitlines()
     if status == 1:  # a failure: one line naming what and why
-        assert len(lines) == 1 and lines[0].startswith("mmidx: ")
+        assert len(lines) == 1 and lines[0].startswith("mmidx")
     else:  # a usage error: argparse's usage, then one line
         assert lines[0].startswith("usage: mmidx") and lines[-1].startswith(f"mmidx {argv[0]}: error: ")
