@@ -113,8 +113,9 @@ def _verify_one(prefix: str, decode: bool) -> bool:
         return False
     for problem in problems:
         print(f"FAIL {problem}", file=sys.stderr)
+    if len(problems) > 1:
+        print(f"{prefix}: {len(problems)} problems found", file=sys.stderr)
     if problems:
-        print(f"{prefix}: {len(problems)} problem{'s' if len(problems) != 1 else ''} found", file=sys.stderr)
         return False
     images = "every image decoded" if decode else "image headers probed"
     if not fmt.file_path(prefix, "meta").exists():
@@ -147,7 +148,7 @@ def add_command(commands: Commands, name: str, handler: Callable[[argparse.Names
     """Register subcommand ``name``."""
     sub = commands.add_parser(name, help=help, description=help, epilog=EXIT_STATUSES,
                               formatter_class=HelpFormatter)
-    sub.set_defaults(handler=handler)
+    sub.set_defaults(handler=handler, usage_error=sub.error)  # usage_error(message): usage, the line, exit 2
     return sub
 
 
@@ -181,8 +182,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         from mmidx.gpt import GPTTextDataset
 
         if args.seq_length is None:
-            print("mmidx index --gpt needs --seq-length", file=sys.stderr)
-            return 2
+            args.usage_error("--gpt needs --seq-length")
         from mmidx.dataset import MMIDXDataset
 
         prefixes = [dataset_prefix(prefix) for prefix in args.config]
@@ -367,9 +367,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     single = (args.source, args.input, args.output)
     multi = (args.config, args.dataset_info, args.output_dir)
     if not (all(single) and not any(multi)) and not (all(multi) and not any(single)):
-        print("mmidx build: give either --source, --input and --output, or --config, --dataset-info and "
-              "--output-dir", file=sys.stderr)
-        return 2
+        args.usage_error("give either --source, --input and --output, or --config, --dataset-info and --output-dir")
     settings = {"tokenizer": args.tokenizer, "workers": args.workers, "max_skip_rate": args.max_skip_rate,
                 "progress": not args.quiet, "engine": args.engine, "ray_address": args.ray_address}
     try:
@@ -378,9 +376,8 @@ def cmd_build(args: argparse.Namespace) -> int:
                                                   source_options=_source_options(args), num_nodes=args.num_nodes,
                                                   node_rank=args.node_rank, **settings))]
         elif args.num_nodes != 1:
-            print("mmidx build: --num-nodes builds one --source/--input/--output; split a --config build by "
-                  "giving each node its own groups", file=sys.stderr)
-            return 2
+            args.usage_error("--num-nodes builds one --source/--input/--output; split a --config build by giving "
+                             "each node its own groups")
         else:
             reports = build_from_config(args.config, args.dataset_info, args.output_dir,
                                         source_options=_source_options(args), **settings)

@@ -22,8 +22,10 @@ def _load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     try:
         with open(path) as stream:
             loaded = yaml.safe_load(stream)
-    except (OSError, yaml.YAMLError) as error:
-        raise BuildError(f"cannot read {path}: {error}") from error
+    except OSError as error:
+        raise BuildError(f"cannot read {path}: {error.strerror or error}") from error
+    except yaml.YAMLError as error:  # its message names the line and column, over several lines: make it one
+        raise BuildError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from error
     if not isinstance(loaded, dict):
         raise BuildError(f"{path}: expected a mapping at the top level")
     return loaded
