@@ -369,7 +369,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     if not (all(single) and not any(multi)) and not (all(multi) and not any(single)):
         args.usage_error("give either --source, --input and --output, or --config, --dataset-info and --output-dir")
     settings = {"tokenizer": args.tokenizer, "workers": args.workers, "max_skip_rate": args.max_skip_rate,
-                "progress": not args.quiet, "engine": args.engine, "ray_address": args.ray_address}
+                "progress": not args.quiet, "engine": args.engine, "ray_address": args.ray_address,
+                "force": args.force}
     try:
         if all(single):
             reports = [build_dataset(BuildOptions(args.source, tuple(args.input), output=args.output,
@@ -437,6 +438,9 @@ def _register_build(commands: Commands) -> None:
     sub.add_argument("--bytes-per-shard", type=int, default=defaults.bytes_per_shard,
                      help="JSONL bytes per work unit (cut at line starts)")
     sub.add_argument("--quiet", action="store_true", help="no progress bar")
+    sub.add_argument("--force", action="store_true",
+                     help="replace a dataset at the output built from other inputs or options (a rerun with the "
+                          "same ones reuses it, or what a killed run finished, without it)")
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

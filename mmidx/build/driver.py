@@ -57,10 +57,15 @@ def build_dataset(options: BuildOptions) -> BuildReport:
         plan = make_plan(options, tokenizer.identity)
         if not node:
             previous = read_json(report_path(output))
-            if previous and previous.get("key") == plan.key and meta_sha256(output) == previous.get("meta_sha256"):
+            finished = previous is not None and meta_sha256(output) == previous.get("meta_sha256")
+            if finished and previous.get("key") == plan.key:
                 shutil.rmtree(plan.shards, ignore_errors=True)  # the cleanup a killed run did not finish
                 judged = judge(previous, options.max_skip_rate)
                 return BuildReport({**judged, "message": "already built: " + judged["message"]})
+            if finished and not options.force:
+                raise BuildError(f"{output} holds a dataset built from other inputs or options (see "
+                                 f"{report_path(output)}); pass --force (force=True) to replace it, or choose "
+                                 "another output")
         os.makedirs(plan.shards, exist_ok=True)
         write_json(Path(plan.shards, PLAN_NAME), plan_record(plan))
         share = plan.share()
