@@ -216,6 +216,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from mmidx.build.report import counted
     from mmidx.pack_index import build_pack_index
     from mmidx.packing import PackBuilder
     from mmidx.show import render
@@ -227,7 +228,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 1
     batch = PackBuilder(config).build(args.pack, index.items(args.pack))
     render(batch, width=args.width, zoom_sample=args.zoom_sample, title=f"pack {args.pack}: ").save(args.output)
-    print(f"{args.output}: pack {args.pack}, {batch.sequence_length:,} tokens in {len(batch.sample_lens)} samples")
+    print(f"{args.output}: pack {args.pack}, {counted(batch.sequence_length, 'token')} in "
+          f"{counted(len(batch.sample_lens), 'sample')}")
     return 0
 
 

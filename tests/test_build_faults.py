@@ -186,6 +186,13 @@ def test_a_rerun_is_judged_by_the_skip_rate_limit_given_now(tmp_path, capsys):
     assert "already built: skipped 20.00% of the rows (limit 20.00%)" in capsys.readouterr().out
 
 
+def test_the_build_summary_counts_in_the_right_number(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": "one document"}])
+    assert _build([path], tmp_path / "out", source="text") == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "1 sample (1 view, 0 images, " in first and "from 1 row in" in first and first.endswith("; 1 unit, 0 reused")
+
+
 def test_replacing_a_dataset_built_with_other_options_needs_force(t2i_input, tmp_path, capsys):
     assert _build([t2i_input], tmp_path / "out") == 0
     before = {path.name: path.read_bytes() for path in tmp_path.glob("out.*")}

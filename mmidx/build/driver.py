@@ -24,7 +24,7 @@ from mmidx.build.plan import (
     shard_dir,
     write_json,
 )
-from mmidx.build.report import BuildReport, add_counts, judge, new_counts, report_path
+from mmidx.build.report import BuildReport, add_counts, counted, judge, new_counts, report_path
 from mmidx.build.shard import clear_unit, load_tokenizer
 from mmidx.sources import get_source
 
@@ -95,6 +95,7 @@ def _node_report(options: BuildOptions, shards: str, reports: list[dict], reused
         add_counts(totals, report)
     totals["seconds"]["wall"] = time.perf_counter() - started
     return BuildReport({**totals, "output": shards, "units": len(reports), "reused_units": reused, "ok": True,
-                        "message": f"node {options.node_rank} of {options.num_nodes} built its {len(reports)} units; "
-                                   f"once every node is done: mmidx merge OUTPUT {shards} (and the other nodes' "
+                        "message": f"node {options.node_rank} of {options.num_nodes} built its "
+                                   f"{counted(len(reports), 'unit')}; once every node is done: mmidx merge OUTPUT "
+                                   f"{shards} (and the other nodes' "
                                    "shard folders, unless they share this one)"})
