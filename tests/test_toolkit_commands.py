@@ -152,6 +152,20 @@ def test_show_labels_samples_and_crops_padding_of_a_small_pack(demo, tmp_path):
     assert Image.open(out).size[0] == 512
 
 
+def test_a_narrow_picture_shortens_the_padding_note_rather_than_cutting_the_header(demo):
+    from mmidx.show import _font, header
+
+    bold, head = _font(14), "pack 0: 12,345 tokens in 2 samples, 9 splits"
+    full = header(head, 24_000, 12_345, True, bold, 1000)
+    assert full == head + ", padding 24,000 tokens (not shown: it would fill 66% of the axes)"
+    narrow = header(head, 24_000, 12_345, True, bold, 500 - 12)  # --width 500
+    assert narrow == head + ", 24,000 padding hidden" and bold.getlength(narrow) <= 488  # whole words, all of it
+    assert header(head, 0, 12_345, False, bold, 488) == head
+    items = demo["index"].items(0)[:2]
+    pixels = np.asarray(render(PackBuilder(demo["config"]).build(0, items), width=512))
+    assert (pixels[:LINE, -6:] == 255).all()  # nothing runs into the right edge
+
+
 # Every subcommand over bad inputs: (argv, exit status). {data} is the demo's data.yaml, {prefix} a vlm
 # dataset, {tok} a tokenizer, {file} a regular file, {badyaml} malformed YAML, {empty} an empty YAML.
 BAD_INPUTS = [
