@@ -404,7 +404,8 @@ def _register_build(commands: Commands) -> None:
                       "files, WebDataset tars), or every group of a BAGEL data config.")
     sub.add_argument("--source", choices=SOURCE_NAMES, help="the kind of input")
     sub.add_argument("--input", nargs="+", action="extend", help="input files or folders (local or pyarrow URIs)")
-    sub.add_argument("--output", help="output dataset prefix (a report goes to PREFIX.report.json)")
+    sub.add_argument("--output", type=dataset_prefix,
+                     help="output dataset prefix (a report goes to PREFIX.report.json)")
     sub.add_argument("--config", help="BAGEL data config (data/configs/*.yaml shape)")
     sub.add_argument("--dataset-info", help="YAML mapping group → dataset name → data_dir / jsonl_path")
     sub.add_argument("--output-dir", help="folder for the datasets of --config and their data.yaml")
@@ -465,8 +466,8 @@ def _register_merge(commands: Commands) -> None:
     sub = add_command(commands, "merge", cmd_merge,
                       "Merge the shard folders (OUTPUT.shards) of a build split with --num-nodes, named in any "
                       "order, into its dataset; or concatenate whole datasets of one kind and tokenizer.")
-    sub.add_argument("output", help="output dataset prefix")
-    sub.add_argument("input", nargs="+", help="shard folders of one build, or dataset prefixes")
+    sub.add_argument("output", type=dataset_prefix, help="output dataset prefix")
+    sub.add_argument("input", nargs="+", type=dataset_prefix, help="shard folders of one build, or dataset prefixes")
     sub.add_argument("--max-skip-rate", type=float, default=0.01,
                      help="shard folders: fail when a larger fraction of the rows was skipped")
 
@@ -507,7 +508,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     name = f"mmidx {args.command}"
     try:
-        return args.handler(args)
+        code = args.handler(args)
+        sys.stdout.flush()  # a closed pipe is met here, not at exit where it could only be ignored noisily
+        return code
     except BrokenPipeError:  # the reader went away (``| head``): nothing more to say to it
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
