@@ -1,7 +1,7 @@
-"""The ``mmidx`` command line: build, merge, index, inspect, verify, show, demo.
+"""The mmidx command line: build, merge, index, inspect, verify, show, bench, sample, export, demo.
 
 Each subcommand is a small function taking the parsed arguments and returning an exit code;
-``main`` only wires them to argparse.
+``main`` wires them to argparse and turns any error that escapes them into one line and exit status 1.
 """
 
 from __future__ import annotations
@@ -9,11 +9,26 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mmidx.format import FormatError
+import mmidx
+from mmidx.format import SUFFIXES, FormatError
+
+EXIT_STATUSES = """exit status: 0 success; 1 failure (bad or missing file, bad data, a problem found), reported in
+one line naming the path and the cause; 2 usage error (unknown option, bad value)."""
+
+
+def dataset_prefix(value: str) -> str:
+    """A dataset prefix as the user may give it: ``ds/t2i``, or one of its files (``ds/t2i.idx``,
+    ``ds/t2i.bin``, ``ds/t2i.meta.json``...). A suffix is kept when it is part of a prefix whose
+    files exist (``x.bin`` with ``x.bin.idx`` beside it)."""
+    for suffix in SUFFIXES.values():
+        if value.endswith(suffix) and not os.path.exists(value + SUFFIXES["idx"]):
+            return value.removesuffix(suffix)
+    return value
 
 
 def _human_bytes(size: float) -> str:
@@ -60,61 +75,96 @@ def format_summary(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _dataset_prefixes(paths: Sequence[str]) -> list[str]:
+    """The datasets named on the command line: prefixes as given, or every dataset of each data YAML."""
+    from mmidx.config import DataConfig
+
+    prefixes = []
+    for path in paths:
+        if path.endswith((".yaml", ".yml")):
+            config = DataConfig.from_yaml(path)
+            prefixes += [prefix for group in config.groups for prefix in group.datasets]
+        else:
+            prefixes.append(dataset_prefix(path))
+    return prefixes
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from mmidx.checks import summary
     from mmidx.dataset import MMIDXDataset
 
-    try:
-        info = summary(MMIDXDataset(args.prefix))
-    except FormatError as error:
-        print(f"mmidx: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(info, indent=1) if args.json else format_summary(info))
+    infos = [summary(MMIDXDataset(prefix)) for prefix in _dataset_prefixes(args.paths)]
+    if args.json:
+        print(json.dumps(infos[0] if len(infos) == 1 else infos, indent=1))
+    else:
+        print("\n\n".join(format_summary(info) for info in infos))
     return 0
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
+def _verify_one(prefix: str, decode: bool) -> bool:
+    """Verify one dataset, print its verdict; True when it is sound."""
     from mmidx import format as fmt
     from mmidx.checks import verify
 
     try:
-        problems = verify(args.prefix, decode=args.decode)
+        problems = verify(prefix, decode=decode)
     except Exception as error:  # whatever the files hold: one line, never a traceback
-        print(f"mmidx: {args.prefix}: verification stopped: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
+        print(f"mmidx: {prefix}: verification stopped: {type(error).__name__}: {error}", file=sys.stderr)
+        return False
     for problem in problems:
         print(f"FAIL {problem}", file=sys.stderr)
+    if len(problems) > 1:
+        print(f"{prefix}: {len(problems)} problems found", file=sys.stderr)
     if problems:
-        print(f"{args.prefix}: {len(problems)} problem(s) found", file=sys.stderr)
-        return 1
-    images = "every image decoded" if args.decode else "image headers probed"
-    if not fmt.file_path(args.prefix, "meta").exists():
-        print(f"{args.prefix}: OK (structure only: a Megatron pair without mmidx metadata, so no checksum "
+        return False
+    images = "every image decoded" if decode else "image headers probed"
+    if not fmt.file_path(prefix, "meta").exists():
+        print(f"{prefix}: OK (structure only: a Megatron pair without mmidx metadata, so no checksum "
               "guards its bytes)")
     else:
-        print(f"{args.prefix}: OK (checksums and structure verified, {images})")
-    return 0
+        print(f"{prefix}: OK (checksums and structure verified, {images})")
+    return True
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    results = [_verify_one(prefix, args.decode) for prefix in _dataset_prefixes(args.paths)]
+    return 0 if all(results) else 1
 
 
 Commands = Any  # the object argparse's add_subparsers returns
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, unless it has none (None, False) or says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or action.default == ():
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
 def add_command(commands: Commands, name: str, handler: Callable[[argparse.Namespace], int],
                 help: str) -> argparse.ArgumentParser:
     """Register subcommand ``name``."""
-    sub = commands.add_parser(name, help=help, description=help)
-    sub.set_defaults(handler=handler)
+    sub = commands.add_parser(name, help=help, description=help, epilog=EXIT_STATUSES,
+                              formatter_class=HelpFormatter)
+    sub.set_defaults(handler=handler, usage_error=sub.error)  # usage_error(message): usage, the line, exit 2
     return sub
+
+
+PREFIX_HELP = "dataset prefix (path without .idx/.bin; a path to one of its files is accepted too)"
+PATHS_HELP = "dataset prefixes, or data YAMLs (every dataset of every group)"
 
 
 def _register_inspect_and_verify(commands: Commands) -> None:
     sub = add_command(commands, "inspect", cmd_inspect,
                       "Print counts, size statistics, element kinds, images and file sizes.")
-    sub.add_argument("prefix", help="dataset prefix (path without .idx/.bin)")
-    sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    sub.add_argument("paths", nargs="+", metavar="PREFIX_OR_DATA_YAML", help=PATHS_HELP)
+    sub.add_argument("--json", action="store_true",
+                     help="print machine-readable JSON (one dataset: an object; several: a list)")
     sub = add_command(commands, "verify", cmd_verify,
                       "Recompute checksums and structural invariants, probe every image; exit 1 on any problem.")
-    sub.add_argument("prefix", help="dataset prefix (path without .idx/.bin)")
+    sub.add_argument("paths", nargs="+", metavar="PREFIX_OR_DATA_YAML", help=PATHS_HELP)
     sub.add_argument("--decode", action="store_true", help="also decode every stored image (slower)")
 
 
@@ -124,7 +174,7 @@ def _data_config(args: argparse.Namespace) -> Any:
     overrides = {"seed": args.seed} if args.seed is not None else {}
     if args.max_latent_size is not None:
         overrides["geometry"] = ModelGeometry(max_latent_size=args.max_latent_size)
-    return config_for(args.config, **overrides)
+    return config_for([dataset_prefix(path) for path in args.config], **overrides)
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -132,12 +182,20 @@ def cmd_index(args: argparse.Namespace) -> int:
         from mmidx.gpt import GPTTextDataset
 
         if args.seq_length is None:
-            print("mmidx index --gpt needs --seq-length", file=sys.stderr)
-            return 2
-        for prefix in args.config:
+            args.usage_error("--gpt needs --seq-length")
+        from mmidx.dataset import MMIDXDataset
+
+        prefixes = [dataset_prefix(prefix) for prefix in args.config]
+        for prefix in prefixes:
+            if (kind := MMIDXDataset(prefix).kind) != "text":
+                print(f"mmidx: {prefix}: a {kind} dataset; index --gpt builds GPT samples of text datasets only "
+                      "(use mmidx index without --gpt for the pack index)", file=sys.stderr)
+                return 1
+        where = f"cached in {args.cache_dir}" if args.cache_dir else "not cached"
+        for prefix in prefixes:
             samples = GPTTextDataset(prefix, seq_length=args.seq_length, num_samples=args.num_samples,
                                      seed=1234 if args.seed is None else args.seed, cache_dir=args.cache_dir)
-            print(f"{prefix}: {len(samples):,} GPT samples of {args.seq_length} tokens cached in {args.cache_dir}")
+            print(f"{prefix}: {len(samples):,} GPT samples of {args.seq_length} tokens ({where})")
         return 0
     from mmidx.pack_index import build_pack_index
 
@@ -157,20 +215,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-def _os_errors_in_one_line(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """A handler that reports a file it cannot read or write in one line (path and cause) and exits 1."""
-    @functools.wraps(handler)
-    def wrapped(args: argparse.Namespace) -> int:
-        try:
-            return handler(args)
-        except OSError as error:
-            print(f"mmidx: {error}", file=sys.stderr)
-            return 1
-    return wrapped
-
-
-@_os_errors_in_one_line
 def cmd_show(args: argparse.Namespace) -> int:
+    from mmidx.build.report import counted
     from mmidx.pack_index import build_pack_index
     from mmidx.packing import PackBuilder
     from mmidx.show import render
@@ -182,14 +228,18 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 1
     batch = PackBuilder(config).build(args.pack, index.items(args.pack))
     render(batch, width=args.width, zoom_sample=args.zoom_sample, title=f"pack {args.pack}: ").save(args.output)
-    print(f"{args.output}: pack {args.pack}, {batch.sequence_length:,} tokens in {len(batch.sample_lens)} samples")
+    print(f"{args.output}: pack {args.pack}, {counted(batch.sequence_length, 'token')} in "
+          f"{counted(len(batch.sample_lens), 'sample')}")
     return 0
 
 
 def _register_index_and_show(commands: Commands) -> None:
     def common(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("config", nargs="+", help="a data.yaml, or dataset prefixes (one group each)")
-        sub.add_argument("--num-samples", type=int, help="samples in the stream (default: one epoch of all)")
+        sub.add_argument("--num-samples", type=int,
+                         help="samples drawn into the stream, from the groups by weight (default: the total of "
+                              "all datasets' samples; not one epoch of each dataset unless the weights are "
+                              "proportional to their sizes)")
         sub.add_argument("--cache-dir", help="folder of cached indices (default: build in memory)")
         sub.add_argument("--seed", type=int, help="override the config's seed")
         sub.add_argument("--max-latent-size", type=int, help="VAE latent grid side (BAGEL: 32, 64 to fine-tune)")
@@ -204,7 +254,7 @@ def _register_index_and_show(commands: Commands) -> None:
     common(sub)
     sub.add_argument("--pack", type=int, default=0, help="pack number")
     sub.add_argument("-o", "--output", default="pack.png", help="PNG file to write")
-    sub.add_argument("--width", type=int, default=1024, help="picture width in pixels (default: %(default)s)")
+    sub.add_argument("--width", type=int, default=1024, help="picture width in pixels")
     sub.add_argument("--zoom-sample", type=int,
                      help="position in the pack of the sample to zoom into (default: the one with the most splits)")
 
@@ -219,7 +269,6 @@ def _worker_counts(text: str) -> list[int]:
     return counts
 
 
-@_os_errors_in_one_line
 def cmd_bench(args: argparse.Namespace) -> int:
     from mmidx import bench
 
@@ -235,7 +284,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-@_os_errors_in_one_line
 def cmd_sample(args: argparse.Namespace) -> int:
     from mmidx.sample_view import describe_sample, format_sample
 
@@ -244,7 +292,6 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-@_os_errors_in_one_line
 def cmd_export(args: argparse.Namespace) -> int:
     from mmidx.export import export
 
@@ -259,35 +306,34 @@ def _register_toolkit(commands: Commands) -> None:
                       "count, a stage breakdown, and the cores a target tokens/s needs (GPT samples/s for text).")
     sub.add_argument("config", nargs="+", help="a data.yaml, or dataset prefixes (one group each)")
     sub.add_argument("--packs", type=int, default=20,
-                     help="packs per worker count; the first is not timed (default: %(default)s)")
+                     help="packs per worker count; the first is not timed")
     sub.add_argument("--workers", type=_worker_counts, default="0,1,2,4",
-                     help="comma-separated DataLoader worker counts (default: %(default)s)")
+                     help="comma-separated DataLoader worker counts")
     sub.add_argument("--decode", choices=("loader", "device"), default="loader",
-                     help="decode images in the loader workers, or ship encoded bytes and decode on the device "
-                          "(default: %(default)s)")
+                     help="decode images in the loader workers, or ship encoded bytes and decode on the device")
     sub.add_argument("--masks", choices=("none", "dense", "flex"), default="flex",
-                     help="attention masks built in the main process (default: %(default)s)")
+                     help="attention masks built in the main process")
     sub.add_argument("--target-tokens-per-s", type=float, default=100_000,
-                     help="tokens/s the loader must feed, for the cores-needed line (default: %(default).0f)")
+                     help="tokens/s the loader must feed, for the cores-needed line")
     sub.add_argument("--seq-length", type=int, default=2048,
-                     help="GPT sample length, for text datasets (default: %(default)s)")
+                     help="GPT sample length, for text datasets")
     sub.add_argument("--gpt-samples", type=int, default=2000,
-                     help="GPT samples per worker count, for text datasets (default: %(default)s)")
+                     help="GPT samples per worker count, for text datasets")
     sub.add_argument("--cache-dir", help="folder of cached indices (default: build in memory)")
     sub.add_argument("--json", action="store_true", help="print the results as JSON")
     sub.set_defaults(num_samples=None, seed=None, max_latent_size=None)
     sub = add_command(commands, "sample", cmd_sample,
                       "Show one sample as a person reads it: each element of a view, decoded texts, images, origin.")
-    sub.add_argument("prefix", help="dataset prefix (path without .idx/.bin)")
+    sub.add_argument("prefix", type=dataset_prefix, help=PREFIX_HELP)
     sub.add_argument("index", type=int, help="sample number")
     sub.add_argument("--view", type=int, default=0,
-                     help="view number; epoch e reads view e mod views (default: %(default)s)")
+                     help="view number; epoch e reads view e mod views")
     sub.add_argument("-o", "--output", help="folder to write the sample's images to (default: none written)")
     sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
     sub = add_command(commands, "export", cmd_export,
                       "Write a dataset back to a raw layout BAGEL reads (t2i/edit parquet, LLaVA JSONL + images) "
                       "or to WebDataset tars, with the original image bytes.")
-    sub.add_argument("prefix", help="dataset prefix (path without .idx/.bin)")
+    sub.add_argument("prefix", type=dataset_prefix, help=PREFIX_HELP)
     sub.add_argument("--to", required=True, choices=("parquet", "jsonl", "wds"), help="layout to write")
     sub.add_argument("output", help="folder to write (created; must not hold files already)")
 
@@ -323,20 +369,18 @@ def cmd_build(args: argparse.Namespace) -> int:
     single = (args.source, args.input, args.output)
     multi = (args.config, args.dataset_info, args.output_dir)
     if not (all(single) and not any(multi)) and not (all(multi) and not any(single)):
-        print("mmidx build: give either --source, --input and --output, or --config, --dataset-info and "
-              "--output-dir", file=sys.stderr)
-        return 2
+        args.usage_error("give either --source, --input and --output, or --config, --dataset-info and --output-dir")
     settings = {"tokenizer": args.tokenizer, "workers": args.workers, "max_skip_rate": args.max_skip_rate,
-                "progress": not args.quiet, "engine": args.engine, "ray_address": args.ray_address}
+                "progress": not args.quiet, "engine": args.engine, "ray_address": args.ray_address,
+                "force": args.force}
     try:
         if all(single):
             reports = [build_dataset(BuildOptions(args.source, tuple(args.input), output=args.output,
                                                   source_options=_source_options(args), num_nodes=args.num_nodes,
                                                   node_rank=args.node_rank, **settings))]
         elif args.num_nodes != 1:
-            print("mmidx build: --num-nodes builds one --source/--input/--output; split a --config build by "
-                  "giving each node its own groups", file=sys.stderr)
-            return 2
+            args.usage_error("--num-nodes builds one --source/--input/--output; split a --config build by giving "
+                             "each node its own groups")
         else:
             reports = build_from_config(args.config, args.dataset_info, args.output_dir,
                                         source_options=_source_options(args), **settings)
@@ -360,7 +404,8 @@ def _register_build(commands: Commands) -> None:
                       "files, WebDataset tars), or every group of a BAGEL data config.")
     sub.add_argument("--source", choices=SOURCE_NAMES, help="the kind of input")
     sub.add_argument("--input", nargs="+", action="extend", help="input files or folders (local or pyarrow URIs)")
-    sub.add_argument("--output", help="output dataset prefix (a report goes to PREFIX.report.json)")
+    sub.add_argument("--output", type=dataset_prefix,
+                     help="output dataset prefix (a report goes to PREFIX.report.json)")
     sub.add_argument("--config", help="BAGEL data config (data/configs/*.yaml shape)")
     sub.add_argument("--dataset-info", help="YAML mapping group → dataset name → data_dir / jsonl_path")
     sub.add_argument("--output-dir", help="folder for the datasets of --config and their data.yaml")
@@ -381,7 +426,7 @@ def _register_build(commands: Commands) -> None:
     sub.add_argument("--max-image-pixels", type=int,
                      help="refuse images with more pixels (decompression bombs; default 2^27)")
     sub.add_argument("--max-skip-rate", type=float, default=0.01,
-                     help="fail when a larger fraction of the rows is skipped (default 0.01)")
+                     help="fail when a larger fraction of the rows is skipped")
     sub.add_argument("--min-frames", type=int, default=defaults.min_frames, help="fewest frames drawn per video")
     sub.add_argument("--max-frames", type=int, default=defaults.max_frames, help="most frames drawn per video")
     sub.add_argument("--video-frame-quality", type=int, metavar="Q",
@@ -396,6 +441,9 @@ def _register_build(commands: Commands) -> None:
     sub.add_argument("--bytes-per-shard", type=int, default=defaults.bytes_per_shard,
                      help="JSONL bytes per work unit (cut at line starts)")
     sub.add_argument("--quiet", action="store_true", help="no progress bar")
+    sub.add_argument("--force", action="store_true",
+                     help="replace a dataset at the output built from other inputs or options (a rerun with the "
+                          "same ones reuses it, or what a killed run finished, without it)")
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -418,16 +466,16 @@ def _register_merge(commands: Commands) -> None:
     sub = add_command(commands, "merge", cmd_merge,
                       "Merge the shard folders (OUTPUT.shards) of a build split with --num-nodes, named in any "
                       "order, into its dataset; or concatenate whole datasets of one kind and tokenizer.")
-    sub.add_argument("output", help="output dataset prefix")
-    sub.add_argument("input", nargs="+", help="shard folders of one build, or dataset prefixes")
+    sub.add_argument("output", type=dataset_prefix, help="output dataset prefix")
+    sub.add_argument("input", nargs="+", type=dataset_prefix, help="shard folders of one build, or dataset prefixes")
     sub.add_argument("--max-skip-rate", type=float, default=0.01,
-                     help="shard folders: fail when a larger fraction of the rows was skipped (default 0.01)")
+                     help="shard folders: fail when a larger fraction of the rows was skipped")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from mmidx.demo import format_summary, run
 
-    result = run(args.workdir, quick=args.quick)
+    result = run(args.workdir, quick=args.quick, progress=functools.partial(print, flush=True))
     print(format_summary(result))
     return 0 if not result["problems"] and all(r.ok for r in result["reports"]) else 1
 
@@ -440,7 +488,9 @@ def _register_demo(commands: Commands) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmidx", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="mmidx", description=__doc__.splitlines()[0], epilog=EXIT_STATUSES,
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"mmidx {mmidx.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     _register_inspect_and_verify(commands)
     _register_index_and_show(commands)
@@ -452,12 +502,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every error ends in one line on stderr and exit status 1 (2: usage)."""
+    import yaml
+
     args = build_parser().parse_args(argv)
+    name = f"mmidx {args.command}"
     try:
-        return args.handler(args)
-    except (FormatError, ValueError) as error:  # bad files or bad configuration: say what, not where
-        print(f"mmidx: {error}", file=sys.stderr)
+        code = args.handler(args)
+        sys.stdout.flush()  # a closed pipe is met here, not at exit where it could only be ignored noisily
+        return code
+    except BrokenPipeError:  # the reader went away (``| head``): nothing more to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as error:
+        print(f"{name}: {_os_error_line(error)}", file=sys.stderr)
+    except yaml.YAMLError as error:  # a malformed YAML file: its path and line are in the message
+        print(f"{name}: not valid YAML: {' '.join(str(error).split())}", file=sys.stderr)
+    except (FormatError, ValueError, KeyError, TypeError) as error:  # bad files or configuration: what, not where
+        print(f"{name}: {error}", file=sys.stderr)
+    except Exception as error:  # a bug: still one line, and how to see the rest
+        if os.environ.get("MMIDX_TRACEBACK"):
+            raise
+        print(f"{name}: internal error {type(error).__name__}: {error} (set MMIDX_TRACEBACK=1 for the traceback)",
+              file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

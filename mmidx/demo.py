@@ -9,6 +9,7 @@ verifies every dataset, and prints what happened and how fast.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +29,14 @@ BAGEL_GROUPS = {
 }
 
 
-def _timed(label: str, timings: dict[str, float], function: Any, *args: Any, **kwargs: Any) -> Any:
-    start = time.perf_counter()
-    result = function(*args, **kwargs)
-    timings[label] = time.perf_counter() - start
-    return result
+STEPS = {"generate": "generating a BAGEL-format corpus", "build": "building one dataset per group",
+         "index": "building the pack index", "batches": "iterating every pack through the torch loader",
+         "block_mask": "building pack 0's BlockMask", "dense_masks": "building pack 0's dense masks",
+         "verify": "verifying every dataset"}
 
 
-def run(workdir: str | Path, *, quick: bool = False) -> dict[str, Any]:
-    """Run the demo in ``workdir`` and return its summary (also printed by the command)."""
+def run(workdir: str | Path, *, quick: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the demo in ``workdir`` and return its summary; ``progress`` is told of each step as it starts."""
     from mmidx.build import build_from_config
     from mmidx.checks import verify
     from mmidx.config import DataConfig
@@ -47,9 +47,21 @@ def run(workdir: str | Path, *, quick: bool = False) -> dict[str, Any]:
 
     workdir = Path(workdir).resolve()  # the dataset info below names absolute paths
     timings: dict[str, float] = {}
+
+    def step(label: str) -> None:
+        if progress is not None:
+            progress(f"[{list(STEPS).index(label) + 1}/{len(STEPS)}] {STEPS[label]}...")
+
+    def timed(label: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+        step(label)
+        start = time.perf_counter()
+        result = function(*args, **kwargs)
+        timings[label] = time.perf_counter() - start
+        return result
+
     spec = CorpusSpec(t2i_rows=8, edit_rows=4, vlm_lines=16, vlm_images=8, vlm_videos=1) if quick else \
         CorpusSpec(vlm_videos=2)
-    raw = _timed("generate", timings, write_corpus, workdir / "raw", spec)
+    raw = timed("generate", write_corpus, workdir / "raw", spec)
     (workdir / "bagel.yaml").write_text(yaml.safe_dump(BAGEL_GROUPS, sort_keys=False))
     (workdir / "dataset_info.yaml").write_text(yaml.safe_dump({
         "t2i_pretrain": {"t2i": {"data_dir": str(raw / "t2i")}},
@@ -57,12 +69,13 @@ def run(workdir: str | Path, *, quick: bool = False) -> dict[str, Any]:
         "vlm_sft": {"llava_ov": {"data_dir": str(raw / "vlm" / "images"),
                                  "jsonl_path": str(raw / "vlm" / "sft.jsonl")}},
     }))
-    reports = _timed("build", timings, build_from_config, workdir / "bagel.yaml", workdir / "dataset_info.yaml",
+    reports = timed("build", build_from_config, workdir / "bagel.yaml", workdir / "dataset_info.yaml",
                      workdir / "datasets", tokenizer=str(raw / "tokenizer"), workers=2, progress=False)
     config = DataConfig.from_yaml(workdir / "datasets" / "data.yaml")
-    index = _timed("index", timings, build_pack_index, config, cache_dir=workdir / "index")
+    index = timed("index", build_pack_index, config, cache_dir=workdir / "index")
     torch.set_num_threads(1)
     loader = PackLoader(PackDataset(index, PackBuilder(config)), global_batch_size=1)
+    step("batches")
     start, packs, tokens, nbytes, first = time.perf_counter(), 0, 0, 0, None
     for batch in loader:
         first = first or batch
@@ -70,10 +83,11 @@ def run(workdir: str | Path, *, quick: bool = False) -> dict[str, Any]:
         tokens += batch.sequence_length
         nbytes += sum(t.numel() * t.element_size() for t in batch.tensors.values() if isinstance(t, torch.Tensor))
     timings["batches"] = time.perf_counter() - start
-    flex = _timed("block_mask", timings, first.attention_masks)
+    flex = timed("block_mask", first.attention_masks)
     dense_batch = PackBuilder(config, use_flex=False).build(0, index.items(0))
-    dense = _timed("dense_masks", timings, dense_batch.attention_masks)
-    problems = [p for group in config.groups for prefix in group.datasets for p in verify(prefix)]
+    dense = timed("dense_masks", dense_batch.attention_masks)
+    problems = timed("verify", lambda: [p for group in config.groups for prefix in group.datasets
+                                         for p in verify(prefix)])
     return {"workdir": str(workdir), "reports": reports, "index": index, "timings": timings, "packs": packs,
             "tokens": tokens, "bytes": nbytes, "block_mask": flex, "dense_masks": dense, "problems": problems,
             "config": config}

@@ -119,6 +119,20 @@ def _fit(text: str, font: Any, room: float) -> str:
     return text
 
 
+def header(head: str, pad: int, real: int, crop: bool, font: Any, room: float) -> str:
+    """The picture's first line: ``head`` and the padding, said in as much detail as fits in ``room`` pixels
+    (on a narrow picture the padding note shortens rather than being cut off)."""
+    if not pad:
+        return _fit(head, font, room)
+    notes = ([f", padding {pad:,} tokens (not shown: it would fill {pad / (real + pad):.0%} of the axes)",
+              f", padding {pad:,} tokens not shown", f", {pad:,} padding hidden"] if crop else
+             [f", padding {pad:,} tokens", f", {pad:,} padding"])
+    for note in notes:
+        if font.getlength(head + note) <= room:
+            return head + note
+    return _fit(head + notes[-1], font, room)
+
+
 def _axes(image: Image.Image, top: int, size: int, edges: np.ndarray, labels: list[str], font: Any) -> None:
     """Span labels above the strip (keys) and left of the panel (queries), and the boundaries in the panel."""
     draw = ImageDraw.Draw(image)
@@ -187,10 +201,9 @@ def render(batch: PackedBatch, *, width: int = 1024, zoom_sample: int | None = N
     height = zoom_top + (TOP_LABELS + STRIP + LOSS_BAR + 2 + size + 8 if samples else 0)
     image = Image.new("RGB", (width, height), (255, 255, 255))
     draw = ImageDraw.Draw(image)
-    padding_note = (f", padding {pad:,} tokens (not shown: it would fill {pad / (real + pad):.0%} of the axes)"
-                    if crop else f", padding {pad:,} tokens" if pad else "")
-    draw.text((6, 2), _fit(f"{title}{real:,} tokens in {samples} sample{'s' if samples != 1 else ''}, "
-                           f"{len(split_lens) - 1} splits{padding_note}", bold, width - 12), fill=(0, 0, 0), font=bold)
+    draw.text((6, 2), header(f"{title}{real:,} tokens in {samples} sample{'s' if samples != 1 else ''}, "
+                             f"{len(split_lens) - 1} splits", pad, real, crop, bold, width - 12),
+              fill=(0, 0, 0), font=bold)
     _legend(draw, LINE + 5, font)
     starts = np.concatenate([[0], np.cumsum(shown)]).astype(np.int64)
     edges = np.round(starts / max(starts[-1], 1) * size).astype(np.int64)

@@ -17,6 +17,9 @@ def demo(tmp_path_factory):
     from mmidx.demo import run
 
     folder = tmp_path_factory.mktemp("cwd")
+    steps = []  # each step's line, and whether the datasets existed when it was told
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
-        return run("mmidx-demo", quick=True)
+        result = run("mmidx-demo", quick=True,
+                     progress=lambda line: steps.append((line, os.path.exists("mmidx-demo/datasets/data.yaml"))))
+    return {**result, "steps": steps}

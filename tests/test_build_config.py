@@ -141,7 +141,9 @@ def test_no_data_yaml_is_written_when_a_build_fails(bagel_data):
 
 
 def test_mixing_single_source_and_config_arguments_is_refused(bagel_data, capsys):
-    assert _build(bagel_data, "--source", "t2i") == 2
+    with pytest.raises(SystemExit) as exit:
+        _build(bagel_data, "--source", "t2i")
+    assert exit.value.code == 2
     assert "either --source, --input and --output, or --config" in capsys.readouterr().err
 
 

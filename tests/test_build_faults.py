@@ -186,6 +186,28 @@ def test_a_rerun_is_judged_by_the_skip_rate_limit_given_now(tmp_path, capsys):
     assert "already built: skipped 20.00% of the rows (limit 20.00%)" in capsys.readouterr().out
 
 
+def test_the_build_summary_counts_in_the_right_number(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": "one document"}])
+    assert _build([path], tmp_path / "out", source="text") == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "1 sample (1 view, 0 images, " in first and "from 1 row in" in first and first.endswith("; 1 unit, 0 reused")
+
+
+def test_replacing_a_dataset_built_with_other_options_needs_force(t2i_input, tmp_path, capsys):
+    assert _build([t2i_input], tmp_path / "out") == 0
+    before = {path.name: path.read_bytes() for path in tmp_path.glob("out.*")}
+    capsys.readouterr()
+    assert _build([t2i_input], tmp_path / "out", "--views", "2") == 1
+    assert capsys.readouterr().err.strip() == (
+        f"mmidx build: {tmp_path / 'out'} holds a dataset built from other inputs or options (see "
+        f"{tmp_path / 'out.report.json'}); pass --force (force=True) to replace it, or choose another output")
+    assert {path.name: path.read_bytes() for path in tmp_path.glob("out.*")} == before  # untouched
+    assert _build([t2i_input], tmp_path / "out", "--views", "2", "--force") == 0
+    assert MMIDXDataset(tmp_path / "out")[0].num_views == 2
+    assert _build([t2i_input], tmp_path / "out", "--views", "2") == 0  # the same options: reused, no --force
+    assert "already built" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("case", ["empty parquet", "wrong JSON key"])
 def test_a_build_without_samples_leaves_nothing_that_opens(t2i_input, tmp_path, capsys, case):
     assert _build([t2i_input], tmp_path / "out") == 0  # an old dataset at the output goes too
@@ -193,10 +215,10 @@ def test_a_build_without_samples_leaves_nothing_that_opens(t2i_input, tmp_path, 
     if case == "empty parquet":
         path = write_parquet(tmp_path / "empty.parquet", {"image": [], "captions": []},
                              {"image": pa.binary(), "captions": pa.string()}, 4)
-        code = _build([path], tmp_path / "out")
+        code = _build([path], tmp_path / "out", "--force")
     else:
         path = write_jsonl(tmp_path / "docs.jsonl", [{"content": f"doc {i}"} for i in range(5)])
-        code = _build([path], tmp_path / "out", "--max-skip-rate", "1", source="text")
+        code = _build([path], tmp_path / "out", "--max-skip-rate", "1", "--force", source="text")
     out = capsys.readouterr().out
     assert code == 1 and sum("FAILED" in line for line in out.splitlines()) == 1
     assert "no dataset was written" in out

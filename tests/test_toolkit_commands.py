@@ -1,6 +1,12 @@
 """mmidx bench, sample and show on the demo's data, and one clear line (never a traceback) on bad input."""
 
+import argparse
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,6 +15,7 @@ from fixtures_sources import build, write_jsonl
 from PIL import Image
 from test_sources_vlm import CASES, FILES
 
+import mmidx
 from mmidx.bench import STAGES, StageClock, bench_packs, format_report
 from mmidx.cli import main
 from mmidx.masks import dense_masks, mask_predicate
@@ -145,8 +152,25 @@ def test_show_labels_samples_and_crops_padding_of_a_small_pack(demo, tmp_path):
     assert Image.open(out).size[0] == 512
 
 
+def test_a_narrow_picture_shortens_the_padding_note_rather_than_cutting_the_header(demo):
+    from mmidx.show import _font, header
+
+    bold, head = _font(14), "pack 0: 12,345 tokens in 2 samples, 9 splits"
+    full = header(head, 24_000, 12_345, True, bold, 1000)
+    assert full == head + ", padding 24,000 tokens (not shown: it would fill 66% of the axes)"
+    narrow = header(head, 24_000, 12_345, True, bold, 500 - 12)  # --width 500
+    assert narrow == head + ", 24,000 padding hidden" and bold.getlength(narrow) <= 488  # whole words, all of it
+    assert header(head, 0, 12_345, False, bold, 488) == head
+    items = demo["index"].items(0)[:2]
+    pixels = np.asarray(render(PackBuilder(demo["config"]).build(0, items), width=512))
+    assert (pixels[:LINE, -6:] == 255).all()  # nothing runs into the right edge
+
+
+# Every subcommand over bad inputs: (argv, exit status). {data} is the demo's data.yaml, {prefix} a vlm
+# dataset, {tok} a tokenizer, {file} a regular file, {badyaml} malformed YAML, {empty} an empty YAML.
 BAD_INPUTS = [
     (["bench", "/nonexistent/data.yaml"], 1),
+    (["bench", "{badyaml}"], 1),
     (["bench", "{data}", "--workers", "1,x"], 2),
     (["bench", "{data}", "--masks", "sparse"], 2),
     (["bench", "{data}", "--packs", "1"], 1),
@@ -162,15 +186,63 @@ BAD_INPUTS = [
     (["show", "{data}", "--zoom-sample", "99"], 1),
     (["show", "{data}", "--width", "100"], 1),
     (["show", "{data}", "-o", "{tmp}/missing/pack.png"], 1),
+    (["show", "{badyaml}"], 1),
+    (["show", "{data}", "--pack", "99"], 1),
+    (["inspect", "/nonexistent/prefix"], 1),
+    (["inspect", "/nonexistent/data.yaml"], 1),
+    (["inspect", "{badyaml}"], 1),
+    (["inspect", "{empty}", "--json"], 1),
+    (["inspect"], 2),
+    (["verify", "/nonexistent/prefix"], 1),
+    (["verify", "{badyaml}"], 1),
+    (["verify", "{empty}"], 1),
+    (["verify", "{file}"], 1),
+    (["index", "/nonexistent/data.yaml"], 1),
+    (["index", "{badyaml}"], 1),
+    (["index", "{data}", "--cache-dir", "{file}/cache"], 1),
+    (["index", "{data}", "--num-samples", "-1"], 1),
+    (["index", "--gpt", "{prefix}", "--seq-length", "16"], 1),
+    (["index", "--gpt", "{prefix}"], 2),
+    (["index", "{data}", "--seed", "x"], 2),
+    (["build", "--config", "/nonexistent/bagel.yaml", "--dataset-info", "{badyaml}", "--output-dir", "{tmp}/o",
+      "--tokenizer", "{tok}"], 1),
+    (["build", "--config", "{badyaml}", "--dataset-info", "{badyaml}", "--output-dir", "{tmp}/o", "--tokenizer",
+      "{tok}"], 1),
+    (["build", "--source", "text", "--input", "{file}", "--output", "{file}/sub/x", "--tokenizer", "{tok}",
+      "--quiet"], 1),
+    (["build", "--source", "text", "--input", "/nonexistent/docs.jsonl", "--output", "{tmp}/x", "--tokenizer",
+      "{tok}", "--quiet"], 1),
+    (["build", "--source", "text", "--input", "{file}", "--tokenizer", "{tok}"], 2),
+    (["build", "--source", "pdf", "--input", "{file}", "--output", "{tmp}/x", "--tokenizer", "{tok}"], 2),
+    (["merge", "{tmp}/merged", "/nonexistent/shards"], 1),
+    (["merge", "{file}/merged", "{prefix}"], 1),
+    (["merge", "{tmp}/merged"], 2),
+    (["demo", "--workdir", "{file}/demo"], 1),
+    (["demo", "--quick", "yes"], 2),
 ]
+
+
+def bad_input_values(demo, vlm, folder) -> dict[str, str]:
+    """The files the table's placeholders name, written in ``folder``."""
+    (folder / "file").write_text("not a folder")
+    (folder / "bad.yaml").write_text("groups: [1\n")
+    (folder / "empty.yaml").write_text("")
+    return {"data": f"{demo['workdir']}/datasets/data.yaml", "prefix": vlm.prefix, "tmp": str(folder),
+            "file": str(folder / "file"), "badyaml": str(folder / "bad.yaml"), "empty": str(folder / "empty.yaml"),
+            "tok": f"{demo['workdir']}/raw/tokenizer"}
+
+
+def test_the_bad_input_table_covers_every_subcommand():
+    from mmidx.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {argv[0] for argv, _ in BAD_INPUTS} == set(commands.choices)
 
 
 @pytest.mark.parametrize(("argv", "status"), BAD_INPUTS, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in
                                                             enumerate(BAD_INPUTS)])
 def test_bad_input_is_one_line_and_an_exit_status(argv, status, demo, vlm, tmp_path, capsys):
-    (tmp_path / "file").write_text("not a folder")
-    values = {"data": f"{demo['workdir']}/datasets/data.yaml", "prefix": vlm.prefix, "tmp": str(tmp_path),
-              "file": str(tmp_path / "file")}
+    values = bad_input_values(demo, vlm, tmp_path)
     argv = [arg.format(**values) for arg in argv]
     try:
         code = main(argv)
@@ -180,7 +252,31 @@ def test_bad_input_is_one_line_and_an_exit_status(argv, status, demo, vlm, tmp_p
     assert code == status
     assert "Traceback" not in captured.out + captured.err
     lines = captured.err.strip().splitlines()
-    if status == 1:  # a failure: one line naming what and why
-        assert len(lines) == 1 and lines[0].startswith("mmidx: ")
+    if status == 1:  # a failure: one line naming what and why (verify: the problem it found)
+        assert len(lines) == 1 and lines[0].startswith(("mmidx", "FAIL ")), lines
     else:  # a usage error: argparse's usage, then one line
-        assert lines[0].startswith("usage: mmidx") and lines[-1].startswith(f"mmidx {argv[0]}: error: ")
+        assert lines[0].startswith("usage: mmidx") and re.match(r"mmidx( \w+)?: error: ", lines[-1]), lines
+
+
+def test_the_command_line_ends_in_one_line_in_a_real_process(demo, vlm, tmp_path):
+    """What only a process shows: a closed pipe (``inspect --json | head``), the top-level handler, argparse."""
+    values = bad_input_values(demo, vlm, tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(Path(mmidx.__file__).parent.parent)}
+    env.pop("MMIDX_TRACEBACK", None)
+
+    def start(*argv: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "mmidx.cli", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, text=True)
+
+    piped = start("inspect", "--json", values["prefix"])  # a few kB: still in the buffer at the end
+    piped.stdout.close()  # the reader is gone before the command writes a byte
+    others = [(start("inspect", values["badyaml"]), 1), (start("show", values["data"], "-o", "/nonexistent/p.png"), 1),
+              (start("verify"), 2), (start("--version"), 0)]
+    _, err = piped.communicate(timeout=120)
+    assert piped.returncode == 1 and "Traceback" not in err and "Exception ignored" not in err, err
+    for process, status in others:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == status and "Traceback" not in out + err, (process.args, err)
+        if status == 1:
+            assert len(err.strip().splitlines()) == 1, err
+    assert out.strip() == f"mmidx {mmidx.__version__}"

@@ -22,8 +22,10 @@ def _load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     try:
         with open(path) as stream:
             loaded = yaml.safe_load(stream)
-    except (OSError, yaml.YAMLError) as error:
-        raise BuildError(f"cannot read {path}: {error}") from error
+    except OSError as error:
+        raise BuildError(f"cannot read {path}: {error.strerror or error}") from error
+    except yaml.YAMLError as error:  # its message names the line and column, over several lines: make it one
+        raise BuildError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from error
     if not isinstance(loaded, dict):
         raise BuildError(f"{path}: expected a mapping at the top level")
     return loaded
@@ -58,7 +60,7 @@ def _group_builds(group: str, spec: dict[str, Any], info: dict[str, Any], info_f
 def build_from_config(config: str | os.PathLike, dataset_info: str | os.PathLike, output_dir: str | os.PathLike,
                       *, tokenizer: str, source_options: SourceOptions | None = None, workers: int = 1,
                       max_skip_rate: float = 0.01, progress: bool = True, engine: str = "local",
-                      ray_address: str | None = None) -> list[BuildReport]:
+                      ray_address: str | None = None, force: bool = False) -> list[BuildReport]:
     """Build every (group, dataset name) of a BAGEL data YAML and write ``output_dir/data.yaml``.
 
     ``config`` has BAGEL's ``data/configs/*.yaml`` shape; ``dataset_info`` maps group → dataset name →
@@ -77,7 +79,8 @@ def build_from_config(config: str | os.PathLike, dataset_info: str | os.PathLike
     output_dir = os.fspath(output_dir)
     info_folder = os.path.dirname(os.path.abspath(dataset_info))
     settings = {"tokenizer": tokenizer, "source_options": source_options or SourceOptions(), "workers": workers,
-                "max_skip_rate": max_skip_rate, "progress": progress, "engine": engine, "ray_address": ray_address}
+                "max_skip_rate": max_skip_rate, "progress": progress, "engine": engine,
+                "ray_address": ray_address, "force": force}
     for group, spec in groups.items():
         data_yaml_group(group, spec or {}, [])  # refuses unknown keys before anything is built
     plans = {group: _group_builds(group, spec or {}, info, info_folder, output_dir, settings)

@@ -24,7 +24,7 @@ from mmidx.build.plan import (
     shard_dir,
     write_json,
 )
-from mmidx.build.report import BuildReport, add_counts, judge, new_counts, report_path
+from mmidx.build.report import BuildReport, add_counts, counted, judge, new_counts, report_path
 from mmidx.build.shard import clear_unit, load_tokenizer
 from mmidx.sources import get_source
 
@@ -57,10 +57,15 @@ def build_dataset(options: BuildOptions) -> BuildReport:
         plan = make_plan(options, tokenizer.identity)
         if not node:
             previous = read_json(report_path(output))
-            if previous and previous.get("key") == plan.key and meta_sha256(output) == previous.get("meta_sha256"):
+            finished = previous is not None and meta_sha256(output) == previous.get("meta_sha256")
+            if finished and previous.get("key") == plan.key:
                 shutil.rmtree(plan.shards, ignore_errors=True)  # the cleanup a killed run did not finish
                 judged = judge(previous, options.max_skip_rate)
                 return BuildReport({**judged, "message": "already built: " + judged["message"]})
+            if finished and not options.force:
+                raise BuildError(f"{output} holds a dataset built from other inputs or options (see "
+                                 f"{report_path(output)}); pass --force (force=True) to replace it, or choose "
+                                 "another output")
         os.makedirs(plan.shards, exist_ok=True)
         write_json(Path(plan.shards, PLAN_NAME), plan_record(plan))
         share = plan.share()
@@ -90,6 +95,7 @@ def _node_report(options: BuildOptions, shards: str, reports: list[dict], reused
         add_counts(totals, report)
     totals["seconds"]["wall"] = time.perf_counter() - started
     return BuildReport({**totals, "output": shards, "units": len(reports), "reused_units": reused, "ok": True,
-                        "message": f"node {options.node_rank} of {options.num_nodes} built its {len(reports)} units; "
-                                   f"once every node is done: mmidx merge OUTPUT {shards} (and the other nodes' "
+                        "message": f"node {options.node_rank} of {options.num_nodes} built its "
+                                   f"{counted(len(reports), 'unit')}; once every node is done: mmidx merge OUTPUT "
+                                   f"{shards} (and the other nodes' "
                                    "shard folders, unless they share this one)"})

@@ -39,7 +39,8 @@ class BuildOptions:
     ``engine`` runs the units: ``"local"`` in ``workers`` processes, ``"ray"`` as tasks of the Ray
     cluster at ``ray_address`` (default: ``RAY_ADDRESS`` or a new local one of ``workers`` CPUs).
     With ``num_nodes`` > 1 this call builds only node ``node_rank``'s share of the units and stops
-    before merging; ``mmidx merge`` joins the shard sets of all nodes.
+    before merging; ``mmidx merge`` joins the shard sets of all nodes. A dataset already at ``output``
+    that a build of other inputs or options finished is replaced only with ``force``.
     """
 
     source: str
@@ -54,6 +55,7 @@ class BuildOptions:
     ray_address: str | None = None
     num_nodes: int = 1
     node_rank: int = 0
+    force: bool = False
 
     def __post_init__(self) -> None:
         get_source(self.source)

@@ -58,12 +58,17 @@ def add_counts(total: dict[str, Any], part: dict[str, Any]) -> None:
         total["seconds"][what] = total["seconds"].get(what, 0.0) + seconds
 
 
+def counted(count: int, word: str) -> str:
+    """``count`` and ``word`` in its right number: "1 unit", "2 units", "1,024 samples"."""
+    return f"{count:,} {word}" if count == 1 else f"{count:,} {word}s"
+
+
 def judge(data: dict[str, Any], max_skip_rate: float) -> dict[str, Any]:
     """``data`` (summed counts) with ``ok``, ``message``, ``skip_rate`` and ``max_skip_rate`` set by this limit."""
     rows, samples = data["rows"], data["samples"]
     skip_rate = data["skipped"] / rows if rows else 0.0
     if samples == 0:
-        ok, message = False, (f"nothing was built from {rows} rows, so no dataset was written; see the skip "
+        ok, message = False, (f"nothing was built from {counted(rows, 'row')}, so no dataset was written; see the skip "
                               "reasons above" if rows else "the inputs hold no rows, so no dataset was written")
     elif skip_rate > max_skip_rate:
         ok, message = False, (f"{skip_rate:.2%} of the rows were skipped, more than --max-skip-rate "
@@ -95,9 +100,9 @@ class BuildReport:
     def summary(self) -> str:
         """A few human-readable lines: what was built, what was skipped or warned about and why."""
         d = self.data
-        lines = [f"{d['output']}: {d['samples']:,} samples ({d['views']:,} views, {d['images']:,} images, "
-                 f"{d['tokens']:,} tokens) from {d['rows']:,} rows in {d['seconds'].get('wall', 0):.1f} s; "
-                 f"{d['units']} units, {d['reused_units']} reused"]
+        lines = [f"{d['output']}: {counted(d['samples'], 'sample')} ({counted(d['views'], 'view')}, "
+                 f"{counted(d['images'], 'image')}, {counted(d['tokens'], 'token')}) from {counted(d['rows'], 'row')} "
+                 f"in {d['seconds'].get('wall', 0):.1f} s; {counted(d['units'], 'unit')}, {d['reused_units']} reused"]
         for kind, table, reasons in (("skipped", "skips", SKIP_REASONS), ("warning:", "warnings", WARNING_REASONS)):
             for reason, entry in sorted(d.get(table, {}).items(), key=lambda item: -item[1]["count"]):
                 example = f" (e.g. {_where(entry['examples'][0])})" if entry["examples"] else ""
