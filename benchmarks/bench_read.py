@@ -5,6 +5,9 @@ builder, then opens the same .idx/.bin pair with both readers and measures, in o
 
 * single random read: per-call latency of ``get`` on random documents (median and p99), with a
   raw ``numpy.memmap`` slice at precomputed pointers as the physical floor;
+* per-sample reads: ``ds[i].text(0)`` of a text document against Megatron's ``get(i)``, and a
+  caption + image (``ds[i].text(0)`` and ``ds[i].image(0)``, bytes plus probed size) of a multimodal
+  dataset against two Megatron gets (captions and image bytes stored as two datasets);
 * batch gather of 1024 random documents into one array: mmidx's one Cython call vs Megatron's
   per-document loop plus ``numpy.concatenate``;
 * sequential scan of the whole token stream in blocks of consecutive documents (GB/s): mmidx's
@@ -23,9 +26,10 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
 from common import best_of, machine
 
-from mmidx.builder import DatasetBuilder
+from mmidx.builder import DatasetBuilder, Element, StoredImage
 from mmidx.dataset import MMIDXDataset
 
 
@@ -38,6 +42,28 @@ def build_corpus(prefix: Path, documents: int, mean_tokens: int, seed: int = 0) 
     with DatasetBuilder(prefix, kind="text", vocab_size=32000) as builder:
         for length in lengths:
             builder.add_document([rng.integers(0, 32000, length, dtype=np.uint16)])
+        builder.finalize()
+
+
+def build_captioned_images(prefix: Path, samples: int, seed: int = 0) -> None:
+    """The same captions and image bytes as one mmidx dataset and as two Megatron datasets."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    if Path(f"{prefix}.meta.json").exists():
+        return
+    rng = np.random.default_rng(seed)
+    captions = [rng.integers(0, 32000, n, dtype=np.uint16) for n in rng.integers(10, 60, samples)]
+    images = [rng.integers(0, 256, n, dtype=np.uint8) for n in rng.integers(20_000, 100_000, samples)]
+    for suffix, items, dtype in (("captions", captions, np.uint16), ("image-bytes", images, np.uint8)):
+        builder = IndexedDatasetBuilder(f"{prefix}-{suffix}.bin", dtype=dtype)
+        for item in items:
+            builder.add_item(torch.from_numpy(item))
+            builder.end_document()
+        builder.finalize(f"{prefix}-{suffix}.idx")
+    view = [Element("text", 0), Element("vae_image", 0, loss=True)]
+    with DatasetBuilder(prefix, kind="multimodal", vocab_size=32000) as builder:
+        for caption, image in zip(captions, images, strict=True):
+            builder.add_sample([caption], [StoredImage(image.tobytes(), 512, 512, "JPEG", "RGB")], [view])
         builder.finalize()
 
 
@@ -61,6 +87,7 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=200_000)
     parser.add_argument("--mean-tokens", type=int, default=1000)
     parser.add_argument("--reads", type=int, default=100_000, help="random single reads to time")
+    parser.add_argument("--image-samples", type=int, default=20_000, help="samples of the caption + image dataset")
     parser.add_argument("--workdir", default="/tmp/mmidx-bench-read")
     args = parser.parse_args()
 
@@ -94,6 +121,42 @@ def main() -> None:
         rows.append((f"random get: {name}", f"median {np.median(values) / 1e3:.2f} µs",
                      f"p99 {np.percentile(values, 99) / 1e3:.2f} µs",
                      f"{np.median(values) / np.median(megatron_get):.2f}× Megatron"))
+
+    def sample_text(i):
+        return ours[i].text(0)
+
+    for i in indices[:1000].tolist():
+        assert np.array_equal(sample_text(i), theirs.get(i))
+    text_rows = (("Megatron IndexedDataset.get(i)", megatron_get),
+                 ("mmidx ds[i].text(0)", latencies(sample_text, indices)))
+
+    pictures = Path(args.workdir) / f"captioned-{args.image_samples}"
+    build_captioned_images(pictures, args.image_samples)
+    mm = MMIDXDataset(pictures)
+    captions, image_bytes = IndexedDataset(f"{pictures}-captions"), IndexedDataset(f"{pictures}-image-bytes")
+    np.array(np.frombuffer(mm.image_bytes, np.uint8)).sum()  # warm the page cache
+
+    def megatron_pair(i):
+        return captions.get(i), image_bytes.get(i)
+
+    def mmidx_pair(i):
+        sample = mm[i]
+        return sample.text(0), sample.image(0)
+
+    picks = rng.integers(0, len(mm), args.reads)
+    for i in picks[:1000].tolist():
+        (text, image), (caption, data) = mmidx_pair(i), megatron_pair(i)
+        assert np.array_equal(text, caption) and bytes(image.data) == data.tobytes()
+    megatron_pairs = latencies(megatron_pair, picks)
+    pair_rows = (("Megatron captions.get(i) + images.get(i)", megatron_pairs),
+                 ("mmidx ds[i].text(0) + ds[i].image(0)", latencies(mmidx_pair, picks)),
+                 ("mmidx ds[i].image(0) alone", latencies(lambda i: mm[i].image(0), picks)))
+    for label, group, peer in (("text document", text_rows, megatron_get),
+                               ("caption + image", pair_rows, megatron_pairs)):
+        for name, values in group:
+            rows.append((f"per sample, {label}: {name}", f"median {np.median(values) / 1e3:.2f} µs",
+                         f"p99 {np.percentile(values, 99) / 1e3:.2f} µs",
+                         f"{np.median(values) / np.median(peer):.2f}× Megatron"))
 
     batch = rng.integers(0, len(ours.tokens), (50, 1024))
 
