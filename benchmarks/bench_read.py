@@ -5,9 +5,10 @@ builder, then opens the same .idx/.bin pair with both readers and measures, in o
 
 * single random read: per-call latency of ``get`` on random documents (median and p99), with a
   raw ``numpy.memmap`` slice at precomputed pointers as the physical floor;
-* per-sample reads: ``ds[i].text(0)`` of a text document against Megatron's ``get(i)``, and a
-  caption + image (``ds[i].text(0)`` and ``ds[i].image(0)``, bytes plus probed size) of a multimodal
-  dataset against two Megatron gets (captions and image bytes stored as two datasets);
+* per-sample reads, the sides taking turns on each index: ``ds[i].text(0)`` of a text document
+  against Megatron's ``get(i)``, and a caption + image (``ds[i].text(0)`` and ``ds[i].image(0)``,
+  bytes plus probed size) of a multimodal dataset against two Megatron gets (captions and image
+  bytes stored as two datasets);
 * batch gather of 1024 random documents into one array: mmidx's one Cython call vs Megatron's
   per-document loop plus ``numpy.concatenate``;
 * sequential scan of the whole token stream in blocks of consecutive documents (GB/s): mmidx's
@@ -69,12 +70,19 @@ def build_captioned_images(prefix: Path, samples: int, seed: int = 0) -> None:
 
 def latencies(function, indices: np.ndarray) -> np.ndarray:
     """Per-call wall time in nanoseconds."""
+    return paired_latencies([function], indices)[0]
+
+
+def paired_latencies(functions, indices: np.ndarray) -> list[np.ndarray]:
+    """Per-call wall time in nanoseconds of each function, taking turns on every index, so that load
+    from other work on the machine falls on all of them alike."""
     clock = time.perf_counter_ns
-    out = np.empty(len(indices), dtype=np.int64)
+    out = [np.empty(len(indices), dtype=np.int64) for _ in functions]
     for k, i in enumerate(indices.tolist()):
-        start = clock()
-        function(i)
-        out[k] = clock() - start
+        for function, times in zip(functions, out, strict=True):
+            start = clock()
+            function(i)
+            times[k] = clock() - start
     return out
 
 
@@ -127,8 +135,8 @@ def main() -> None:
 
     for i in indices[:1000].tolist():
         assert np.array_equal(sample_text(i), theirs.get(i))
-    text_rows = (("Megatron IndexedDataset.get(i)", megatron_get),
-                 ("mmidx ds[i].text(0)", latencies(sample_text, indices)))
+    text_rows = tuple(zip(("Megatron IndexedDataset.get(i)", "mmidx ds[i].text(0)"),
+                          paired_latencies([theirs.get, sample_text], indices), strict=True))
 
     pictures = Path(args.workdir) / f"captioned-{args.image_samples}"
     build_captioned_images(pictures, args.image_samples)
@@ -147,12 +155,11 @@ def main() -> None:
     for i in picks[:1000].tolist():
         (text, image), (caption, data) = mmidx_pair(i), megatron_pair(i)
         assert np.array_equal(text, caption) and bytes(image.data) == data.tobytes()
-    megatron_pairs = latencies(megatron_pair, picks)
-    pair_rows = (("Megatron captions.get(i) + images.get(i)", megatron_pairs),
-                 ("mmidx ds[i].text(0) + ds[i].image(0)", latencies(mmidx_pair, picks)),
-                 ("mmidx ds[i].image(0) alone", latencies(lambda i: mm[i].image(0), picks)))
-    for label, group, peer in (("text document", text_rows, megatron_get),
-                               ("caption + image", pair_rows, megatron_pairs)):
+    pair_rows = tuple(zip(("Megatron captions.get(i) + images.get(i)", "mmidx ds[i].text(0) + ds[i].image(0)",
+                           "mmidx ds[i].image(0) alone"),
+                          paired_latencies([megatron_pair, mmidx_pair, lambda i: mm[i].image(0)], picks), strict=True))
+    for label, group in (("text document", text_rows), ("caption + image", pair_rows)):
+        peer = group[0][1]
         for name, values in group:
             rows.append((f"per sample, {label}: {name}", f"median {np.median(values) / 1e3:.2f} µs",
                          f"p99 {np.percentile(values, 99) / 1e3:.2f} µs",
