@@ -16,7 +16,7 @@ from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 
-from mmidx.format import FormatError
+from mmidx.format import IMAGE_FLAG_TRANSPARENCY, IMAGE_FORMATS, IMAGE_MODES, FormatError
 
 cnp.import_array()
 
@@ -179,13 +179,18 @@ cdef class TokenStream:
             sequence += n
         if sequence < 0 or sequence >= n:
             raise IndexError(f"sequence {sequence} out of range for {n} sequences")
+        return self._checked_view(sequence, offset, -1 if length is None else <int64_t>length,
+                                  length is None)
+
+    cdef cnp.ndarray _checked_view(self, int64_t sequence, int64_t offset, int64_t length, bint whole):
+        """``get`` for a sequence number already known to be in range."""
         cdef int64_t size = _load_i32(self._lengths, sequence)
         if size < 0:
             raise FormatError(f"{self.path_prefix}.idx: sequence {sequence} has a negative length ({size}): "
                               "corrupted index")
         if offset < 0 or offset > size:
             raise IndexError(f"offset {offset} out of range for sequence {sequence} of {size} tokens")
-        cdef int64_t count = size - offset if length is None else <int64_t>length
+        cdef int64_t count = size - offset if whole else length
         if count < 0 or count > size - offset:
             raise IndexError(f"tokens [{offset}, {offset} + {count}) out of range for sequence {sequence} "
                              f"of {size} tokens")
@@ -195,6 +200,32 @@ cdef class TokenStream:
                               f"({_load_i64(self._pointers, sequence)}) lies outside the .bin file "
                               f"({self._bin_size} bytes) or is not a multiple of the token size: corrupted index")
         return self._view(start, count)
+
+    cpdef tuple document_range(self, int64_t document):
+        """Sequences ``[start, end)`` of ``document`` (0 <= document < document_count), checked to be
+        an ordered range of existing sequences before anything is read with them."""
+        if document < 0 or document >= self.document_count:
+            raise IndexError(f"document {document} out of range for {self.document_count} documents")
+        cdef int64_t start = _load_i64(self._documents, document)
+        cdef int64_t end = _load_i64(self._documents, document + 1)
+        if not (0 <= start <= end <= self.sequence_count):
+            raise FormatError(f"{self.path_prefix}.idx: document_indices[{document}:{document + 2}] = "
+                              f"[{start}, {end}] is not a range inside [0, {self.sequence_count}] "
+                              f"(sample {document}): corrupted")
+        return start, end
+
+    def document_text(self, int64_t document, int64_t j):
+        """Tokens of sequence ``j`` of ``document`` (a sample's text ``j``) as a zero-copy view."""
+        start, end = self.document_range(document)
+        if j < 0 or j >= end - start:
+            raise IndexError(f"text {j} out of range: sample {document} has {end - start} texts")
+        return self._checked_view(start + j, 0, -1, True)
+
+    def document_texts(self, int64_t document):
+        """Tokens of every sequence of ``document`` as zero-copy views."""
+        cdef int64_t start, end, sequence
+        start, end = self.document_range(document)
+        return [self._checked_view(sequence, 0, -1, True) for sequence in range(start, end)]
 
     def gather(self, sequences, offsets=None, lengths=None):
         """Copy many sequence spans into one contiguous array in a single call.
@@ -263,3 +294,79 @@ cdef class TokenStream:
 
     def __reduce__(self):
         raise TypeError("TokenStream holds memory maps; pickle the dataset that owns it (it re-maps lazily)")
+
+
+cdef inline const char* _data_of(cnp.ndarray array, object dtype, str name) except NULL:
+    if array.dtype != dtype or not array.flags.c_contiguous:
+        raise TypeError(f"{name} must be a contiguous {dtype} array")
+    return <const char*>cnp.PyArray_DATA(array)
+
+
+cdef class ImageTable:
+    """The images of a multimodal dataset by (sample, number): checked reads of ``P.plan``'s image
+    arrays, in C, that hand out records of zero-copy views of ``P.images``.
+
+    Every offset is read from the file and checked to be an ordered range inside what it indexes
+    before it is used, exactly as ``Sample`` checks it, so corrupted offsets are a ``FormatError``.
+    """
+
+    cdef object _prefix, _record, _formats, _modes, _data, _arrays
+    cdef const char* _sample_offsets
+    cdef const char* _offsets
+    cdef const char* _info
+    cdef int64_t _samples, _images, _data_size
+    cdef unsigned char _transparency
+
+    def __cinit__(self, prefix, cnp.ndarray sample_image_offsets, cnp.ndarray image_offsets,
+                  cnp.ndarray image_info, data, record):
+        i8 = np.dtype("<i8")
+        self._sample_offsets = _data_of(sample_image_offsets, i8, "sample_image_offsets")
+        self._offsets = _data_of(image_offsets, i8, "image_offsets")
+        if image_info.dtype.itemsize != 12 or [image_info.dtype.fields[name][1] for name in
+                                               ("width", "height", "format", "mode", "flags")] != [0, 4, 8, 9, 10]:
+            raise TypeError("image_info must have the layout of IMAGE_DTYPE")
+        self._info = _data_of(image_info, image_info.dtype, "image_info")
+        self._arrays = (sample_image_offsets, image_offsets, image_info)  # keeps the pointers valid
+        self._samples = len(sample_image_offsets) - 1
+        self._images = len(image_info)
+        if len(image_offsets) != self._images + 1:
+            raise FormatError(f"{prefix}.plan: image_offsets has {len(image_offsets)} entries, "
+                              f"image_info {self._images}: corrupted")
+        self._prefix, self._data, self._data_size = prefix, data, len(data)
+        self._transparency = IMAGE_FLAG_TRANSPARENCY
+        self._record, self._formats, self._modes = record, IMAGE_FORMATS, IMAGE_MODES
+
+    cdef tuple _range(self, const char* offsets, str name, int64_t number, int64_t limit, int64_t sample):
+        cdef int64_t start = _load_i64(offsets, number), end = _load_i64(offsets, number + 1)
+        if not (0 <= start <= end <= limit):
+            raise FormatError(f"{self._prefix}.plan: {name}[{number}:{number + 2}] = [{start}, {end}] is "
+                              f"not a range inside [0, {limit}] (sample {sample}): corrupted")
+        return start, end
+
+    def count(self, int64_t sample):
+        """The number of images of ``sample``."""
+        if sample < 0 or sample >= self._samples:
+            raise IndexError(f"sample {sample} out of range for {self._samples} samples")
+        start, end = self._range(self._sample_offsets, "sample_image_offsets", sample, self._images, sample)
+        return end - start
+
+    def image(self, int64_t sample, int64_t j):
+        """Image ``j`` of ``sample`` as a record: (bytes view, width, height, format, mode, has_transparency)."""
+        if sample < 0 or sample >= self._samples:
+            raise IndexError(f"sample {sample} out of range for {self._samples} samples")
+        cdef int64_t first, last, number, start, end
+        first, last = self._range(self._sample_offsets, "sample_image_offsets", sample, self._images, sample)
+        if j < 0 or j >= last - first:
+            raise IndexError(f"image {j} out of range: sample {sample} has {last - first} images")
+        number = first + j
+        start, end = self._range(self._offsets, "image_offsets", number, self._data_size, sample)
+        cdef const char* info = self._info + 12 * number
+        cdef int32_t width = _load_i32(info, 0), height = _load_i32(info, 1)
+        cdef unsigned char format_code = <unsigned char>info[8], mode_code = <unsigned char>info[9]
+        if width <= 0 or height <= 0:
+            raise FormatError(f"{self._prefix}.plan: image {number} (sample {sample}) has a size of "
+                              f"{width}x{height} in image_info: corrupted")
+        return self._record(self._data[start:end], width, height,
+                            self._formats[format_code] if format_code < len(self._formats) else "unknown",
+                            self._modes[mode_code] if mode_code < len(self._modes) else "unknown",
+                            bool(<unsigned char>info[10] & self._transparency))

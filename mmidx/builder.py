@@ -8,7 +8,6 @@ hashed as they are written, so finalizing costs one pass over the small index ar
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -76,37 +75,45 @@ class StoredImage(NamedTuple):
                 fmt.IMAGE_FLAG_TRANSPARENCY * bool(self.has_transparency), 0)
 
 
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
 class _Growable:
-    """An append-only numpy array with amortised O(1) growth."""
+    """An append-only numpy array built in batches: values are collected in a list, which is cheap per
+    sample, and turned into a numpy chunk every ``BATCH`` values (bounded memory, no per-value numpy call)."""
+
+    BATCH = 1 << 16
 
     def __init__(self, dtype: np.dtype | str, initial: Sequence[Any] = (), width: int | None = None):
-        shape = (max(16, len(initial)),) if width is None else (max(16, len(initial)), width)
-        self._data = np.zeros(shape, dtype=dtype)
-        self._size = 0
-        if len(initial):
-            self.extend(np.asarray(initial, dtype=dtype))
-
-    def extend(self, values: np.ndarray) -> None:
-        end = self._size + len(values)
-        if end > len(self._data):
-            grown = np.zeros((max(end, 2 * len(self._data)), *self._data.shape[1:]), dtype=self._data.dtype)
-            grown[: self._size] = self._data[: self._size]
-            self._data = grown
-        self._data[self._size : end] = values
-        self._size = end
+        self._dtype = np.dtype(dtype)
+        self._empty_shape = (0,) if width is None else (0, width)
+        self._chunks: list[np.ndarray] = []
+        self._stored = 0
+        self._pending: list[Any] = list(initial)
+        self.last = self._pending[-1] if self._pending else None
 
     def append(self, value: Any) -> None:
-        self.extend(np.asarray([value], dtype=self._data.dtype))
+        self._pending.append(value)
+        self.last = value
+        if len(self._pending) >= self.BATCH:
+            self._flush()
 
-    @property
-    def last(self) -> Any:
-        return self._data[self._size - 1]
+    def _flush(self) -> None:
+        if self._pending:
+            self._chunks.append(np.array(self._pending, dtype=self._dtype))
+            self._stored += len(self._pending)
+            self._pending = []
 
     def __len__(self) -> int:
-        return self._size
+        return self._stored + len(self._pending)
 
     def array(self) -> np.ndarray:
-        return self._data[: self._size]
+        self._flush()
+        if not self._chunks:
+            self._chunks = [np.zeros(self._empty_shape, dtype=self._dtype)]
+        if len(self._chunks) > 1:
+            self._chunks = [np.concatenate(self._chunks)]
+        return self._chunks[0]
 
 
 class _HashingWriter:
@@ -115,14 +122,17 @@ class _HashingWriter:
     def __init__(self, path: Path):
         self.path = path
         self.stream = open(path, "wb", buffering=1 << 22)
-        self.digest = hashlib.sha256()
+        self.digest = fmt.FILE_HASHES[fmt.FILE_HASH]()
         self.size = 0
 
     def write(self, data: bytes | memoryview | np.ndarray) -> None:
         view = memoryview(data).cast("B")
         self.digest.update(view)
-        with errors_naming(self.path):
+        try:  # not errors_naming: a context manager per write costs more than the write of a short text
             self.stream.write(view)
+        except OSError as error:
+            with errors_naming(self.path):
+                raise error
         self.size += len(view)
 
     def close(self) -> None:
@@ -191,9 +201,9 @@ class _DatasetWriter:
         files = {}
         for role in roles:
             path = _partial(self.prefix, role)
-            digest = written[role].digest.hexdigest() if role in written else fmt.sha256_file(path)
+            digest = written[role].digest.hexdigest() if role in written else fmt.hash_file(path)
             files[role] = {"name": fmt.file_path(self.prefix, role).name, "bytes": path.stat().st_size,
-                           "sha256": digest}
+                           fmt.FILE_HASH: digest}
         meta = {**meta, "format": fmt.FORMAT_NAME, "format_version": fmt.FORMAT_VERSION, "kind": self.kind,
                 "token_dtype": self.token_dtype.name, "files": files}
         fmt.write_metadata(_partial(self.prefix, "meta"), meta)
@@ -257,7 +267,7 @@ class DatasetBuilder:
             self._image_offsets = _Growable("<i8", [0])
             self._image_info = _Growable(fmt.IMAGE_DTYPE)
             self._extra_offsets = _Growable("<i8", [0])
-            self._extra = _Growable("u1")
+            self._extra = bytearray()
         self._finalized = False
 
     def __enter__(self) -> DatasetBuilder:
@@ -279,17 +289,24 @@ class DatasetBuilder:
             self._sources.append(name)
         return self._source_ids[name]
 
+    def _checked_tokens(self, sequence: Sequence[int] | np.ndarray) -> np.ndarray:
+        """One sequence as a flat array of the token dtype; ids that do not fit it are refused."""
+        dtype = self._writer.token_dtype
+        if isinstance(sequence, np.ndarray) and np.can_cast(sequence.dtype, dtype, "safe"):
+            return sequence.reshape(-1).astype(dtype, copy=False)  # fits by its type: nothing to check
+        tokens = np.asarray(sequence, dtype=np.int64).reshape(-1)
+        if tokens.size and (tokens.min() < self._token_limit[0] or tokens.max() > self._token_limit[1]):
+            raise ValueError(f"token ids {tokens.min()}..{tokens.max()} do not fit {dtype}; "
+                             "build with a vocab_size/token_dtype that covers the tokenizer")
+        return tokens.astype(dtype)
+
     def _write_sequences(self, sequences: Sequence[Sequence[int] | np.ndarray]) -> None:
-        lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
-        if len(sequences):
-            tokens = np.concatenate([np.asarray(s, dtype=np.int64).reshape(-1) for s in sequences])
-            if tokens.size and (tokens.min() < self._token_limit[0] or tokens.max() > self._token_limit[1]):
-                raise ValueError(f"token ids {tokens.min()}..{tokens.max()} do not fit {self._writer.token_dtype}; "
-                                 "build with a vocab_size/token_dtype that covers the tokenizer")
-            if lengths.max(initial=0) > np.iinfo(np.int32).max:
-                raise ValueError("a sequence longer than 2^31-1 tokens does not fit the MMIDIDX index")
-            self._writer.tokens.write(tokens.astype(self._writer.token_dtype))
-        self._sequence_lengths.extend(lengths)
+        checked = [self._checked_tokens(sequence) for sequence in sequences]  # all, before anything is written
+        if any(len(tokens) > np.iinfo(np.int32).max for tokens in checked):
+            raise ValueError("a sequence longer than 2^31-1 tokens does not fit the MMIDIDX index")
+        for tokens in checked:
+            self._writer.tokens.write(tokens)
+            self._sequence_lengths.append(len(tokens))
         self._document_indices.append(len(self._sequence_lengths))
 
     def add_document(self, sequences: Sequence[Sequence[int] | np.ndarray]) -> None:
@@ -317,29 +334,36 @@ class DatasetBuilder:
         if not views:
             raise ValueError("a sample needs at least one view")
         records = [element.record() for view in views for element in view]
-        elements = np.array(records, dtype=fmt.ELEMENT_DTYPE)
-        is_text = elements["kind"] == fmt.TEXT
-        limit = np.where(is_text, len(texts), len(images))
-        if np.any((elements["payload"] < 0) | (elements["payload"] >= limit)):
-            raise ValueError(f"an element's payload names a text or image the sample does not have "
-                             f"({len(texts)} texts, {len(images)} images)")
-        if np.any(elements["img_num"] < 1):
-            raise ValueError("img_num must be at least 1")
-        view_sizes = np.fromiter((len(view) for view in views), dtype=np.int64, count=len(views))
-        self._write_sequences(texts)
-        for image in images:
-            self._writer.images.write(image.data)
-        image_ends = self._image_offsets.last + np.cumsum(
-            np.fromiter((len(image.data) for image in images), dtype=np.int64, count=len(images)))
-        self._image_offsets.extend(image_ends)
-        self._image_info.extend(np.array([image.record() for image in images], dtype=fmt.IMAGE_DTYPE))
-        self._sample_image_offsets.append(len(self._image_info))
-        self._view_element_offsets.extend(self._view_element_offsets.last + np.cumsum(view_sizes))
-        self._sample_view_offsets.append(len(self._view_element_offsets) - 1)
-        self._elements.extend(elements)
-        self._sample_origin.append(origin)
+        for kind, _, img_num, frame_delta, label, payload in records:
+            if not 0 <= payload < (len(texts) if kind == fmt.TEXT else len(images)):
+                raise ValueError(f"an element's payload names a text or image the sample does not have "
+                                 f"({len(texts)} texts, {len(images)} images)")
+            if not 1 <= img_num <= 0xFFFF:
+                raise ValueError(f"img_num must be at least 1 and fit uint16, not {img_num}")
+            if not (_INT32_MIN <= frame_delta <= _INT32_MAX and _INT32_MIN <= label <= _INT32_MAX):
+                raise ValueError("frame_delta and special_token_label must fit int32")
+        image_records = [image.record() for image in images]
+        if any(not (_INT32_MIN <= width <= _INT32_MAX and _INT32_MIN <= height <= _INT32_MAX)
+               for width, height, *_ in image_records):
+            raise ValueError("image width and height must fit int32")
         encoded = json.dumps(extra, sort_keys=True, ensure_ascii=False).encode() if extra else b""
-        self._extra.extend(np.frombuffer(encoded, dtype=np.uint8))
+        self._write_sequences(texts)
+        end = self._image_offsets.last
+        for image, record in zip(images, image_records, strict=True):
+            self._writer.images.write(image.data)
+            end += len(image.data)
+            self._image_offsets.append(end)
+            self._image_info.append(record)
+        self._sample_image_offsets.append(len(self._image_info))
+        end = self._view_element_offsets.last
+        for view in views:
+            end += len(view)
+            self._view_element_offsets.append(end)
+        self._sample_view_offsets.append(len(self._view_element_offsets) - 1)
+        for record in records:
+            self._elements.append(record)
+        self._sample_origin.append(tuple(origin))
+        self._extra += encoded
         self._extra_offsets.append(len(self._extra))
 
     def finalize(self) -> Path:
@@ -361,7 +385,8 @@ class DatasetBuilder:
                 "image_info": self._image_info.array(),
             }
             if len(self._extra):
-                plan.update(sample_extra_offsets=self._extra_offsets.array(), sample_extra=self._extra.array())
+                plan.update(sample_extra_offsets=self._extra_offsets.array(),
+                            sample_extra=np.frombuffer(bytes(self._extra), dtype=np.uint8))
             counts.update(views=len(plan["view_element_offsets"]) - 1, elements=len(plan["elements"]),
                           images=len(plan["image_info"]), image_bytes=int(plan["image_offsets"][-1]))
         meta = {**self._meta, "sources": self._sources, "counts": counts}

@@ -39,12 +39,14 @@ def _verify_checksums(dataset: MMIDXDataset) -> list[str]:
     for role, entry in (dataset.metadata or {}).get("files", {}).items():
         path = fmt.file_path(dataset.prefix, role)
         try:
-            digest = fmt.sha256_file(path)
+            algorithm = fmt.file_hash_algorithm(entry)
+            digest = fmt.hash_file(path, algorithm)
         except OSError as error:
             problems.append(f"{path}: cannot be read ({error.strerror})")
             continue
-        if digest != entry["sha256"]:
-            problems.append(f"{path}: sha256 differs from the metadata: the file was modified or corrupted")
+        if digest != entry[algorithm]:
+            problems.append(f"{path}: {algorithm} checksum differs from the metadata: "
+                            "the file was modified or corrupted")
     return problems
 
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mmidx import format as fmt
-from mmidx._reader import TokenStream, map_readonly
+from mmidx._reader import ImageTable, TokenStream, map_readonly
 from mmidx.format import FormatError
 
 
@@ -40,6 +40,7 @@ class _Mapped:
     tokens: TokenStream
     plan: dict[str, np.ndarray] | None
     images: memoryview | None
+    image_table: ImageTable | None
     structure_checked: bool = False
 
 
@@ -59,7 +60,7 @@ def _open(prefix: str) -> _Mapped:
         raise FormatError(f"{bin_path}: missing; the token index {idx_path.name} has no data file")
     header = fmt.read_token_index_header(idx_path)
     tokens = TokenStream(prefix, header, map_readonly(idx_path), map_readonly(bin_path))
-    plan = images = None
+    plan = images = image_table = None
     if meta is not None:
         _check_counts(prefix, meta, tokens)
         if meta["kind"] == "multimodal":
@@ -67,7 +68,9 @@ def _open(prefix: str) -> _Mapped:
             plan = fmt.read_plan(plan_path, map_readonly(plan_path))
             images = map_readonly(fmt.file_path(prefix, "images"))
             _check_plan(prefix, meta, tokens, plan, len(images))
-    return _Mapped(meta, tokens, plan, images)
+            image_table = ImageTable(prefix, plan["sample_image_offsets"], plan["image_offsets"], plan["image_info"],
+                                     images, ImageRecord)
+    return _Mapped(meta, tokens, plan, images, image_table)
 
 
 def _check_file_sizes(prefix: str, meta: dict[str, Any]) -> None:
@@ -197,11 +200,15 @@ def structure_problems(dataset: MMIDXDataset) -> list[str]:
 class Sample:
     """One sample of a dataset: its texts and images (zero-copy views) and the plan of each view."""
 
-    __slots__ = ("_dataset", "index")
+    __slots__ = ("_dataset", "_files", "index")
 
-    def __init__(self, dataset: MMIDXDataset, index: int):
+    def __init__(self, dataset: MMIDXDataset, index: int, files: _Mapped | None = None):
         self._dataset = dataset
+        self._files = dataset._files if files is None else files  # the mapped files, without a property per read
         self.index = index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Sample, (self._dataset, self.index)  # the dataset pickles as its prefix, the mapped files do not
 
     @property
     def dataset(self) -> MMIDXDataset:
@@ -212,35 +219,25 @@ class Sample:
         return (f"Sample({self.index}, views={self.num_views}, texts={self.num_texts}, "
                 f"images={self.num_images})")
 
-    def _range(self, name: str, number: int, limit: int, *, role: str = "plan") -> tuple[int, int]:
+    def _range(self, name: str, number: int, limit: int) -> tuple[int, int]:
         """Entries ``number`` and ``number + 1`` of the offsets array ``name``, checked to be an
         ordered range inside ``[0, limit]`` before anything is read with them."""
-        offsets = self._dataset.tokens.document_indices if name == "document_indices" else self._dataset.plan[name]
+        offsets = self._dataset.plan[name]
         start, end = int(offsets[number]), int(offsets[number + 1])
         if not 0 <= start <= end <= limit:
-            raise FormatError(f"{self._dataset.prefix}.{role}: {name}[{number}:{number + 2}] = [{start}, {end}] is "
+            raise FormatError(f"{self._dataset.prefix}.plan: {name}[{number}:{number + 2}] = [{start}, {end}] is "
                               f"not a range inside [0, {limit}] (sample {self.index}): corrupted")
         return start, end
 
     @property
-    def _sequence_range(self) -> tuple[int, int]:
-        return self._range("document_indices", self.index, self._dataset.tokens.sequence_count, role="idx")
-
-    @property
     def num_texts(self) -> int:
-        start, end = self._sequence_range
+        start, end = self._files.tokens.document_range(self.index)
         return end - start
-
-    @property
-    def _image_range(self) -> tuple[int, int]:
-        return self._range("sample_image_offsets", self.index, len(self._dataset.plan["image_info"]))
 
     @property
     def num_images(self) -> int:
-        if self._dataset.plan is None:
-            return 0
-        start, end = self._image_range
-        return end - start
+        table = self._files.image_table
+        return 0 if table is None else table.count(self.index)
 
     @property
     def num_views(self) -> int:
@@ -254,33 +251,19 @@ class Sample:
 
     def text(self, j: int) -> np.ndarray:
         """Token ids of the sample's text ``j`` (a read-only view of the mapped ``.bin``)."""
-        start, end = self._sequence_range
-        if not 0 <= j < end - start:
-            raise IndexError(f"text {j} out of range: sample {self.index} has {end - start} texts")
-        return self._dataset.tokens.get(start + j)
+        return self._files.tokens.document_text(self.index, j)
 
     @property
     def texts(self) -> list[np.ndarray]:
         """Token ids of all the sample's texts."""
-        return [self.text(j) for j in range(self.num_texts)]
+        return self._files.tokens.document_texts(self.index)
 
     def image(self, j: int) -> ImageRecord:
         """The sample's image ``j``: encoded bytes (a view of ``P.images``) and probed size, format, mode."""
-        plan = self._dataset.plan
-        count = self.num_images
-        if not 0 <= j < count:
-            raise IndexError(f"image {j} out of range: sample {self.index} has {count} images")
-        number = self._image_range[0] + j
-        data = self._dataset.image_bytes
-        start, end = self._range("image_offsets", number, len(data))
-        info = plan["image_info"][number]
-        if info["width"] <= 0 or info["height"] <= 0:
-            raise FormatError(f"{self._dataset.prefix}.plan: image {number} (sample {self.index}) has a size of "
-                              f"{info['width']}x{info['height']} in image_info: corrupted")
-        return ImageRecord(data[start:end], int(info["width"]), int(info["height"]),
-                           fmt.IMAGE_FORMATS[info["format"]] if info["format"] < len(fmt.IMAGE_FORMATS) else "unknown",
-                           fmt.IMAGE_MODES[info["mode"]] if info["mode"] < len(fmt.IMAGE_MODES) else "unknown",
-                           bool(info["flags"] & fmt.IMAGE_FLAG_TRANSPARENCY))
+        table = self._files.image_table
+        if table is None:
+            raise IndexError(f"image {j} out of range: sample {self.index} has 0 images")
+        return table.image(self.index, j)
 
     @property
     def images(self) -> list[ImageRecord]:
@@ -459,13 +442,17 @@ class MMIDXDataset:
         return self._files.tokens.document_count
 
     def __getitem__(self, index: int) -> Sample:
-        count = len(self)
-        if not isinstance(index, (int, np.integer)):
-            raise TypeError(f"samples are indexed by integers, not {type(index).__name__}")
-        index = int(index) + count if index < 0 else int(index)
+        files = self._files
+        count = files.tokens.document_count
+        if type(index) is not int:
+            if not isinstance(index, (int, np.integer)):
+                raise TypeError(f"samples are indexed by integers, not {type(index).__name__}")
+            index = int(index)
+        if index < 0:
+            index += count
         if not 0 <= index < count:
             raise IndexError(f"sample {index} out of range for {count} samples")
-        return Sample(self, index)
+        return Sample(self, index, files)
 
     def get_tokens(self, sequence: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens ``[offset, offset + length)`` of a sequence, bounds-checked, as a zero-copy view."""

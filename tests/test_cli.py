@@ -26,7 +26,7 @@ def test_verify_exits_1_naming_the_broken_file(tmp_path, capsys):
     data[0] ^= 1
     (tmp_path / "ds.images").write_bytes(bytes(data))
     assert main(["verify", str(tmp_path / "ds")]) == 1
-    assert "ds.images: sha256 differs" in capsys.readouterr().err
+    assert "ds.images: xxh3_128 checksum differs" in capsys.readouterr().err
 
 
 def test_open_errors_are_reported_not_raised(tmp_path, capsys):

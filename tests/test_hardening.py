@@ -1,6 +1,7 @@
 """Regression tests of issue 8: no byte pattern in any file crashes a reader, downgrades a dataset
 silently, or surfaces as anything but a FormatError naming the file; verify tells the truth."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import xxhash
 from helpers import png_bytes, small_dataset
 from test_pack_index import config_of
 from test_packing_reference import build_groups
@@ -42,7 +44,8 @@ def _resign(prefix, edit=lambda meta: None):
     meta = json.loads(path.read_bytes())
     for role, entry in meta["files"].items():
         path_of_role = fmt.file_path(prefix, role)
-        entry.update(bytes=path_of_role.stat().st_size, sha256=fmt.sha256_file(path_of_role))
+        algorithm = fmt.file_hash_algorithm(entry)
+        entry.update({"bytes": path_of_role.stat().st_size, algorithm: fmt.hash_file(path_of_role, algorithm)})
     edit(meta)
     path.write_bytes(fmt.serialize_metadata(meta))
 
@@ -147,7 +150,8 @@ SCHEMA_BREAKS = {
     "counts.samples": lambda meta: meta["counts"].update(samples=True),
     "files": lambda meta: meta.update(files=False),
     "files.bin.bytes": lambda meta: meta["files"]["bin"].update(bytes="32"),
-    "files.idx.sha256": lambda meta: meta["files"]["idx"].update(sha256=None),
+    "files.idx.xxh3_128": lambda meta: meta["files"]["idx"].update(xxh3_128=None),
+    "files.bin": lambda meta: meta["files"]["bin"].update(sha256="0" * 64),
     "sources": lambda meta: meta.update(sources=None),
     "special_tokens.eod": lambda meta: meta["special_tokens"].update(eod=2**63),
     "special_tokens": lambda meta: meta.update(special_tokens=[1]),
@@ -168,6 +172,28 @@ def test_metadata_of_the_wrong_shape_is_a_format_error_naming_the_field(prefix, 
     assert main(["inspect", str(prefix)]) == 1
     err = capsys.readouterr().err
     assert f"'{field}'" in err and "Traceback" not in err
+
+
+def test_builders_record_xxh3_128_checksums_of_the_files(prefix):
+    meta = json.loads(fmt.file_path(prefix, "meta").read_bytes())
+    for role, entry in meta["files"].items():
+        assert set(entry) == {"name", "bytes", "xxh3_128"}
+        assert entry["xxh3_128"] == xxhash.xxh3_128(fmt.file_path(prefix, role).read_bytes()).hexdigest()
+
+
+def test_a_dataset_with_sha256_checksums_as_written_before_still_verifies(prefix):
+    def to_sha256(meta):
+        for role, entry in meta["files"].items():
+            del entry["xxh3_128"]
+            entry["sha256"] = hashlib.sha256(fmt.file_path(prefix, role).read_bytes()).hexdigest()
+
+    _resign(prefix, to_sha256)
+    assert len(MMIDXDataset(prefix)) == 3
+    assert verify(prefix) == []
+    images = fmt.file_path(prefix, "images")
+    _overwrite(images, 0, bytes([images.read_bytes()[0] ^ 1]))
+    assert verify(prefix) == [f"{images}: sha256 checksum differs from the metadata: "
+                              "the file was modified or corrupted"]
 
 
 def test_a_text_dataset_whose_metadata_lists_image_files_is_refused(tmp_path):

@@ -139,3 +139,18 @@ def test_dataloader_workers_read_the_same_samples(tmp_path):
     serial = [dataset[i] for i in range(len(dataset))]
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
     assert all(torch.equal(a, b) for a, b in zip(serial, loader, strict=True))
+
+
+def test_bookkeeping_batches_of_any_size_write_the_same_bytes(tmp_path, monkeypatch):
+    """The builder's index arrays are collected in batches; a batch boundary inside a sample changes nothing."""
+    from mmidx import builder as builder_module
+    from mmidx import format as fmt
+
+    samples = small_dataset(tmp_path / "default", seed=4, count=9)
+    monkeypatch.setattr(builder_module._Growable, "BATCH", 3)
+    build(tmp_path / "batched", samples)
+    for role in ("idx", "bin", "images", "plan"):
+        batched, default = (fmt.file_path(tmp_path / name, role).read_bytes() for name in ("batched", "default"))
+        assert batched == default
+    for index, raw in enumerate(samples):
+        assert_sample_equal(MMIDXDataset(tmp_path / "batched")[index], raw)
