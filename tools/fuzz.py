@@ -227,9 +227,10 @@ def mutate(files: dict[str, bytes], twin: dict[str, bytes], seed: int, case: int
     if resign and "meta" in files:
         try:
             meta = json.loads(files["meta"])
-            for file_role, entry in meta["files"].items():
+            for file_role, entry in meta["files"].items():  # each checksum under the algorithm it names
                 content = files.get(file_role, b"")
-                entry.update(bytes=len(content), sha256=hashlib.sha256(content).hexdigest())
+                algorithm = next((name for name in fmt.FILE_HASHES if name in entry), fmt.FILE_HASH)
+                entry.update({"bytes": len(content), algorithm: fmt.FILE_HASHES[algorithm](content).hexdigest()})
             files["meta"] = fmt.serialize_metadata(meta)
         except (ValueError, KeyError, TypeError, AttributeError):
             edit["resigned"] = False
