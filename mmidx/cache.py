@@ -160,7 +160,7 @@ def open_entry(folder: Path) -> tuple[Arrays, dict[str, Any]]:
         for name, spec in layout.items():
             dtype, shape = np.dtype(spec["dtype"]), tuple(int(n) for n in spec["shape"])
             arrays[name] = _map(folder / f"{name}.bin", dtype, shape)
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, SyntaxError) as error:  # SyntaxError: a bad dtype string
         if isinstance(error, FormatError):
             raise
         raise FormatError(f"{path}: not a complete cache entry ({error}); delete {folder} to rebuild it") from error

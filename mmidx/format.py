@@ -433,7 +433,7 @@ def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
             offset, nbytes, shape = int(entry["offset"]), int(entry["nbytes"]), tuple(int(n) for n in entry["shape"])
             dtype = np.dtype([tuple(field) for field in entry["dtype"]] if isinstance(entry["dtype"], list)
                              else entry["dtype"])
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, SyntaxError) as error:  # SyntaxError: numpy's dtype-string parser
             raise FormatError(f"{path}: plan array {name!r} has a malformed header entry ({error})") from error
         if offset != _align(end) or min(shape, default=0) < 0:
             raise FormatError(f"{path}: plan array {name!r} is not where the layout puts it (offset {offset})")

@@ -119,6 +119,16 @@ def _array_offsets(path):
     return {entry["name"]: entry["offset"] for entry in header["arrays"]}
 
 
+def test_a_plan_dtype_numpy_cannot_parse_is_a_format_error(prefix):
+    """Found by the fuzzer: numpy's dtype-string parser raises SyntaxError on "08i" (a flipped byte)."""
+    path = fmt.file_path(prefix, "plan")
+    content = path.read_bytes()
+    at = content.index(b'"dtype":"<i8"') + len(b'"dtype":"')
+    _overwrite(path, at, b"08i")
+    with pytest.raises(FormatError, match=r"\.plan: plan array .* malformed header entry"):
+        MMIDXDataset(prefix)
+
+
 def test_undecodable_extra_json_is_a_format_error(tmp_path):
     with DatasetBuilder(tmp_path / "p", vocab_size=100) as builder:
         builder.add_sample([[1, 2]], [], [[]], extra={"prompt_id": "abc"})

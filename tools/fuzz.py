@@ -229,7 +229,7 @@ def mutate(files: dict[str, bytes], twin: dict[str, bytes], seed: int, case: int
             meta = json.loads(files["meta"])
             for file_role, entry in meta["files"].items():  # each checksum under the algorithm it names
                 content = files.get(file_role, b"")
-                algorithm = next((name for name in fmt.FILE_HASHES if name in entry), fmt.FILE_HASH)
+                algorithm = fmt.file_hash_algorithm(entry)
                 entry.update({"bytes": len(content), algorithm: fmt.FILE_HASHES[algorithm](content).hexdigest()})
             files["meta"] = fmt.serialize_metadata(meta)
         except (ValueError, KeyError, TypeError, AttributeError):
