@@ -85,6 +85,13 @@ def write_parquet(path: str | os.PathLike, columns: dict[str, list], types: dict
     return os.fspath(path)
 
 
+def write_t2i_parquet(path: str | os.PathLike, images: list[bytes], captions: list[dict],
+                      row_group_size: int) -> str:
+    """A t2i parquet as BAGEL reads it: an ``image`` bytes column and ``captions`` as JSON objects."""
+    return write_parquet(path, {"image": images, "captions": [json.dumps(c) for c in captions]},
+                         {"image": pa.binary(), "captions": pa.string()}, row_group_size)
+
+
 def write_jsonl(path: str | os.PathLike, records: Sequence[object]) -> str:
     """One JSON document per line (strings are written as they are, for deliberately broken lines)."""
     with open(path, "w") as stream:

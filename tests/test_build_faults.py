@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from build_cases import same_dataset_files
-from fixtures_sources import image_bytes, tokenizer_dir, write_jsonl, write_parquet
+from fixtures_sources import image_bytes, tokenizer_dir, write_jsonl, write_parquet, write_t2i_parquet
 
 import mmidx.builder
 from mmidx import cli
@@ -27,9 +27,7 @@ from mmidx.format import FormatError
 def t2i_input(tmp_path_factory):
     folder = tmp_path_factory.mktemp("t2i")
     images = [image_bytes(40, 32, "RGB", "PNG", seed=i) for i in range(24)]
-    captions = [json.dumps({"0": f"picture {i}"}) for i in range(24)]
-    return write_parquet(folder / "a.parquet", {"image": images, "captions": captions},
-                         {"image": pa.binary(), "captions": pa.string()}, 4)
+    return write_t2i_parquet(folder / "a.parquet", images, [{"0": f"picture {i}"} for i in range(24)], 4)
 
 
 def _build(inputs, output, *extra, source="t2i"):

@@ -11,10 +11,9 @@ import sys
 import threading
 import time
 
-import pyarrow as pa
 import pytest
 from build_cases import build_command, same_dataset_files
-from fixtures_sources import image_bytes, tokenizer_dir, write_jsonl, write_parquet
+from fixtures_sources import image_bytes, tokenizer_dir, write_jsonl, write_t2i_parquet
 
 from mmidx import cli
 from mmidx.build import BuildOptions, build_dataset, report_path
@@ -35,9 +34,8 @@ def many_rows(tmp_path_factory):
     """Six units of 150 rows each: slow enough to kill a worker or the driver in the middle."""
     folder = tmp_path_factory.mktemp("many")
     images = [image_bytes(24, 16, "RGB", "PNG", seed=i) for i in range(900)]
-    captions = [json.dumps({"0": f"a photo number {i}"}) for i in range(900)]
-    return write_parquet(folder / "many.parquet", {"image": images, "captions": captions},
-                         {"image": pa.binary(), "captions": pa.string()}, 150)
+    return write_t2i_parquet(folder / "many.parquet", images, [{"0": f"a photo number {i}"} for i in range(900)],
+                             150)
 
 
 def _build(inputs, output, engine, **settings):

@@ -5,7 +5,16 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fixtures_sources import build, image_bytes, loaded_tokenizer, texts_of, write_jsonl, write_parquet, write_tar
+from fixtures_sources import (
+    build,
+    image_bytes,
+    loaded_tokenizer,
+    texts_of,
+    write_jsonl,
+    write_parquet,
+    write_t2i_parquet,
+    write_tar,
+)
 from test_sources_t2i import CAPTIONS, IMAGES
 from test_sources_vlm import CASES, FILES
 
@@ -38,8 +47,7 @@ def assert_same_samples(original, rebuilt):
 def t2i(tmp_path_factory):
     folder = tmp_path_factory.mktemp("t2i")
     images = [image_bytes(w, h, mode, fmt, seed=i) for i, (w, h, mode, fmt) in enumerate(IMAGES)]
-    path = write_parquet(folder / "part.parquet", {"image": images, "captions": [json.dumps(c) for c in CAPTIONS]},
-                         {"image": pa.binary(), "captions": pa.string()}, row_group_size=3)
+    path = write_t2i_parquet(folder / "part.parquet", images, CAPTIONS, row_group_size=3)
     dataset, _ = build("t2i", [path], folder / "out", views=VIEWS)
     return dataset
 

@@ -1,12 +1,10 @@
 """t2i: captions stored once and covered by the views, caption → noised-VAE plans, images stored as given."""
 
 import io
-import json
 from collections import Counter
 
-import pyarrow as pa
 import pytest
-from fixtures_sources import build, encode, image_bytes, texts_of, write_parquet
+from fixtures_sources import build, encode, image_bytes, texts_of, write_t2i_parquet
 from PIL import Image
 
 # (width, height, mode, format) of each row's image: several sizes, modes and formats.
@@ -22,8 +20,7 @@ VIEWS = 5
 def t2i(tmp_path_factory):
     folder = tmp_path_factory.mktemp("t2i")
     images = [image_bytes(w, h, mode, fmt, seed=i) for i, (w, h, mode, fmt) in enumerate(IMAGES)]
-    path = write_parquet(folder / "part.parquet", {"image": images, "captions": [json.dumps(c) for c in CAPTIONS]},
-                         {"image": pa.binary(), "captions": pa.string()}, row_group_size=3)
+    path = write_t2i_parquet(folder / "part.parquet", images, CAPTIONS, row_group_size=3)
     dataset, report = build("t2i", [path], folder / "out", views=VIEWS, rows_per_shard=2)
     return dataset, report, images, path
 
