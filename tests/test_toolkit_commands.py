@@ -16,7 +16,7 @@ from PIL import Image
 from test_sources_vlm import CASES, FILES
 
 import mmidx
-from mmidx.bench import STAGES, StageClock, bench_packs, format_report
+from mmidx.bench import STAGE_LABELS, STAGES, StageClock, bench_packs, format_report
 from mmidx.cli import main
 from mmidx.masks import dense_masks, mask_predicate
 from mmidx.packing import PackBuilder
@@ -48,6 +48,11 @@ def test_bench_prints_rates_per_worker_count_stages_and_cores(demo):
     for words in ("packs/s", "tokens/s", "samples/s", "MB/s", "resize+normalise/patchify", "cores needed",
                   "cores, Python"):
         assert words in text
+    lines = text.splitlines()
+    end = next(line for line in lines if line.startswith("stage ")).index("ms/pack") + len("ms/pack")
+    for stage in STAGES:  # the stage table's columns line up under its header, however long a stage's name
+        line = next(line for line in lines if line.startswith(STAGE_LABELS.get(stage, stage) + " "))
+        assert line[:end].endswith(f" {stages['ms_per_pack'][stage]:.1f}"), line
 
 
 def test_bench_command_json_and_device_decoding(demo, capsys):
