@@ -13,7 +13,6 @@ the command's status. The command is ``mmidx.cli.main``, the console script's ow
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -22,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,19 +63,20 @@ def _run_child(connection: socket.socket, fds: list[int], request: dict) -> None
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = ["mmidx", *request["argv"]]
-    status = [1]
-
-    def report() -> None:  # registered first, so it runs last: after every other exit handler
-        sys.stdout.flush()
-        sys.stderr.flush()
-        connection.sendall(str(status[0]).encode())
-
-    atexit.register(report)
     try:
-        status[0] = main(request["argv"])
+        status = main(request["argv"])
     except SystemExit as exit_:  # argparse: --help (0), usage errors (2)
-        status[0] = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    sys.exit(status[0])
+        status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    except BaseException:  # main lets nothing out; if it did, say so, and never return to the server's loop
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in range(3):  # the caller's streams are done: its pipes close now, not after a teardown
+        os.dup2(null, target)
+    connection.sendall(str(status).encode())
+    os._exit(status)  # no interpreter teardown: seconds with torch loaded, and nothing of the command's left
 
 
 def serve(socket_path: str) -> None:
