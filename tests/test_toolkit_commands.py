@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,20 @@ def test_bench_command_json_and_device_decoding(demo, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["decode"] == "device" and result["stages"]["ms_per_pack"]["masks"] == 0
     assert result["stages"]["ms_per_pack"]["normalise"] == 0 and result["stages"]["ms_per_pack"]["decode"] > 0
+
+
+def test_bench_leaves_out_torchs_advice_on_worker_counts(tmp_path, capsys, monkeypatch):
+    """The worker counts are the user's to choose, and the report names the machine's cores: torch's warning
+    that more workers than cores might freeze would be two lines of noise (with a source path) per row."""
+    lines = [{"text": "a red cat on the mat"} for _ in range(16)]
+    dataset, _ = build("text", [write_jsonl(tmp_path / "docs.jsonl", lines)], tmp_path / "text")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set())  # torch then advises against any worker
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["bench", dataset.prefix, "--seq-length", "8", "--gpt-samples", "16", "--workers", "1",
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["workers"] == 1
+    assert not [w for w in caught if "worker processes in total" in str(w.message)]
 
 
 def test_bench_of_text_datasets_reports_gpt_samples(tmp_path, capsys):
