@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -123,15 +124,15 @@ def running(folder: Path) -> Iterator[dict[str, str]]:
     socket_path = os.path.join(socket_folder, "socket")
     with open(folder / "cli_server.log", "w") as log:
         server = subprocess.Popen([sys.executable, __file__, socket_path], env=env, stdout=subprocess.PIPE,
-                                  stderr=log, text=True)
+                                  stderr=log, text=True, start_new_session=True)  # its own group: see below
     try:
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the mmidx command server did not start: {(folder / 'cli_server.log').read_text()}")
         (folder / "bin").mkdir(exist_ok=True)
         client(folder / "bin" / "mmidx", socket_path)
         yield {**env, "PATH": os.pathsep.join([os.fspath(folder / "bin"), env.get("PATH", "")])}
-    finally:
-        server.kill()
+    finally:  # the server and any command still running (a block that timed out), with their workers
+        os.killpg(server.pid, signal.SIGKILL)
         server.wait()
         shutil.rmtree(socket_folder, ignore_errors=True)
 

@@ -230,7 +230,7 @@ def test_every_bash_and_python_block_runs_as_written(demo, tmp_path, monkeypatch
                 exec(compile(block.code, block.where, "exec"), names)  # the README's own code
                 namespaces.append(names)
                 continue
-            result = subprocess.run(["bash", "-c", "set -euo pipefail\n" + block.code], cwd=tmp_path, env=env,
+            result = subprocess.run(["bash", "-c", "set -xeuo pipefail\n" + block.code], cwd=tmp_path, env=env,
                                     capture_output=True, text=True, timeout=300)
             output = result.stdout + result.stderr
             assert result.returncode == 0 and "Traceback" not in output, f"{block.where}:\n{block.code}\n{output}"
