@@ -14,6 +14,7 @@ the command's status. The command is ``mmidx.cli.main``, the console script's ow
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -25,6 +26,10 @@ import tempfile
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+
+# what the commands import: mmidx's modules (with torch) and transformers (the tokenizer's)
+PRELOADED = ("mmidx.cli", "mmidx.bench", "mmidx.build", "mmidx.export", "mmidx.sample_view", "mmidx.show",
+             "mmidx.sources", "transformers")
 
 CLIENT = """#!{python}
 import json, os, socket, sys
@@ -82,17 +87,8 @@ def _run_child(connection: socket.socket, fds: list[int], request: dict) -> None
 
 def serve(socket_path: str) -> None:
     """Import the command line and what its commands use, then fork a child per connection."""
-    import transformers  # noqa: F401  (the tokenizer's import, the largest after torch)
-
-    import mmidx.bench
-    import mmidx.build
-    import mmidx.cli
-    import mmidx.export
-    import mmidx.sample_view
-    import mmidx.show
-    import mmidx.sources
-
-    del mmidx
+    for module in PRELOADED:
+        importlib.import_module(module)
     server = socket.socket(socket.AF_UNIX)
     server.bind(socket_path)
     server.listen()

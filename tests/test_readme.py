@@ -17,13 +17,16 @@ Any other fence fails :func:`test_every_block_is_run_or_marked_for_reading`, so 
 here or says why it cannot.
 """
 
+import ast
 import contextlib
+import inspect
 import io
 import json
 import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +111,21 @@ def test_the_names_the_readme_imports_exist():
     for line in imports:
         for name in line.removeprefix("from mmidx import").split(","):
             assert getattr(mmidx, name.strip()) is not None
+
+
+def test_the_trainer_diff_calls_trainer_loader_as_it_is_defined():
+    """The diff against BAGEL's trainer is read, not run (it needs BAGEL): its new side imports what mmidx has
+    and calls ``trainer_loader`` with arguments its signature takes."""
+    from mmidx.bagel import trainer_loader
+
+    (diff,) = [block for block in readme_blocks() if block.language == "diff"]
+    new_side = [line[1:] for line in diff.code.splitlines() if line[:1] in ("+", " ")]
+    assert "from mmidx.bagel import trainer_loader" in new_side
+    start = next(number for number, line in enumerate(new_side) if "= trainer_loader(" in line)
+    end = next(number for number in range(start, len(new_side)) if new_side[number].strip() == ")")
+    (statement,) = ast.parse(textwrap.dedent("\n".join(new_side[start:end + 1]))).body
+    signature = inspect.signature(trainer_loader)
+    signature.bind(*statement.value.args, **{keyword.arg: keyword.value for keyword in statement.value.keywords})
 
 
 def command_lines(code: str) -> list[list[str]]:
