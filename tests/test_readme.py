@@ -7,11 +7,14 @@ config ``bagel.yaml`` and its ``info.yaml``) beside the demo's ``mmidx-demo/``: 
 blocks before it wrote, as a reader's shell would. The conventions the README follows:
 
 * ```bash and ```python: run, and must succeed (exit status 0, no traceback);
-* a ```bash or ```python block whose first line is ``# needs: WHAT`` needs more than one machine and a
-  minute (a cluster, an hour): it is not run, but it must parse, and each ``mmidx`` command line in it
-  must be accepted by mmidx's own parser (each ``python SCRIPT`` one's options must be in its help);
-* ```text (output, diagrams, layouts) and ```diff: read, never run;
+* a ```bash or ```python block whose first line is ``# needs: WHAT`` needs what a test lacks (a cluster,
+  an hour): it is not run, but it must parse, and each ``mmidx`` command line in it must be accepted by
+  mmidx's own parser (each ``python SCRIPT`` one's options must be in its help);
+* ```text (output, diagrams, layouts) and ```diff: read, never run (the trainer diff's call is checked);
 * the Quick start's two commands install packages and run this suite: CI runs them (``.ci/run``).
+
+The shell's ``mmidx`` runs ``mmidx.cli.main`` in a child forked from one process that imported it
+(:mod:`cli_server`), so that each command does not spend seconds importing torch.
 
 Any other fence fails :func:`test_every_block_is_run_or_marked_for_reading`, so a new block either runs
 here or says why it cannot.
