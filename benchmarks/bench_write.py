@@ -89,6 +89,8 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=5_000, help="samples of the image workload")
     parser.add_argument("--image-bytes", type=int, default=60_000, help="mean encoded size of an image")
     parser.add_argument("--repeats", type=int, default=7, help="rounds; each round runs both writers of a workload")
+    parser.add_argument("--control", action="store_true",
+                        help="also run Megatron against itself each round: the spread the load alone causes")
     parser.add_argument("--workdir", default="/tmp/mmidx-bench-write")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -116,13 +118,14 @@ def main() -> None:
                               + fresh_run(f"{p}/mi", megatron_write, f"{p}/mi", image_arrays, np.uint8),
                               lambda: fresh_run(f"{p}/mmi", mmidx_images, f"{p}/mmi", captions, images)),
     }
+    sides = ["Megatron", "mmidx"] + (["Megatron again"] if args.control else [])
+    writer = {"Megatron": 0, "mmidx": 1, "Megatron again": 0}  # which run of a workload each side is
     load_before = os.getloadavg()[0]
-    seconds = {kind: ([], []) for kind in workloads}
-    for round_ in range(args.repeats):  # the two writers back to back, taking turns at going first
+    seconds = {kind: {side: [] for side in sides} for kind in workloads}
+    for round_ in range(args.repeats):  # the writers back to back, taking turns at going first
         for kind, runs in workloads.items():
-            order = (0, 1) if round_ % 2 == 0 else (1, 0)
-            for side in order:
-                seconds[kind][side].append(runs[side]())
+            for side in sides[round_ % len(sides):] + sides[:round_ % len(sides)]:
+                seconds[kind][side].append(runs[writer[side]]())
     load_after = os.getloadavg()[0]
     print(f"# bench_write — {volume['tokens'] / 1e6:.0f} MB of tokens in {len(documents):,} documents; "
           f"{volume['captions + images'] / 1e6:.0f} MB of image bytes in {args.images:,} samples; "
@@ -131,11 +134,19 @@ def main() -> None:
     print("| workload | Megatron best / median s | mmidx best / median s | mmidx GB/s | "
           "throughput ÷ Megatron's, best | per round: min / median / max |")
     print("|---|---:|---:|---:|---:|---:|")
-    for kind, (megatron, mmidx) in seconds.items():
-        ratios = sorted(m / x for m, x in zip(megatron, mmidx, strict=True))
+    for kind, runs in seconds.items():
+        megatron, mmidx = runs["Megatron"], runs["mmidx"]
         print(f"| {kind} | {min(megatron):.3f} / {np.median(megatron):.3f} | {min(mmidx):.3f} / "
               f"{np.median(mmidx):.3f} | {volume[kind] / min(mmidx) / 1e9:.2f} | "
-              f"{min(megatron) / min(mmidx):.2f}× | {ratios[0]:.2f} / {np.median(ratios):.2f} / {ratios[-1]:.2f}× |")
+              f"{min(megatron) / min(mmidx):.2f}× | {spread(megatron, mmidx)} |")
+        if args.control:  # what the load alone does to a ratio: Megatron against itself
+            print(f"| {kind}, Megatron against itself | | | | | {spread(megatron, runs['Megatron again'])} |")
+
+
+def spread(first: list[float], second: list[float]) -> str:
+    """Min / median / max over rounds of ``first``'s time over ``second``'s (second's throughput ratio)."""
+    ratios = sorted(a / b for a, b in zip(first, second, strict=True))
+    return f"{ratios[0]:.2f} / {np.median(ratios):.2f} / {ratios[-1]:.2f}×"
 
 
 if __name__ == "__main__":
