@@ -1,8 +1,9 @@
 """Write mmidx datasets: append samples, finalize crash-safely, merge finished datasets into one.
 
 The layout written is specified in :mod:`mmidx.format`. Index arrays grow in numpy buffers (never
-Python lists of per-sequence values); token and image bytes stream to ``*.partial`` files and are
-hashed as they are written, so finalizing costs one pass over the small index arrays only.
+Python lists of per-sequence values); token and image bytes stream to ``*.partial`` files, are
+hashed as they are written and sent on to the disk as they grow, so finalizing costs one pass over the
+small index arrays and the fsync of the last few MiB.
 """
 
 from __future__ import annotations
@@ -340,10 +341,11 @@ class DatasetBuilder:
     def _checked_tokens(self, sequence: Sequence[int] | np.ndarray) -> np.ndarray:
         """One sequence as a flat array of the token dtype; ids that do not fit it are refused."""
         dtype = self._writer.token_dtype
-        if isinstance(sequence, np.ndarray) and np.can_cast(sequence.dtype, dtype, "safe"):
+        if isinstance(sequence, np.ndarray):
             if sequence.dtype == dtype and sequence.ndim == 1 and sequence.flags.c_contiguous:
                 return sequence  # the common case, as tokenizers' arrays come
-            return np.ascontiguousarray(sequence.reshape(-1), dtype)  # fits by its type: nothing to check
+            if np.can_cast(sequence.dtype, dtype, "safe"):
+                return np.ascontiguousarray(sequence.reshape(-1), dtype)  # fits by its type: nothing to check
         tokens = np.asarray(sequence, dtype=np.int64).reshape(-1)
         if tokens.size and (tokens.min() < self._token_limit[0] or tokens.max() > self._token_limit[1]):
             raise ValueError(f"token ids {tokens.min()}..{tokens.max()} do not fit {dtype}; "
