@@ -114,6 +114,7 @@ class _Growable:
             self._flush()
 
     def extend(self, values: list[Any]) -> None:
+        """Append every value of ``values`` (one call per sample rather than per value)."""
         if values:
             self._pending += values
             self.last = values[-1]
@@ -144,11 +145,12 @@ def _writeback_starter():
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         sync_file_range = libc.sync_file_range
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return lambda fd, offset, length: None
     sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
     sync_file_range.restype = ctypes.c_int
-    return lambda fd, offset, length: sync_file_range(fd, offset, length, 2)  # 2: SYNC_FILE_RANGE_WRITE
+    # 2: SYNC_FILE_RANGE_WRITE. A failure is ignored: this only hurries the disk, the fsync reports errors.
+    return lambda fd, offset, length: sync_file_range(fd, offset, length, 2)
 
 
 _start_writeback = _writeback_starter()
@@ -388,8 +390,8 @@ class DatasetBuilder:
             raise ValueError("a sample needs at least one view")
         records = [element.record() for view in views for element in view]
         text_count, image_count = len(texts), len(images)
-        for record in records:
-            if not 0 <= record[5] < (text_count if record[0] == fmt.TEXT else image_count):
+        for kind, _, _, _, _, payload in records:
+            if not 0 <= payload < (text_count if kind == fmt.TEXT else image_count):
                 raise ValueError(f"an element's payload names a text or image the sample does not have "
                                  f"({text_count} texts, {image_count} images)")
         image_records = [image.record() for image in images]
