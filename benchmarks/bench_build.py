@@ -16,6 +16,9 @@
   (``ray.init`` and one task per CPU that imports mmidx in its worker) is timed and reported apart;
   both engines' outputs are checked to be byte-identical.
 
+The writer alone, against Megatron-Core's ``IndexedDatasetBuilder`` on the same in-memory tokens and
+images, is ``bench_write.py``.
+
 Tokens/s and images/s "per worker" are the totals divided by the worker count. The machine is
 shared, so numbers are noisy; each configuration runs ``--repeats`` times and the best is kept.
 

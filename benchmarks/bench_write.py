@@ -9,7 +9,12 @@ Two workloads, the same in-memory data handed to both writers in one process:
   (plan, image table, checksums).
 
 Megatron's builder does not fsync; its files are fsynced after ``finalize`` and that time is counted,
-as mmidx's own fsyncs are. Run: ``python benchmarks/bench_write.py [--tokens N] [--images N]``.
+as mmidx's own fsyncs are. Every run writes files that do not exist yet, after a sync. Each round runs
+both writers of a workload back to back, taking turns at going first, so the load of a shared machine
+falls on both alike; the table gives each side's best and median and the ratio of every round.
+Whole builds (tokenizing included) against Megatron's ``preprocess_data.py`` are ``bench_build.py``.
+
+Run: ``python benchmarks/bench_write.py [--tokens N] [--images N] [--repeats N]``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from common import machine
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from mmidx.builder import DatasetBuilder, Element, StoredImage
 
@@ -38,8 +44,6 @@ def fsync_files(*paths: str) -> None:
 
 
 def megatron_write(prefix: str, items: list[np.ndarray], dtype: type) -> None:
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
     builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
     for item in items:
         builder.add_item(torch.from_numpy(item))
@@ -63,7 +67,17 @@ def mmidx_images(prefix: str, captions: list[np.ndarray], images: list[bytes]) -
         builder.finalize()
 
 
-def timed(function, *args) -> float:
+def fresh_run(prefix: str, function, *args) -> float:
+    """Seconds of one write into files that do not exist yet, the disk idle before it starts.
+
+    The previous run's files are deleted and everything is synced before the clock starts, so neither
+    writer pays for the other's writeback or for freeing old blocks, nor truncates a file it rewrites
+    (ext4 starts writing a truncated-and-rewritten file back when it is closed, which a rerun into the
+    same name would get and a first build would not).
+    """
+    for path in Path(prefix).parent.glob(Path(prefix).name + ".*"):
+        path.unlink()
+    os.sync()
     start = time.perf_counter()
     function(*args)
     return time.perf_counter() - start
@@ -74,7 +88,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=50_000_000, help="tokens of the text workload")
     parser.add_argument("--images", type=int, default=5_000, help="samples of the image workload")
     parser.add_argument("--image-bytes", type=int, default=60_000, help="mean encoded size of an image")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each writer (best is reported)")
+    parser.add_argument("--repeats", type=int, default=7, help="rounds; each round runs both writers of a workload")
+    parser.add_argument("--control", action="store_true",
+                        help="also run Megatron against itself each round: the spread the load alone causes")
     parser.add_argument("--workdir", default="/tmp/mmidx-bench-write")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -89,35 +105,48 @@ def main() -> None:
     offsets = rng.integers(0, int(sizes.max()), args.images)
     images = [blob[o:o + s] for o, s in zip(offsets.tolist(), sizes.tolist(), strict=True)]
     image_arrays = [np.frombuffer(data, dtype=np.uint8) for data in images]
-    token_bytes = int(lengths.sum()) * 2
-    image_bytes = int(sizes.sum())
+    volume = {"tokens": int(lengths.sum()) * 2, "captions + images": int(sizes.sum())}
 
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     p = str(work)
-    runs = {
-        "tokens: Megatron IndexedDatasetBuilder": lambda: megatron_write(f"{p}/mt", documents, np.uint16),
-        "tokens: mmidx DatasetBuilder": lambda: mmidx_text(f"{p}/mm", documents),
-        "captions + images: Megatron (two builders)": lambda: (megatron_write(f"{p}/mc", captions, np.uint16),
-                                                               megatron_write(f"{p}/mi", image_arrays, np.uint8)),
-        "captions + images: mmidx DatasetBuilder": lambda: mmidx_images(f"{p}/mmi", captions, images),
+    workloads = {  # workload: (Megatron's run, mmidx's run)
+        "tokens": (lambda: fresh_run(f"{p}/mt", megatron_write, f"{p}/mt", documents, np.uint16),
+                   lambda: fresh_run(f"{p}/mm", mmidx_text, f"{p}/mm", documents)),
+        "captions + images": (lambda: fresh_run(f"{p}/mc", megatron_write, f"{p}/mc", captions, np.uint16)
+                              + fresh_run(f"{p}/mi", megatron_write, f"{p}/mi", image_arrays, np.uint8),
+                              lambda: fresh_run(f"{p}/mmi", mmidx_images, f"{p}/mmi", captions, images)),
     }
-    best = {name: float("inf") for name in runs}
-    for _ in range(args.repeats):  # interleaved, so that load from other work hits both sides alike
-        for name, run in runs.items():
-            best[name] = min(best[name], timed(run))
-    print(f"# bench_write — {token_bytes / 1e6:.0f} MB of tokens in {len(documents):,} documents; "
-          f"{image_bytes / 1e6:.0f} MB of image bytes in {args.images:,} samples; "
-          f"best of {args.repeats}, fsync counted")
-    print(f"# {machine('numpy', 'megatron-core')}")
-    volume = {"tokens": token_bytes, "captions + images": image_bytes}
-    for name, seconds in best.items():
-        kind = name.split(":")[0]
-        peer = best[f"{kind}: Megatron IndexedDatasetBuilder" if kind == "tokens"
-                    else f"{kind}: Megatron (two builders)"]
-        print(f"{name:<45} {seconds:7.3f} s  {volume[kind] / seconds / 1e9:6.2f} GB/s  "
-              f"{peer / seconds:5.2f}× Megatron's throughput")
+    sides = ["Megatron", "mmidx"] + (["Megatron again"] if args.control else [])
+    writer = {"Megatron": 0, "mmidx": 1, "Megatron again": 0}  # which run of a workload each side is
+    load_before = os.getloadavg()[0]
+    seconds = {kind: {side: [] for side in sides} for kind in workloads}
+    for round_ in range(args.repeats):  # the writers back to back, taking turns at going first
+        for kind, runs in workloads.items():
+            for side in sides[round_ % len(sides):] + sides[:round_ % len(sides)]:
+                seconds[kind][side].append(runs[writer[side]]())
+    load_after = os.getloadavg()[0]
+    print(f"# bench_write — {volume['tokens'] / 1e6:.0f} MB of tokens in {len(documents):,} documents; "
+          f"{volume['captions + images'] / 1e6:.0f} MB of image bytes in {args.images:,} samples; "
+          f"{args.repeats} rounds, fsync counted")
+    print(f"# {machine('numpy', 'megatron-core')}; load average {load_before:.1f} before, {load_after:.1f} after")
+    print("| workload | Megatron best / median s | mmidx best / median s | mmidx GB/s | "
+          "throughput ÷ Megatron's, best | per round: min / median / max |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for kind, runs in seconds.items():
+        megatron, mmidx = runs["Megatron"], runs["mmidx"]
+        print(f"| {kind} | {min(megatron):.3f} / {np.median(megatron):.3f} | {min(mmidx):.3f} / "
+              f"{np.median(mmidx):.3f} | {volume[kind] / min(mmidx) / 1e9:.2f} | "
+              f"{min(megatron) / min(mmidx):.2f}× | {spread(megatron, mmidx)} |")
+        if args.control:  # what the load alone does to a ratio: Megatron against itself
+            print(f"| {kind}, Megatron against itself | | | | | {spread(megatron, runs['Megatron again'])} |")
+
+
+def spread(first: list[float], second: list[float]) -> str:
+    """Min / median / max over rounds of ``first``'s time over ``second``'s (second's throughput ratio)."""
+    ratios = sorted(a / b for a, b in zip(first, second, strict=True))
+    return f"{ratios[0]:.2f} / {np.median(ratios):.2f} / {ratios[-1]:.2f}×"
 
 
 if __name__ == "__main__":

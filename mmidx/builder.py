@@ -1,13 +1,15 @@
 """Write mmidx datasets: append samples, finalize crash-safely, merge finished datasets into one.
 
 The layout written is specified in :mod:`mmidx.format`. Index arrays grow in numpy buffers (never
-Python lists of per-sequence values); token and image bytes stream to ``*.partial`` files and are
-hashed as they are written, so finalizing costs one pass over the small index arrays only.
+Python lists of per-sequence values); token and image bytes stream to ``*.partial`` files, are
+hashed as they are written and sent on to the disk as they grow, so finalizing costs one pass over the
+small index arrays and the fsync of the last few MiB.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,6 +22,9 @@ import numpy as np
 from mmidx import format as fmt
 
 KIND_CODES = {name: code for code, name in enumerate(fmt.KIND_NAMES)}
+_FORMAT_CODES = {name: code for code, name in enumerate(fmt.IMAGE_FORMATS)}
+_MODE_CODES = {name: code for code, name in enumerate(fmt.IMAGE_MODES)}
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,15 @@ class Element:
     img_num: int = 1
 
     def record(self) -> tuple[int, int, int, int, int, int]:
-        """The element as a tuple in ``ELEMENT_DTYPE`` field order."""
+        """The element as a tuple in ``ELEMENT_DTYPE`` field order (checked and kept on first use: views
+        are usually the same few elements, sample after sample)."""
+        record = self.__dict__.get("_record")
+        if record is None:
+            record = self._checked_record()
+            object.__setattr__(self, "_record", record)  # not a field: equality and repr do not see it
+        return record
+
+    def _checked_record(self) -> tuple[int, int, int, int, int, int]:
         if self.kind not in KIND_CODES:
             raise ValueError(f"unknown element kind {self.kind!r}; use one of {fmt.KIND_NAMES}")
         flags = (
@@ -54,7 +67,12 @@ class Element:
             | fmt.FLAG_HAS_FRAME_DELTA * (self.frame_delta is not None)
         )
         label = -1 if self.special_token_label is None else self.special_token_label
-        return (KIND_CODES[self.kind], flags, self.img_num, self.frame_delta or 0, label, self.payload)
+        if not 1 <= self.img_num <= 0xFFFF:
+            raise ValueError(f"img_num must be at least 1 and fit uint16, not {self.img_num}")
+        frame_delta = self.frame_delta or 0
+        if not (_INT32_MIN <= frame_delta <= _INT32_MAX and _INT32_MIN <= label <= _INT32_MAX):
+            raise ValueError("frame_delta and special_token_label must fit int32")
+        return (KIND_CODES[self.kind], flags, self.img_num, frame_delta, label, self.payload)
 
 
 class StoredImage(NamedTuple):
@@ -69,13 +87,10 @@ class StoredImage(NamedTuple):
 
     def record(self) -> tuple[int, int, int, int, int, int]:
         """The image's ``IMAGE_DTYPE`` record."""
-        format_code = fmt.IMAGE_FORMATS.index(self.format) if self.format in fmt.IMAGE_FORMATS else 0
-        mode_code = fmt.IMAGE_MODES.index(self.mode) if self.mode in fmt.IMAGE_MODES else 0
-        return (self.width, self.height, format_code, mode_code,
+        if not (_INT32_MIN <= self.width <= _INT32_MAX and _INT32_MIN <= self.height <= _INT32_MAX):
+            raise ValueError("image width and height must fit int32")
+        return (self.width, self.height, _FORMAT_CODES.get(self.format, 0), _MODE_CODES.get(self.mode, 0),
                 fmt.IMAGE_FLAG_TRANSPARENCY * bool(self.has_transparency), 0)
-
-
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 class _Growable:
@@ -98,6 +113,14 @@ class _Growable:
         if len(self._pending) >= self.BATCH:
             self._flush()
 
+    def extend(self, values: list[Any]) -> None:
+        """Append every value of ``values`` (one call per sample rather than per value)."""
+        if values:
+            self._pending += values
+            self.last = values[-1]
+            if len(self._pending) >= self.BATCH:
+                self._flush()
+
     def _flush(self) -> None:
         if self._pending:
             self._chunks.append(np.array(self._pending, dtype=self._dtype))
@@ -116,24 +139,52 @@ class _Growable:
         return self._chunks[0]
 
 
+def _writeback_starter():
+    """``start(fd, offset, length)``: have the kernel begin writing a file range to the disk without waiting
+    (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``); elsewhere nothing, and the final fsync does it all."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        sync_file_range = libc.sync_file_range
+    except (OSError, AttributeError, TypeError):
+        return lambda fd, offset, length: None
+    sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    sync_file_range.restype = ctypes.c_int
+    # 2: SYNC_FILE_RANGE_WRITE. A failure is ignored: this only hurries the disk, the fsync reports errors.
+    return lambda fd, offset, length: sync_file_range(fd, offset, length, 2)
+
+
+_start_writeback = _writeback_starter()
+
+
 class _HashingWriter:
-    """A buffered binary ``*.partial`` file that hashes everything written to it."""
+    """A buffered binary ``*.partial`` file that hashes everything written to it.
+
+    Every ``WRITE_BEHIND`` bytes it asks the kernel to start writing them to the disk, so the disk works
+    while the caller produces the next ones and the fsync that ends the file waits for the last few only.
+    """
+
+    WRITE_BEHIND = 1 << 24
 
     def __init__(self, path: Path):
         self.path = path
         self.stream = open(path, "wb", buffering=1 << 22)
         self.digest = fmt.FILE_HASHES[fmt.FILE_HASH]()
         self.size = 0
+        self._sent = 0  # bytes whose writeback has been started
 
     def write(self, data: bytes | memoryview | np.ndarray) -> None:
         view = memoryview(data).cast("B")
         self.digest.update(view)
         try:  # not errors_naming: a context manager per write costs more than the write of a short text
             self.stream.write(view)
+            self.size += len(view)
+            if self.size - self._sent >= self.WRITE_BEHIND:
+                self.stream.flush()
+                _start_writeback(self.stream.fileno(), self._sent, self.size - self._sent)
+                self._sent = self.size
         except OSError as error:
             with errors_naming(self.path):
                 raise error
-        self.size += len(view)
 
     def close(self) -> None:
         if not self.stream.closed:
@@ -292,8 +343,11 @@ class DatasetBuilder:
     def _checked_tokens(self, sequence: Sequence[int] | np.ndarray) -> np.ndarray:
         """One sequence as a flat array of the token dtype; ids that do not fit it are refused."""
         dtype = self._writer.token_dtype
-        if isinstance(sequence, np.ndarray) and np.can_cast(sequence.dtype, dtype, "safe"):
-            return sequence.reshape(-1).astype(dtype, copy=False)  # fits by its type: nothing to check
+        if isinstance(sequence, np.ndarray):
+            if sequence.dtype == dtype and sequence.ndim == 1 and sequence.flags.c_contiguous:
+                return sequence  # the common case, as tokenizers' arrays come
+            if np.can_cast(sequence.dtype, dtype, "safe"):
+                return np.ascontiguousarray(sequence.reshape(-1), dtype)  # fits by its type: nothing to check
         tokens = np.asarray(sequence, dtype=np.int64).reshape(-1)
         if tokens.size and (tokens.min() < self._token_limit[0] or tokens.max() > self._token_limit[1]):
             raise ValueError(f"token ids {tokens.min()}..{tokens.max()} do not fit {dtype}; "
@@ -302,11 +356,12 @@ class DatasetBuilder:
 
     def _write_sequences(self, sequences: Sequence[Sequence[int] | np.ndarray]) -> None:
         checked = [self._checked_tokens(sequence) for sequence in sequences]  # all, before anything is written
-        if any(len(tokens) > np.iinfo(np.int32).max for tokens in checked):
+        lengths = [len(tokens) for tokens in checked]
+        if lengths and max(lengths) > _INT32_MAX:
             raise ValueError("a sequence longer than 2^31-1 tokens does not fit the MMIDIDX index")
         for tokens in checked:
             self._writer.tokens.write(tokens)
-            self._sequence_lengths.append(len(tokens))
+        self._sequence_lengths.extend(lengths)
         self._document_indices.append(len(self._sequence_lengths))
 
     def add_document(self, sequences: Sequence[Sequence[int] | np.ndarray]) -> None:
@@ -334,34 +389,29 @@ class DatasetBuilder:
         if not views:
             raise ValueError("a sample needs at least one view")
         records = [element.record() for view in views for element in view]
-        for kind, _, img_num, frame_delta, label, payload in records:
-            if not 0 <= payload < (len(texts) if kind == fmt.TEXT else len(images)):
+        text_count, image_count = len(texts), len(images)
+        for kind, _, _, _, _, payload in records:
+            if not 0 <= payload < (text_count if kind == fmt.TEXT else image_count):
                 raise ValueError(f"an element's payload names a text or image the sample does not have "
-                                 f"({len(texts)} texts, {len(images)} images)")
-            if not 1 <= img_num <= 0xFFFF:
-                raise ValueError(f"img_num must be at least 1 and fit uint16, not {img_num}")
-            if not (_INT32_MIN <= frame_delta <= _INT32_MAX and _INT32_MIN <= label <= _INT32_MAX):
-                raise ValueError("frame_delta and special_token_label must fit int32")
+                                 f"({text_count} texts, {image_count} images)")
         image_records = [image.record() for image in images]
-        if any(not (_INT32_MIN <= width <= _INT32_MAX and _INT32_MIN <= height <= _INT32_MAX)
-               for width, height, *_ in image_records):
-            raise ValueError("image width and height must fit int32")
         encoded = json.dumps(extra, sort_keys=True, ensure_ascii=False).encode() if extra else b""
         self._write_sequences(texts)
-        end = self._image_offsets.last
-        for image, record in zip(images, image_records, strict=True):
+        image_ends, end = [], self._image_offsets.last
+        for image in images:
             self._writer.images.write(image.data)
             end += len(image.data)
-            self._image_offsets.append(end)
-            self._image_info.append(record)
-        self._sample_image_offsets.append(len(self._image_info))
-        end = self._view_element_offsets.last
+            image_ends.append(end)
+        self._image_offsets.extend(image_ends)
+        self._image_info.extend(image_records)
+        self._sample_image_offsets.append(self._sample_image_offsets.last + image_count)
+        view_ends, end = [], self._view_element_offsets.last
         for view in views:
             end += len(view)
-            self._view_element_offsets.append(end)
-        self._sample_view_offsets.append(len(self._view_element_offsets) - 1)
-        for record in records:
-            self._elements.append(record)
+            view_ends.append(end)
+        self._view_element_offsets.extend(view_ends)
+        self._sample_view_offsets.append(self._sample_view_offsets.last + len(views))
+        self._elements.extend(records)
         self._sample_origin.append(tuple(origin))
         self._extra += encoded
         self._extra_offsets.append(len(self._extra))
