@@ -338,6 +338,45 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("output", help="folder to write (created; must not hold files already)")
 
 
+def cmd_precache(args: argparse.Namespace) -> int:
+    from mmidx.build.plan import BuildError
+    from mmidx.encodings.precache import Job, precache
+
+    job = Job(args.name, args.encoder, modality=args.modality, transform=args.transform, store=args.store,
+              dtype=args.dtype, batch_size=args.batch_size, weights_version=args.weights_version)
+    try:
+        metas = precache(args.path, job, device=args.device, workers=args.workers, progress=not args.quiet)
+    except BuildError as error:  # another precache holds the output's lock
+        print(f"mmidx precache: {error}", file=sys.stderr)
+        return 1
+    for meta in metas:
+        print(f"{meta['name']}: {meta['counts']['records']} {meta['modality']} encodings ({meta['store']}, "
+              f"{meta['dtype']}) of dataset {meta['dataset']['checksum'][:12]}")
+    return 0
+
+
+def _register_precache(commands: Commands) -> None:
+    sub = add_command(commands, "precache", cmd_precache,
+                      "Run a frozen encoder once over every image (or text) of the datasets and store its outputs "
+                      "beside them (P.enc.NAME.*); packs then carry padded_latent instead of padded_images.")
+    sub.add_argument("path", metavar="PREFIX_OR_DATA_YAML", help="a dataset prefix or a data YAML")
+    sub.add_argument("--encoder", required=True, help="pkg.module:factory; factory() returns the frozen encoder")
+    sub.add_argument("--name", required=True, help="the encoding's name (letters, digits, _ and -)")
+    sub.add_argument("--modality", choices=("image", "text"), default="image", help="what the encoder reads")
+    sub.add_argument("--transform", choices=("vae", "vit"), default="vae",
+                     help="which of the group's transforms (and element kind) feeds the encoder")
+    sub.add_argument("--store", choices=("moments", "mean", "sample"), default="moments",
+                     help="what to keep of a (mean, logvar) output; a single tensor is stored as is")
+    sub.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="stored dtype")
+    sub.add_argument("--device", default="cpu", help="where the encoder runs (cpu, cuda, cuda:1)")
+    sub.add_argument("--batch-size", type=int, default=16, help="images (texts) per encoder call, of one shape")
+    sub.add_argument("--workers", type=int, default=1, help="threads decoding and transforming images")
+    sub.add_argument("--engine", choices=("local",), default="local",
+                     help="where the job runs (local; the Ray engine is not wired to precache yet)")
+    sub.add_argument("--weights-version", help="a version or hash of the encoder's weights, recorded")
+    sub.add_argument("--quiet", action="store_true", help="no progress line")
+
+
 def _csv(value: str) -> tuple[str, ...]:
     return tuple(part for part in value.split(",") if part)
 
@@ -497,6 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_toolkit(commands)
     _register_build(commands)
     _register_merge(commands)
+    _register_precache(commands)
     _register_demo(commands)
     return parser
 
