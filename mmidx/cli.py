@@ -279,7 +279,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         result = bench.bench_packs(config, packs=args.packs, workers=args.workers, decode=args.decode,
                                    masks=args.masks, target_tokens_per_s=args.target_tokens_per_s,
-                                   cache_dir=args.cache_dir)
+                                   cache_dir=args.cache_dir, encodings=args.encodings)
     print(json.dumps(result, indent=1) if args.json else bench.format_report(result))
     return 0
 
@@ -320,6 +320,8 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("--gpt-samples", type=int, default=2000,
                      help="GPT samples per worker count, for text datasets")
     sub.add_argument("--cache-dir", help="folder of cached indices (default: build in memory)")
+    sub.add_argument("--encodings", metavar="NAME",
+                     help="a precached VAE encoding (mmidx precache): also time packs with its latents, against pixels")
     sub.add_argument("--json", action="store_true", help="print the results as JSON")
     sub.set_defaults(num_samples=None, seed=None, max_latent_size=None)
     sub = add_command(commands, "sample", cmd_sample,
