@@ -70,6 +70,9 @@ def format_summary(info: dict[str, Any]) -> str:
                       f"  image width      {_describe(images['width'])}",
                       f"  image height     {_describe(images['height'])}",
                       f"  image bytes      {_describe(images['bytes'])}"]
+    for enc in info.get("encodings", []):
+        lines.append(f"  encoding {enc['name']:<7} {enc['records']:,} {enc['modality']} records ({enc['store']}, "
+                     f"{enc['dtype']}, {_human_bytes(enc['bytes'])}) of {enc['encoder']}")
     files = ", ".join(f"{name} {_human_bytes(size)}" for name, size in info["files"].items())
     lines.append(f"  files            {files}")
     return "\n".join(lines)

@@ -41,12 +41,12 @@ def _noise_png(width, height, seed):
 def data(tmp_path_factory):
     """A t2i dataset (caption, noised image) and an edit dataset (clean image, vit image, text, noised image)."""
     folder = tmp_path_factory.mktemp("precache")
-    with DatasetBuilder(folder / "t2i", vocab_size=1000) as builder:
+    with DatasetBuilder(folder / "t2i", vocab_size=1000, special_tokens=SPECIAL) as builder:
         for i, (width, height) in enumerate(SIZES):
             builder.add_sample([list(range(5, 9 + i))], [_noise_png(width, height, i)],
                                [[Element("text", 0, enable_cfg=True), Element("vae_image", 0, loss=True)]])
         builder.finalize()
-    with DatasetBuilder(folder / "edit", vocab_size=1000) as builder:
+    with DatasetBuilder(folder / "edit", vocab_size=1000, special_tokens=SPECIAL) as builder:
         for i in range(4):
             images = [_noise_png(*SIZES[i], 10 + i), _noise_png(*SIZES[i + 1], 20 + i)]
             builder.add_sample([list(range(10, 14 + i))], images, [[
@@ -197,3 +197,57 @@ def test_a_truncated_or_corrupted_stream_is_a_format_error_naming_the_file(data,
     path.write_bytes(path.read_bytes()[:-8])
     with pytest.raises(FormatError, match=str(path)):
         EncodingStream.open(prefix, "cut", MMIDXDataset(prefix).checksum)
+
+
+def _copy(data, folder, name):
+    import shutil
+
+    for path in data.glob("*"):
+        if path.name.startswith(("t2i.", "edit.")) and path.name.endswith((".idx", ".bin", ".images", ".plan", ".json")) \
+                and (".enc." not in path.name or f".enc.{name}." in path.name):
+            shutil.copy(path, folder / path.name)
+    return folder
+
+
+def test_verify_and_inspect_know_encodings(data, tmp_path, capsys):
+    from mmidx.checks import summary, verify
+    from mmidx.cli import main
+
+    _precache(data, "vi", Job("vi", "encoders:vae_mean", dtype="fp16", batch_size=8, weights_version="v1"))
+    folder = _copy(data, tmp_path, "vi")
+    assert verify(folder / "edit") == []
+    info = summary(MMIDXDataset(folder / "edit"))["encodings"]
+    assert [(e["name"], e["records"], e["store"], e["weights_version"]) for e in info] == [("vi", 8, "tensor", "v1")]
+    assert main(["inspect", str(folder / "edit")]) == 0
+    assert "encoding vi      8 image records (tensor, fp16" in capsys.readouterr().out
+    path = fmt.encoding_path(folder / "edit", "vi", "bin")
+    raw = bytearray(path.read_bytes())
+    raw[100] ^= 1
+    path.write_bytes(bytes(raw))
+    problems = verify(folder / "edit")
+    assert len(problems) == 1 and str(path) in problems[0] and "checksum" in problems[0]
+    assert main(["verify", str(folder / "edit")]) == 1
+
+
+def test_bench_reports_latents_against_pixels_from_a_data_yaml(data, tmp_path, capsys):
+    import yaml
+
+    from mmidx.cli import main
+    folder = _copy(data, tmp_path, "none")
+    transform = {"max_image_size": 64, "min_image_size": 32, "image_stride": 16}
+    spec = {"groups": {"t2i": {"datasets": ["t2i"], "image_transform_args": transform},
+                       "edit": {"datasets": ["edit"], "image_transform_args": transform,
+                                "vit_image_transform_args": {"max_image_size": 56, "min_image_size": 28,
+                                                             "image_stride": 14}}},
+            "packing": {"expected_num_tokens": 200, "max_num_tokens": 400, "max_num_tokens_per_sample": 200,
+                        "prefer_buffer_before": 100, "max_buffer_size": 4}}
+    (folder / "data.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["precache", str(folder / "data.yaml"), "--encoder", "encoders:vae", "--name", "b", "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" of ")[0] for line in lines] == ["b: 6 image encodings (moments, bf16)",
+                                                         "b: 8 image encodings (moments, bf16)"]
+    assert main(["bench", str(folder / "data.yaml"), "--encodings", "b", "--packs", "3", "--workers", "0",
+                 "--masks", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "the same with precached latents (b: padded_latent instead of padded_images)" in out
+    assert "tokens/s with latents" in out

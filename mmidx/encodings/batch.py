@@ -88,9 +88,11 @@ def padded_latent(latents: list[torch.Tensor], seed: int, pack_index: int) -> to
         raise FormatError("the precached latents of one pack have different channel counts: the streams come from "
                           "different encoders; use one encoding name for every group")
     height, width = max(value.shape[-2] for value in latents), max(value.shape[-1] for value in latents)
-    padded = torch.zeros(len(latents), channels, height, width)
+    padded = torch.empty(len(latents), channels, height, width)
     for slot, value in enumerate(latents):
         h, w = value.shape[-2:]
+        padded[slot, :, h:].zero_()
+        padded[slot, :, :h, w:].zero_()
         if value.dim() == 4:  # moments: mean + exp(logvar / 2) * noise, noise from the pack's generator
             generator = np.random.Generator(np.random.Philox(key=seed, counter=[0, 1, slot, pack_index]))
             noise = torch.from_numpy(generator.standard_normal((channels, h, w), dtype=np.float32))

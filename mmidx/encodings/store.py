@@ -138,9 +138,9 @@ class EncodingStream:
             raise FormatError(where + "records are not sorted by (item, img_num), each once: corrupted")
         return cls(prefix, name, meta, records, keys, _map(bin_path, meta["files"]["bin"]["bytes"]))
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return DTYPES[self.meta["dtype"]]
+    def __post_init__(self) -> None:
+        self.dtype: torch.dtype = DTYPES[self.meta["dtype"]]
+        self.itemsize = torch.empty(0, dtype=self.dtype).element_size()
 
     def find(self, item: int, img_num: int) -> int | None:
         """The record number of (item, img_num), or None."""
@@ -158,10 +158,9 @@ class EncodingStream:
 
     def view(self, number: int) -> torch.Tensor:
         """Record ``number``'s value, after checking its offset, shape and size against the ``.bin``."""
-        record = self.records[number]
-        ndim, offset, nbytes = int(record["ndim"]), int(record["offset"]), int(record["nbytes"])
-        shape = tuple(int(n) for n in record["shape"][: max(0, min(ndim, 4))])
-        itemsize = torch.empty(0, dtype=self.dtype).element_size()
+        _, _, ndim, dims, offset, nbytes = self.records[number].item()  # one tuple: faster than field reads
+        shape = tuple(int(n) for n in dims[: max(0, min(ndim, 4))])
+        itemsize = self.itemsize
         if not 1 <= ndim <= 4 or min(shape) < 0 or max(shape) > MAX_DIM or nbytes != math.prod(shape) * itemsize \
                 or offset < 0 or offset % ALIGNMENT or offset > len(self.values) - nbytes:
             raise FormatError(f"{fmt.encoding_path(self.prefix, self.name, 'idx')}: record {number} (shape {shape}, "
@@ -181,3 +180,53 @@ def open_stream(dataset: Any, name: str) -> EncodingStream:
     if key not in _OPENED:
         _OPENED[key] = EncodingStream.open(dataset.prefix, name, dataset.checksum)
     return _OPENED[key]
+
+
+def encoding_names(prefix: str | os.PathLike) -> list[str]:
+    """The names of the precached encodings beside the dataset at ``prefix`` (those with a JSON)."""
+    path = Path(os.fspath(prefix))
+    start, end = f"{path.name}.enc.", ".json"
+    return sorted(entry.name[len(start):-len(end)] for entry in path.parent.glob(f"{glob_escape(path.name)}.enc.*.json")
+                  if "." not in entry.name[len(start):-len(end)])
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob's special characters bracketed."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def stream_problems(dataset: Any, name: str) -> list[str]:
+    """Every problem of the stream ``name`` of ``dataset``: checksums of both files, and every record's bounds."""
+    try:
+        stream = EncodingStream.open(dataset.prefix, name, dataset.checksum)
+    except FormatError as error:
+        return [str(error)]
+    problems = []
+    for role in ("bin", "idx"):
+        path = fmt.encoding_path(dataset.prefix, name, role)
+        entry = stream.meta["files"][role]
+        algorithm = next((a for a in fmt.FILE_HASHES if a in entry), None)
+        if algorithm is None or fmt.hash_file(path, algorithm) != entry[algorithm]:
+            problems.append(f"{path}: checksum differs from {path.name[:-len(role)]}json: modified or corrupted")
+    records, itemsize = stream.records, stream.itemsize
+    ndim = records["ndim"].astype(np.int64)
+    dims = np.where(np.arange(4) < ndim[:, None], records["shape"].astype(np.int64), 1)
+    ends = records["offset"] + records["nbytes"]
+    bad = (ndim < 1) | (ndim > 4) | np.any(dims < 0, axis=1) | (records["offset"] < 0) | \
+        (records["offset"] % ALIGNMENT != 0) | (records["nbytes"] < 0) | (ends > len(stream.values))
+    sizes = np.prod(np.clip(dims, 0, MAX_DIM).astype(np.float64), axis=1) * itemsize  # float: no overflow
+    bad |= sizes != records["nbytes"]
+    if np.any(bad):
+        problems.append(f"{fmt.encoding_path(dataset.prefix, name, 'idx')}: {int(np.count_nonzero(bad))} records "
+                        f"(first: {int(np.flatnonzero(bad)[0])}) do not fit their shape or the .bin: corrupted")
+    return problems
+
+
+def describe(dataset: Any, name: str) -> dict[str, Any]:
+    """What ``mmidx inspect`` shows of a stream: what it holds and how it was made."""
+    stream = EncodingStream.open(dataset.prefix, name, dataset.checksum)
+    meta = stream.meta
+    return {"name": name, "modality": meta["modality"], "transform": meta.get("transform"),
+            "encoder": meta.get("encoder"), "weights_version": meta.get("weights_version"), "store": meta["store"],
+            "dtype": meta["dtype"], "records": len(stream.records),
+            "bytes": meta["files"]["bin"]["bytes"] + meta["files"]["idx"]["bytes"]}
