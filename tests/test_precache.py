@@ -203,8 +203,8 @@ def _copy(data, folder, name):
     import shutil
 
     for path in data.glob("*"):
-        if path.name.startswith(("t2i.", "edit.")) and path.name.endswith((".idx", ".bin", ".images", ".plan", ".json")) \
-                and (".enc." not in path.name or f".enc.{name}." in path.name):
+        dataset_file = path.name.endswith((".idx", ".bin", ".images", ".plan", ".json"))
+        if dataset_file and (".enc." not in path.name or f".enc.{name}." in path.name):
             shutil.copy(path, folder / path.name)
     return folder
 
@@ -244,10 +244,19 @@ def test_bench_reports_latents_against_pixels_from_a_data_yaml(data, tmp_path, c
     (folder / "data.yaml").write_text(yaml.safe_dump(spec))
     assert main(["precache", str(folder / "data.yaml"), "--encoder", "encoders:vae", "--name", "b", "--quiet"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(" of ")[0] for line in lines] == ["b: 6 image encodings (moments, bf16)",
-                                                         "b: 8 image encodings (moments, bf16)"]
+    assert sorted(line.split(" of ")[0] for line in lines) == ["b: 6 image encodings (moments, bf16)",
+                                                               "b: 8 image encodings (moments, bf16)"]
     assert main(["bench", str(folder / "data.yaml"), "--encodings", "b", "--packs", "3", "--workers", "0",
                  "--masks", "none"]) == 0
     out = capsys.readouterr().out
     assert "the same with precached latents (b: padded_latent instead of padded_images)" in out
     assert "tokens/s with latents" in out
+    spec["groups"]["t2i"]["encodings"] = spec["groups"]["edit"]["encodings"] = {"vae": "b"}
+    (folder / "data.yaml").write_text(yaml.safe_dump(spec))
+    from mmidx.bagel import trainer_loader  # BAGEL's trainer gets padded_latent from the YAML's encodings
+
+    loader = trainer_loader(folder / "data.yaml", special_tokens=SPECIAL, expected_num_tokens=200, max_num_tokens=400,
+                            max_num_tokens_per_sample=200, prefer_buffer_before=100, max_buffer_size=4)
+    data = next(iter(loader)).to_dict()
+    assert "padded_latent" in data and "padded_images" not in data
+    assert len(data["padded_latent"]) == len(data["patchified_vae_latent_shapes"])
