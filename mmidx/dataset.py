@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -42,6 +42,7 @@ class _Mapped:
     images: memoryview | None
     image_table: ImageTable | None
     structure_checked: bool = False
+    encodings: dict[str, Any] = field(default_factory=dict)  # precached encoding streams opened, by name
 
 
 def _open(prefix: str) -> _Mapped:

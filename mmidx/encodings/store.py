@@ -48,7 +48,7 @@ def write_table(path: Path, records: np.ndarray) -> None:
 def write_json(path: Path, meta: dict[str, Any]) -> None:
     """Write the stream's metadata, signed and in canonical form, and fsync it."""
     with open(path, "wb") as stream:
-        stream.write((json.dumps(fmt.sign_metadata(meta), indent=1, sort_keys=True) + "\n").encode())
+        stream.write(fmt.serialize_metadata(meta))  # the canonical form of P.meta.json
         stream.flush()
         os.fsync(stream.fileno())
 
@@ -64,8 +64,7 @@ def read_json(path: Path) -> dict[str, Any]:
         raise FormatError(f"{path}: the encoding metadata is not valid JSON ({error}): corrupted") from error
     if not isinstance(meta, dict) or meta.get("format") != ENCODING_FORMAT:
         raise FormatError(f"{path}: not mmidx encoding metadata (no \"format\": \"{ENCODING_FORMAT}\")")
-    if fmt.sign_metadata(meta)["meta_sha256"] != meta.get("meta_sha256") or \
-            raw != (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode():
+    if fmt.sign_metadata(meta)["meta_sha256"] != meta.get("meta_sha256") or raw != fmt.serialize_metadata(meta):
         raise FormatError(f"{path}: the encoding metadata fails its own checksum or was edited: corrupted")
     version = meta.get("format_version")
     if version != fmt.ENCODING_VERSION:
@@ -171,15 +170,13 @@ class EncodingStream:
         return torch.frombuffer(self.values, dtype=self.dtype, count=nbytes // itemsize, offset=offset).view(shape)
 
 
-_OPENED: dict[tuple[str, str, str], EncodingStream] = {}
-
-
 def open_stream(dataset: Any, name: str) -> EncodingStream:
-    """The stream ``name`` of ``dataset`` (an :class:`~mmidx.dataset.MMIDXDataset`), opened once per process."""
-    key = (dataset.prefix, name, dataset.checksum)
-    if key not in _OPENED:
-        _OPENED[key] = EncodingStream.open(dataset.prefix, name, dataset.checksum)
-    return _OPENED[key]
+    """The stream ``name`` of ``dataset`` (an :class:`~mmidx.dataset.MMIDXDataset`), opened once per opening
+    of the dataset (and so in each worker process)."""
+    opened = dataset._files.encodings
+    if name not in opened:
+        opened[name] = EncodingStream.open(dataset.prefix, name, dataset.checksum)
+    return opened[name]
 
 
 def encoding_names(prefix: str | os.PathLike) -> list[str]:
@@ -211,7 +208,7 @@ def stream_problems(dataset: Any, name: str) -> list[str]:
     records, itemsize = stream.records, stream.itemsize
     ndim = records["ndim"].astype(np.int64)
     dims = np.where(np.arange(4) < ndim[:, None], records["shape"].astype(np.int64), 1)
-    ends = records["offset"] + records["nbytes"]
+    ends = records["offset"].astype(np.float64) + records["nbytes"]  # float: a corrupted pair cannot wrap around
     bad = (ndim < 1) | (ndim > 4) | np.any(dims < 0, axis=1) | (records["offset"] < 0) | \
         (records["offset"] % ALIGNMENT != 0) | (records["nbytes"] < 0) | (ends > len(stream.values))
     sizes = np.prod(np.clip(dims, 0, MAX_DIM).astype(np.float64), axis=1) * itemsize  # float: no overflow
