@@ -236,7 +236,10 @@ def _run(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, unit
     store = partial.store or job.store
     if partial.batches == batches:
         return store
-    encoder = encoder or load_encoder(job.encoder)
+    if encoder is None:
+        encoder = load_encoder(job.encoder)
+        if isinstance(encoder, torch.nn.Module):
+            encoder.to(device)
     dtype = DTYPES[job.dtype]
     started, done = time.perf_counter(), 0
     pool = ThreadPoolExecutor(workers) if workers > 1 else None
@@ -333,5 +336,8 @@ def precache(path: str, job: Job, *, device: str = "cpu", workers: int = 1,
             if transforms.setdefault(prefix, transform) != transform:
                 raise ValueError(f"{prefix} is in groups with different {job.transform} transforms: one encoding "
                                  "stream has one transform; precache it under two names from two data YAMLs")
-    return [precache_dataset(prefix, job, transform, device=device, workers=workers, progress=progress)
-            for prefix, transform in transforms.items()]
+    encoder = load_encoder(job.encoder)  # once for every dataset, and before anything is written
+    if isinstance(encoder, torch.nn.Module):
+        encoder.to(device)
+    return [precache_dataset(prefix, job, transform, device=device, workers=workers, progress=progress,
+                             encoder=encoder) for prefix, transform in transforms.items()]
