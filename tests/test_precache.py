@@ -1,6 +1,7 @@
 """Precached encodings: the encoder sees the pack's own pixels, packs carry the stored records, a
 killed precache resumes byte-identically, and streams from other inputs are refused."""
 
+import json
 import os
 import subprocess
 import sys
@@ -136,15 +137,19 @@ def test_text_embeddings_are_packed_per_token_with_their_indexes(data):
 
 
 def _run(folder, *extra, env=None):
-    return subprocess.run([sys.executable, "-m", "mmidx.cli", "precache", str(folder / "t2i"), "--encoder",
-                           "encoders:vae", "--name", "k9", "--batch-size", "1", "--quiet", *extra],
+    config = folder / "k9.yaml"  # the t2i dataset through the tests' small VAE transform
+    config.write_text(json.dumps({"groups": {"t2i": {"datasets": ["t2i"], "image_transform_args": {
+        "max_image_size": VAE.max_image_size, "min_image_size": VAE.min_image_size,
+        "image_stride": VAE.image_stride}}}}))
+    return subprocess.run([sys.executable, "-m", "mmidx.cli", "precache", str(config), "--encoder",
+                           "encoders:vae", "--name", "k9", "--batch-size", "1", "--quiet", "--workers", "2", *extra],
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]),
                                **(env or {})}, capture_output=True, text=True, timeout=120)
 
 
-def test_kill_9_during_precache_then_rerun_is_byte_identical(data, tmp_path):
-    reference = _run(data, "--device", "cpu")
-    assert reference.returncode == 0, reference.stderr
+def test_kill_9_during_precache_then_rerun_is_byte_identical(data):
+    job = Job("k9", "encoders:vae", batch_size=1)  # what the command line below asks for
+    precache_dataset(str(data / "t2i"), job, VAE, progress=False, workers=2)  # the uninterrupted run
     expected = {role: fmt.encoding_path(data / "t2i", "k9", role).read_bytes() for role in fmt.ENCODING_ROLES}
     for role in fmt.ENCODING_ROLES:
         fmt.encoding_path(data / "t2i", "k9", role).unlink()
@@ -158,10 +163,11 @@ def test_kill_9_during_precache_then_rerun_is_byte_identical(data, tmp_path):
     resumed = _run(data, env={"MMIDX_TEST_KILL_AT_CALL": "1"})  # would die if it re-encoded from the start...
     assert resumed.returncode == -9  # ...it does die at its first call: the 4th batch, not the first
     assert partial.stat().st_size == 3 * fmt.ENCODING_RECORD.itemsize
-    assert _run(data).returncode == 0
+    finished = _run(data, "--device", "cpu", "--workers", "1")
+    assert finished.returncode == 0, finished.stderr
     for role in fmt.ENCODING_ROLES:
         assert fmt.encoding_path(data / "t2i", "k9", role).read_bytes() == expected[role], role
-    assert not list(data.glob("t2i.enc.k9.*.partial"))
+    assert not list(data.glob("t2i.enc.k9.*.partial")) and not list(data.glob("t2i.enc.k9.*.job"))
 
 
 def test_streams_from_other_inputs_are_refused_naming_the_difference(data, tmp_path):
