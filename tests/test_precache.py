@@ -136,6 +136,22 @@ def test_text_embeddings_are_packed_per_token_with_their_indexes(data):
     assert "padded_images" in pack.tensors  # images untouched
 
 
+def test_a_text_dataset_gets_one_embedding_per_sequence(tmp_path):
+    from mmidx.encodings.precache import precache
+
+    with DatasetBuilder(tmp_path / "t", kind="text", vocab_size=1000) as builder:
+        for i in range(3):
+            builder.add_document([list(range(3, 6 + i)), [7, 8]])
+        builder.finalize()
+    (meta,) = precache(str(tmp_path / "t"), Job("tx", "encoders:text", modality="text", dtype="fp32"), progress=False)
+    assert (meta["counts"]["records"], meta["transform"], meta["store"]) == (6, None, "tensor")
+    sample = MMIDXDataset(tmp_path / "t")[2]
+    with torch.no_grad():
+        expected = encoders.text()(torch.tensor([[3, 4, 5, 6, 7]]))[0]
+    torch.testing.assert_close(sample.encoding("tx", 0), expected, rtol=1e-6, atol=1e-6)
+    assert sample.encoding("tx", 1).shape == (2, 6)
+
+
 def _run(folder, *extra, env=None):
     config = folder / "k9.yaml"  # the t2i dataset through the tests' small VAE transform
     config.write_text(json.dumps({"groups": {"t2i": {"datasets": ["t2i"], "image_transform_args": {

@@ -331,7 +331,8 @@ def precache(path: str, job: Job, *, device: str = "cpu", workers: int = 1,
     config = config_for([path])
     transforms: dict[str, ImageTransform | None] = {}
     for group in config.groups:
-        transform = group.vae_transform if job.transform == "vae" else group.vit_transform
+        transform = None if job.modality == "text" else group.vae_transform if job.transform == "vae" else \
+            group.vit_transform
         for prefix in group.datasets:
             if transforms.setdefault(prefix, transform) != transform:
                 raise ValueError(f"{prefix} is in groups with different {job.transform} transforms: one encoding "
