@@ -1,6 +1,7 @@
 """Precached encodings: the encoder sees the pack's own pixels, packs carry the stored records, a
 killed precache resumes byte-identically, and streams from other inputs are refused."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ import torch
 
 from mmidx import format as fmt
 from mmidx.builder import DatasetBuilder, Element, StoredImage
-from mmidx.config import DataConfig, GroupConfig
+from mmidx.config import DataConfig, DropoutConfig, GroupConfig
 from mmidx.dataset import MMIDXDataset
 from mmidx.encodings.precache import Job, precache_dataset
 from mmidx.format import FormatError
@@ -94,7 +95,7 @@ def test_stored_latents_are_the_encoder_on_the_packs_own_pixels(data):
                 assert str(latents.tensors[key]) == str(value), key
 
 
-def test_records_round_trip_exactly_and_packs_carry_them(data):
+def test_records_round_trip_exactly_and_packs_carry_them(data, monkeypatch):
     metas = _precache(data, "bf", Job("bf", "encoders:vae_mean", dtype="bf16", batch_size=4))
     assert [meta["store"] for meta in metas] == ["tensor", "tensor"]
     builder = PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"vae": "bf"})
@@ -107,6 +108,18 @@ def test_records_round_trip_exactly_and_packs_carry_them(data):
         assert torch.equal(pack.padded_latent[slot, :, :h, :w], value.float())
     with pytest.raises(FormatError, match="no record"):
         sample.encoding("bf", 1, 1)  # that image is used with img_num 2 only
+    import mmidx.packing
+
+    def no_decoding(data):
+        raise AssertionError("an image was decoded")
+
+    monkeypatch.setattr(mmidx.packing, "decode_rgb_pixels", no_decoding)
+    t2i = builder.build(1, [PackItem(0, 0, s, 0) for s in range(len(SIZES))])  # VAE images only: none decoded
+    assert len(t2i.padded_latent) == len(SIZES)
+    no_dropout = PackBuilder(dataclasses.replace(_config(data), dropout=DropoutConfig(0, 0, 0)),
+                             special_tokens=SPECIAL, encodings={"vae": "bf"})
+    with pytest.raises(AssertionError, match="decoded"):
+        no_dropout.build(1, [PackItem(1, 0, 0, 0)])  # an edit sample's ViT image keeps its pixels
 
 
 def test_moments_are_sampled_per_pack_and_batches_stay_a_function_of_the_pack(data):
