@@ -260,11 +260,12 @@ def format_report(result: dict[str, Any]) -> str:
                      f"{row['samples_per_s']:>10,.1f} {row['mb_per_s']:>8,.0f} {row['bytes_per_pack'] / 1e6:>8.1f}")
     stages = result["stages"]
     lines.append(f"# one process, stage by stage ({stages['packs']} packs, {stages['tokens_per_s']:,.0f} tokens/s):")
-    lines.append(f"{'stage':<20} {'ms/pack':>8} {'share':>6}")
+    width = max(len(STAGE_LABELS.get(stage, stage)) for stage in STAGES)
+    lines.append(f"{'stage':<{width}} {'ms/pack':>8} {'share':>6}")
     for stage in STAGES:
-        lines.append(f"{STAGE_LABELS.get(stage, stage):<20} {stages['ms_per_pack'][stage]:>8.1f} "
+        lines.append(f"{STAGE_LABELS.get(stage, stage):<{width}} {stages['ms_per_pack'][stage]:>8.1f} "
                      f"{stages['share'][stage]:>6.1%}")
-    lines.append(f"{'total':<20} {stages['total_ms_per_pack']:>8.1f}")
+    lines.append(f"{'total':<{width}} {stages['total_ms_per_pack']:>8.1f}")
     if result["cores_needed"] is not None:
         lines.append(f"cores needed to feed {result['target_tokens_per_s']:,.0f} tokens/s: {result['cores_needed']} "
                      f"(at {stages['tokens_per_s']:,.0f} tokens/s per core, if workers scale linearly; "

@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -275,6 +276,8 @@ def _worker_counts(text: str) -> list[int]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from mmidx import bench
 
+    # the worker counts are the user's choice and the report names the cores: torch's advice is noise here
+    warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
     config = _data_config(args)
     if bench.text_only(config):
         result = bench.bench_gpt([p for group in config.groups for p in group.datasets], seq_length=args.seq_length,

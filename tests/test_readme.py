@@ -1,14 +1,91 @@
-"""The README's quick start stays true: CI runs exactly its test command."""
+"""The README runs as written.
 
+Every ```bash and ```python block of README.md runs, in the README's order, in one sandbox folder that
+holds, tiny, the inputs the blocks name (a ``Qwen2-7B/`` tokenizer folder, t2i parquet under
+``data/t2i/``, ``edits.parquet``, ``llava.jsonl`` with its ``images/``, ``corpus.jsonl``, a BAGEL data
+config ``bagel.yaml`` and its ``info.yaml``) beside the demo's ``mmidx-demo/``: each block sees what the
+blocks before it wrote, as a reader's shell would. The conventions the README follows:
+
+* ```bash and ```python: run, and must succeed (exit status 0, no traceback);
+* a ```bash or ```python block whose first line is ``# needs: WHAT`` needs what a test lacks (a cluster,
+  an hour): it is not run, but it must parse, and each ``mmidx`` command line in it must be accepted by
+  mmidx's own parser (each ``python SCRIPT`` one's options must be in its help);
+* ```text (output, diagrams, layouts) and ```diff: read, never run (the trainer diff's call is checked);
+* the Quick start's two commands install packages and run this suite: CI runs them (``.ci/run``).
+
+The shell's ``mmidx`` runs ``mmidx.cli.main`` in a child forked from one process that imported it
+(:mod:`cli_server`), so that each command does not spend seconds importing torch.
+
+Any other fence fails :func:`test_every_block_is_run_or_marked_for_reading`, so a new block either runs
+here or says why it cannot.
+"""
+
+import ast
+import contextlib
+import inspect
+import io
+import json
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
+import cli_server
+import numpy as np
+import pyarrow as pa
+import yaml
+from fixtures_sources import WORDS, image_bytes, qwen_dir, write_jsonl, write_parquet, write_t2i_parquet
+
 ROOT = Path(__file__).resolve().parent.parent
+RUN, READ = ("bash", "python"), ("text", "diff")
+NEEDS = "# needs:"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of the README."""
+
+    language: str
+    code: str
+    line: int  # of the opening fence
+    section: str  # the ``##`` heading above it
+
+    @property
+    def needs(self) -> str | None:
+        """What a block marked ``# needs: WHAT`` on its first line needs; None for a block that runs here."""
+        first = self.code.split("\n", 1)[0]
+        return first.removeprefix(NEEDS).strip() if first.startswith(NEEDS) else None
+
+    @property
+    def where(self) -> str:
+        return f"README.md line {self.line} ({self.section})"
+
+
+def readme_blocks() -> list[Block]:
+    blocks, section, opened, body = [], "", None, []
+    for number, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1):
+        if opened is None and line.startswith("## "):
+            section = line[3:]
+        elif opened is None and line.startswith("```"):
+            opened, body = (line[3:].strip(), number), []
+        elif opened is not None and line.startswith("```"):
+            blocks.append(Block(opened[0], "".join(body), opened[1], section))
+            opened = None
+        elif opened is not None:
+            body.append(line + "\n")
+    assert opened is None, f"README.md line {opened[1]}: a code block is never closed"
+    return blocks
+
+
+def quick_start() -> Block:
+    return next(block for block in readme_blocks() if block.section == "Quick start" and block.language == "bash")
 
 
 def quick_start_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    block = text.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return [line.strip() for line in block.strip().splitlines() if line.strip()]
+    return [line.strip() for line in quick_start().code.splitlines() if line.strip()]
 
 
 def test_quick_start_is_exactly_two_commands():
@@ -20,35 +97,178 @@ def test_ci_runs_the_readme_test_command():
     assert quick_start_commands()[1] in ci_lines
 
 
+def test_every_block_is_run_or_marked_for_reading():
+    for block in readme_blocks():
+        assert block.language in RUN + READ, (
+            f"{block.where}: a ```{block.language} block; use ```bash or ```python (run by this test), or "
+            "```text for output and diagrams")
+        assert block.needs != "", f"{block.where}: say what the block needs after '{NEEDS}'"
+
+
 def test_the_names_the_readme_imports_exist():
     import mmidx
 
-    text = (ROOT / "README.md").read_text()
-    line = next(line for line in text.splitlines() if line.startswith("from mmidx import"))
-    for name in line.removeprefix("from mmidx import").split(","):
-        assert getattr(mmidx, name.strip()) is not None
+    imports = [line for block in readme_blocks() if block.language == "python" for line in block.code.splitlines()
+               if line.startswith("from mmidx import")]
+    assert imports
+    for line in imports:
+        for name in line.removeprefix("from mmidx import").split(","):
+            assert getattr(mmidx, name.strip()) is not None
 
 
-def _blocks(language: str) -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    return [part.split("```", 1)[0] for part in text.split(f"```{language}\n")[1:]]
+def test_the_trainer_diff_calls_trainer_loader_as_it_is_defined():
+    """The diff against BAGEL's trainer is read, not run (it needs BAGEL): its new side imports what mmidx has
+    and calls ``trainer_loader`` with arguments its signature takes."""
+    from mmidx.bagel import trainer_loader
+
+    (diff,) = [block for block in readme_blocks() if block.language == "diff"]
+    new_side = [line[1:] for line in diff.code.splitlines() if line[:1] in ("+", " ")]
+    assert "from mmidx.bagel import trainer_loader" in new_side
+    start = next(number for number, line in enumerate(new_side) if "= trainer_loader(" in line)
+    end = next(number for number in range(start, len(new_side)) if new_side[number].strip() == ")")
+    (statement,) = ast.parse(textwrap.dedent("\n".join(new_side[start:end + 1]))).body
+    signature = inspect.signature(trainer_loader)
+    signature.bind(*statement.value.args, **{keyword.arg: keyword.value for keyword in statement.value.keywords})
 
 
-def test_the_python_example_runs_as_written_after_the_demo(demo, monkeypatch):
-    """The README's Python runs unchanged on this CPU machine, in the folder where `mmidx demo` ran."""
-    (block,) = _blocks("python")
-    monkeypatch.chdir(Path(demo["workdir"]).parent)
-    names = {}
-    exec(compile(block, "README.md", "exec"), names)  # the README's own code
+def command_lines(code: str) -> list[list[str]]:
+    """The simple commands of shell ``code`` (split at ``&&``, ``||``, ``;``, ``|``), without comments,
+    ``nice`` and variable assignments; a ``$VARIABLE`` stands for a number (a node's rank), 0 here."""
+    commands = []
+    for line in code.replace("\\\n", " ").splitlines():
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        command: list[str] = []
+        for token in [*lexer, ";"]:
+            if token in ("&&", "||", ";", "|", "&"):
+                while command and (command[0] == "nice" or re.fullmatch(r"\w+=.*", command[0])):
+                    command.pop(0)
+                if command:
+                    commands.append(command)
+                command = []
+            else:
+                command.append(re.sub(r"\$\{?\w+\}?", "0", token))
+    return commands
+
+
+def options_rejected(command: list[str]) -> str | None:
+    """Why the program named by ``command`` would refuse its options before doing anything; None if it accepts."""
+    if command[0] == "mmidx":
+        from mmidx.cli import build_parser
+
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                build_parser().parse_args(command[1:])
+        except SystemExit as exit_:
+            return stderr.getvalue() or f"exit status {exit_.code}"
+        return None
+    if command[0] == "python" and command[1].endswith(".py"):
+        help_text = subprocess.run([sys.executable, command[1], "--help"], cwd=ROOT, capture_output=True,
+                                   text=True, timeout=60).stdout
+        unknown = [option for option in command[2:] if option.startswith("--") and option not in help_text]
+        return f"not in {command[1]} --help: {unknown}" if unknown else None
+    return None
+
+
+def test_blocks_that_are_not_run_parse_and_use_options_that_exist():
+    """What cannot run here (a cluster, an hour, the Quick start) is at least valid: the shell parses it and
+    each command accepts its options."""
+    unrun = [block for block in readme_blocks() if block.needs] + [quick_start()]
+    assert any(block.language == "bash" for block in unrun)
+    for block in unrun:
+        if block.language == "python":
+            compile(block.code, block.where, "exec")
+            continue
+        syntax = subprocess.run(["bash", "-n", "-c", block.code], capture_output=True, text=True)
+        assert syntax.returncode == 0, f"{block.where}: {syntax.stderr}"
+        commands = command_lines(block.code)
+        assert any(command[0] in ("mmidx", "python") for command in commands), block.where
+        for command in commands:
+            assert options_rejected(command) is None, f"{block.where}: {shlex.join(command)}: " \
+                                                      f"{options_rejected(command)}"
+
+
+def test_the_option_check_catches_a_misspelt_option():
+    assert options_rejected(command_lines("mmidx build --sorce t2i --tokenizer t")[0])
+    assert options_rejected(command_lines("mmidx bench ds --packs many")[0])
+    assert options_rejected(command_lines("nice python tools/fuzz.py --cases 1 --cores 2")[0])
+    assert options_rejected(command_lines("mmidx merge ds/t2i ds/t2i.shards --node-rank $RANK  # a comment")[0])
+    assert options_rejected(command_lines("ruff check . && mmidx index x --cache-dir c --node-rank $RANK")[1])
+    assert options_rejected(command_lines("mmidx build --source t2i --input in --tokenizer t --output o "
+                                          "--num-nodes 8 --node-rank $RANK")[0]) is None
+
+
+def write_readme_inputs(folder: Path) -> None:
+    """What a reader's folder holds before the README's commands, tiny: the files and folders they name."""
+    from mmidx.demo import BAGEL_GROUPS
+
+    rng = np.random.default_rng(0)
+
+    def words(count: int) -> str:
+        return " ".join(rng.choice(WORDS, size=count))
+
+    (folder / "Qwen2-7B").symlink_to(qwen_dir(), target_is_directory=True)  # BAGEL's Qwen2 tokenizer files
+    (folder / "data" / "t2i").mkdir(parents=True)
+    for number in range(2):
+        write_t2i_parquet(folder / "data" / "t2i" / f"chunk_{number}.parquet",
+                          [image_bytes(48, 48, seed=10 * number + row) for row in range(4)],
+                          [{"caption_short": words(6), "caption_long": words(20)} for _ in range(4)], 2)
+    edits = {"image_list": [[image_bytes(32, 32, seed=100 + 3 * row + k) for k in range(3)] for row in range(4)],
+             "instruction_list": [[[words(5)], [words(4), words(6)]] for _ in range(4)]}
+    types = {"image_list": pa.list_(pa.binary()), "instruction_list": pa.list_(pa.list_(pa.string()))}
+    write_parquet(folder / "edits.parquet", edits, types, 2)
+    (folder / "data" / "edit").mkdir()
+    write_parquet(folder / "data" / "edit" / "chunk_0.parquet", edits, types, 2)
+    (folder / "images").mkdir()
+    for number in range(4):
+        (folder / "images" / f"img_{number}.jpg").write_bytes(image_bytes(48, 48, seed=200 + number))
+    write_jsonl(folder / "llava.jsonl", [
+        {"id": line, "image": f"img_{line % 4}.jpg",
+         "conversations": [{"from": "human", "value": "<image>\n" + words(6)}, {"from": "gpt", "value": words(12)}]}
+        for line in range(128)])
+    write_jsonl(folder / "corpus.jsonl", [{"text": words(60)} for _ in range(200)])
+    (folder / "bagel.yaml").write_text(yaml.safe_dump(BAGEL_GROUPS, sort_keys=False))
+    (folder / "info.yaml").write_text(yaml.safe_dump({
+        "t2i_pretrain": {"t2i": {"data_dir": "data/t2i"}},
+        "unified_edit": {"seedxedit_multi": {"data_dir": "data/edit"}},
+        "vlm_sft": {"llava_ov": {"data_dir": "images", "jsonl_path": "llava.jsonl"}}}))
+
+
+def test_every_bash_and_python_block_runs_as_written(demo, tmp_path, monkeypatch):
+    """Each block that is not marked runs unchanged, in order, in a folder holding the inputs it names."""
+    runnable = [block for block in readme_blocks()
+                if block.language in RUN and not block.needs and block != quick_start()]
+    assert {block.language for block in runnable} == set(RUN)
+    write_readme_inputs(tmp_path)
+    (tmp_path / "mmidx-demo").symlink_to(demo["workdir"], target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    namespaces = []
+    with cli_server.running(tmp_path) as env:
+        for block in runnable:
+            if block.language == "python":
+                names: dict = {}
+                exec(compile(block.code, block.where, "exec"), names)  # the README's own code
+                namespaces.append(names)
+                continue
+            result = subprocess.run(["bash", "-c", "set -xeuo pipefail\n" + block.code], cwd=tmp_path, env=env,
+                                    capture_output=True, text=True, timeout=300)
+            output = result.stdout + result.stderr
+            assert result.returncode == 0 and "Traceback" not in output, f"{block.where}:\n{block.code}\n{output}"
+    # the training loop's example: two steps after `mmidx demo`, resumable from the state it saved
+    names = next(names for names in namespaces if "checkpoint" in names)
     assert names["step"] == 1 and names["checkpoint"]["data"] == {"packs_consumed": 2}
     assert set(names["data"]) >= {"sequence_length", "sample_lens", "packed_text_ids"}
     assert len(names["bounds"]) == 4 and names["tokens"].size == names["bounds"][-1]
+    # what the shell blocks wrote is what their commands say they write
+    assert json.loads((tmp_path / "ds" / "t2i.report.json").read_text())["samples"] == 8
+    assert (tmp_path / "ds" / "data.yaml").exists() and (tmp_path / "pack.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_demo_output_shown_is_the_demos_in_its_folder(demo):
     """The README shows the demo's step lines and its ./mmidx-demo folder, as the command prints them."""
-    block = (ROOT / "README.md").read_text().split("## Quick start", 1)[1].split("```\n", 3)[2]
-    lines = block.splitlines()
+    block = next(block for block in readme_blocks() if block.section == "Quick start" and block.language == "text")
+    lines = block.code.splitlines()
     assert lines[:len(demo["steps"])] == [line for line, _ in demo["steps"]]
     assert lines[len(demo["steps"])].split(":")[0].endswith("/mmidx-demo")
     assert Path(demo["workdir"]).name == "mmidx-demo"

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from PIL import Image
 from test_sources_vlm import CASES, FILES
 
 import mmidx
-from mmidx.bench import STAGES, StageClock, bench_packs, format_report
+from mmidx.bench import STAGE_LABELS, STAGES, StageClock, bench_packs, format_report
 from mmidx.cli import main
 from mmidx.masks import dense_masks, mask_predicate
 from mmidx.packing import PackBuilder
@@ -48,6 +49,11 @@ def test_bench_prints_rates_per_worker_count_stages_and_cores(demo):
     for words in ("packs/s", "tokens/s", "samples/s", "MB/s", "resize+normalise/patchify", "cores needed",
                   "cores, Python"):
         assert words in text
+    lines = text.splitlines()
+    end = next(line for line in lines if line.startswith("stage ")).index("ms/pack") + len("ms/pack")
+    for stage in STAGES:  # the stage table's columns line up under its header, however long a stage's name
+        line = next(line for line in lines if line.startswith(STAGE_LABELS.get(stage, stage) + " "))
+        assert line[:end].endswith(f" {stages['ms_per_pack'][stage]:.1f}"), line
 
 
 def test_bench_command_json_and_device_decoding(demo, capsys):
@@ -57,6 +63,20 @@ def test_bench_command_json_and_device_decoding(demo, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["decode"] == "device" and result["stages"]["ms_per_pack"]["masks"] == 0
     assert result["stages"]["ms_per_pack"]["normalise"] == 0 and result["stages"]["ms_per_pack"]["decode"] > 0
+
+
+def test_bench_leaves_out_torchs_advice_on_worker_counts(tmp_path, capsys, monkeypatch):
+    """The worker counts are the user's to choose, and the report names the machine's cores: torch's warning
+    that more workers than cores might freeze would be two lines of noise (with a source path) per row."""
+    lines = [{"text": "a red cat on the mat"} for _ in range(16)]
+    dataset, _ = build("text", [write_jsonl(tmp_path / "docs.jsonl", lines)], tmp_path / "text")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set())  # torch then advises against any worker
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["bench", dataset.prefix, "--seq-length", "8", "--gpt-samples", "16", "--workers", "1",
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["workers"] == 1
+    assert not [w for w in caught if "worker processes in total" in str(w.message)]
 
 
 def test_bench_of_text_datasets_reports_gpt_samples(tmp_path, capsys):
