@@ -295,3 +295,12 @@ def test_bench_reports_latents_against_pixels_from_a_data_yaml(data, tmp_path, c
     data = next(iter(loader)).to_dict()
     assert "padded_latent" in data and "padded_images" not in data
     assert len(data["padded_latent"]) == len(data["patchified_vae_latent_shapes"])
+
+
+def test_a_second_precache_of_the_same_stream_is_refused_while_one_runs(data):
+    from mmidx.build.lock import output_lock
+    from mmidx.build.plan import BuildError
+
+    with output_lock(f"{data / 't2i'}.enc.busy", "precache"), pytest.raises(BuildError, match="another precache"):
+        precache_dataset(str(data / "t2i"), Job("busy", "encoders:vae"), VAE, progress=False)
+    assert not list(data.glob("t2i.enc.busy.*"))  # nothing written
