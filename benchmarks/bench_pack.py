@@ -90,26 +90,35 @@ def batch_bytes(tensors: dict[str, Any]) -> int:
     return total
 
 
-def run_mmidx(datasets: Path, groups: list[str], packs: int) -> dict[str, float]:
+def _config_and_items(datasets: Path, groups: list[str], packs: int) -> tuple[DataConfig, list[Any]]:
     spec = yaml.safe_load((datasets / "data.yaml").read_text())
     config = DataConfig.from_dict({"groups": {g: spec["groups"][g] for g in groups}, "packing": BUDGETS,
                                    "dropout": DROPOUT}, base_dir=datasets)
     index = build_pack_index(config, num_samples=packs * 40)
     packs = min(packs, len(index) - 1)  # the last pack may be partial
-    items = [index.items(k) for k in range(packs)]
+    return config, [index.items(k) for k in range(packs)]
+
+
+def _throughput(builder: PackBuilder, items: list[Any], mode: str) -> dict[str, float]:
+    """Tokens per CPU-second and per wall-second, and MB per pack, of building ``items``' packs as batch dicts."""
+    builder.build(0, items[0])  # warm caches
+    tokens, nbytes, start, cpu = 0, 0, time.perf_counter(), time.process_time()
+    for k in range(len(items)):
+        batch = builder.build(k, items[k])
+        data = batch.to_dict()
+        tokens += batch.sequence_length
+        nbytes += batch_bytes(data)
+    return {f"{mode}_tokens_per_s": tokens / (time.process_time() - cpu),
+            f"{mode}_wall_tokens_per_s": tokens / (time.perf_counter() - start),
+            f"{mode}_mb_per_pack": nbytes / len(items) / 1e6}
+
+
+def run_mmidx(datasets: Path, groups: list[str], packs: int) -> dict[str, float]:
+    config, items = _config_and_items(datasets, groups, packs)
+    packs = len(items)
     result: dict[str, float] = {}
     for mode, use_flex in (("flex", True), ("dense", False)):
-        builder = PackBuilder(config, use_flex=use_flex)
-        builder.build(0, items[0])  # warm caches
-        tokens, nbytes, start, cpu = 0, 0, time.perf_counter(), time.process_time()
-        for k in range(packs):
-            batch = builder.build(k, items[k])
-            data = batch.to_dict()
-            tokens += batch.sequence_length
-            nbytes += batch_bytes(data)
-        result[f"{mode}_tokens_per_s"] = tokens / (time.process_time() - cpu)
-        result[f"{mode}_wall_tokens_per_s"] = tokens / (time.perf_counter() - start)
-        result[f"{mode}_mb_per_pack"] = nbytes / packs / 1e6
+        result.update(_throughput(PackBuilder(config, use_flex=use_flex), items, mode))
     builder = PackBuilder(config)
     dense_ms, floor_ms, block_ms = [], [], []
     for k in range(packs):
@@ -231,6 +240,41 @@ def check_pixels(raw: Path, bagel_src: str, bagel_site: str | None) -> int:
     return compared
 
 
+class BenchVAE(torch.nn.Module):
+    """A stand-in for a frozen VAE encoder (BAGEL's: 16 latent channels, 8× down): conv, GroupNorm, moments.
+    Only the shape of its output matters to the packs; its cost is not what precache's figure is about."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.down = torch.nn.Conv2d(3, 32, kernel_size=8, stride=8)
+        self.norm = torch.nn.GroupNorm(4, 32)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, logvar = self.norm(self.down(images)).chunk(2, dim=1)
+        return mean, logvar
+
+
+def run_latents(datasets: Path, groups: list[str], packs: int) -> dict[str, float]:
+    """Precache the groups' VAE images as moments and as a sample (images/s on this CPU), then flex packs with
+    each against packs with pixels, in the same run."""
+    from mmidx.encodings.precache import Job, precache_dataset
+
+    config, items = _config_and_items(datasets, groups, packs)
+    encoder = BenchVAE().eval()
+    result: dict[str, float] = _throughput(PackBuilder(config), items, "pixels")
+    for store in ("moments", "sample"):
+        job = Job(f"bench_{store}", "bench_pack:BenchVAE", store=store, batch_size=8)
+        images, start = 0, time.perf_counter()
+        for group in config.groups:
+            for prefix in group.datasets:
+                meta = precache_dataset(prefix, job, group.vae_transform, progress=False, encoder=encoder)
+                images += meta["counts"]["records"]
+        result[f"{store}_precache_images_per_s"] = images / (time.perf_counter() - start)
+        result.update(_throughput(PackBuilder(config, encodings={"vae": job.name}), items, store))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="/tmp/mmidx-bench-pack", help="generated corpus and datasets")
@@ -238,11 +282,29 @@ def main() -> None:
     parser.add_argument("--modes", default="t2i,edit,vlm,mix")
     parser.add_argument("--bagel-src", help="checkout of ByteDance-Seed/Bagel to compare with")
     parser.add_argument("--bagel-site", help="folder with torchvision, decord, cv2 for BAGEL (see the docstring)")
+    parser.add_argument("--encodings", action="store_true",
+                        help="only: precache the VAE images of t2i and edit, and time packs with latents vs pixels")
     args = parser.parse_args()
     torch.set_num_threads(1)
     raw, datasets = prepare(Path(args.workdir))
     print(f"# bench_pack — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per mode, 512² JPEGs")
     print(f"# {machine('torch', 'Pillow')}")
+    if args.encodings:
+        print(f"{'mode':<5} {'pixels tok/s':>13} {'moments tok/s':>14} {'×':>5} {'sample tok/s':>13} {'×':>5} "
+              f"{'MB/pack px':>10} {'MB/pack lat':>11} {'precache img/s':>14}")
+        for mode in ("t2i", "edit"):
+            r = run_latents(datasets, MODES[mode], args.packs)
+            pixels = r["pixels_tokens_per_s"]
+            print(f"{mode:<5} {pixels:>13,.0f} {r['moments_tokens_per_s']:>14,.0f} "
+                  f"{r['moments_tokens_per_s'] / pixels:>5.1f} {r['sample_tokens_per_s']:>13,.0f} "
+                  f"{r['sample_tokens_per_s'] / pixels:>5.1f} {r['pixels_mb_per_pack']:>10.0f} "
+                  f"{r['sample_mb_per_pack']:>11.0f} {r['moments_precache_images_per_s']:>14.1f}", flush=True)
+        print("# tok/s: flex packs (split metadata, no masks), real tokens per CPU-second of this process.")
+        print("# Latents of a 32-channel conv+GroupNorm stand-in encoder (8x down), bf16: 'moments' (mean, logvar)")
+        print("# sampled per pack (Philox normals, mean + exp(logvar/2) * noise), 'sample' drawn once at precache")
+        print("# time (a copy per pack).")
+        print("# precache img/s: decode + BAGEL transform + that encoder + store, one thread, batches of 8.")
+        return
     header = (f"{'mode':<5} {'mmidx flex tok/s':>16} {'mmidx dense tok/s':>17} {'MB/pack':>8} {'dense ms':>9} "
               f"{'fill ms':>8} {'ratio':>6} {'BlockMask ms':>12}")
     if args.bagel_src:

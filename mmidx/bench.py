@@ -105,8 +105,12 @@ def _pack_index(config: DataConfig, packs: int, cache_dir: str | os.PathLike | N
 
 def bench_packs(config: DataConfig, *, packs: int = 20, workers: Sequence[int] = (0, 1, 2, 4),
                 decode: str = "loader", masks: str = "flex", target_tokens_per_s: float = 100_000,
-                device: str | None = None, cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+                device: str | None = None, cache_dir: str | os.PathLike | None = None,
+                encodings: str | None = None) -> dict[str, Any]:
     """Loader throughput per worker count, one process's stage breakdown, and the cores ``target_tokens_per_s`` needs.
+
+    ``encodings`` (a precached VAE encoding's name): the same again with packs carrying its latents
+    (``padded_latent``) instead of pixels, under ``result["latents"]``.
 
     ``masks``: "none" (split metadata only), "dense" (per-sample masks) or "flex" (a BlockMask),
     built in the main process on ``device`` (default: CUDA if available, else the CPU).
@@ -120,17 +124,21 @@ def bench_packs(config: DataConfig, *, packs: int = 20, workers: Sequence[int] =
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a loader worker: per-core figures, and the table's rows comparable
     try:
-        return _bench_packs(config, index, packs, workers, decode, masks, target_tokens_per_s, device)
+        result = _bench_packs(config, index, packs, workers, decode, masks, target_tokens_per_s, device, None)
+        if encodings:
+            result["latents"] = {"name": encodings, **_bench_packs(config, index, packs, workers, decode, masks,
+                                                                   target_tokens_per_s, device, {"vae": encodings})}
+        return result
     finally:
         torch.set_num_threads(threads)
 
 
 def _bench_packs(config: DataConfig, index: Any, packs: int, workers: Sequence[int], decode: str, masks: str,
-                 target_tokens_per_s: float, device: str) -> dict[str, Any]:
+                 target_tokens_per_s: float, device: str, encodings: dict[str, str] | None) -> dict[str, Any]:
     from mmidx.loader import PackDataset, PackLoader
     from mmidx.packing import PackBuilder
 
-    builder = PackBuilder(config, use_flex=masks != "dense", decode_images=decode)
+    builder = PackBuilder(config, use_flex=masks != "dense", decode_images=decode, encodings=encodings)
     rows = []
     for count in workers:
         loader = PackLoader(PackDataset(index, builder), global_batch_size=1, num_workers=count,
@@ -156,7 +164,7 @@ def _bench_packs(config: DataConfig, index: Any, packs: int, workers: Sequence[i
         rows.append({"workers": count, "packs": timed, "seconds": seconds, "packs_per_s": timed / seconds,
                      "tokens_per_s": tokens / seconds, "samples_per_s": samples / seconds,
                      "mb_per_s": nbytes / seconds / 1e6, "bytes_per_pack": nbytes / timed})
-    stages = _stage_breakdown(config, index, packs, decode, masks, device)
+    stages = _stage_breakdown(config, index, packs, decode, masks, device, encodings)
     one_core = stages["tokens_per_s"]
     return {"kind": "packs", "machine": machine("torch", "Pillow", "numpy"), "device": device, "decode": decode,
             "masks": masks, "num_packs": len(index), "max_num_tokens": config.packing.max_num_tokens,
@@ -166,12 +174,12 @@ def _bench_packs(config: DataConfig, index: Any, packs: int, workers: Sequence[i
 
 
 def _stage_breakdown(config: DataConfig, index: Any, packs: int, decode: str, masks: str,
-                     device: str) -> dict[str, Any]:
+                     device: str, encodings: dict[str, str] | None = None) -> dict[str, Any]:
     """Build packs 1..packs-1 in this process with a :class:`StageClock`: ms per pack and share per stage."""
     from mmidx.packing import PackBuilder
 
     clock = StageClock()
-    builder = PackBuilder(config, use_flex=masks != "dense", decode_images=decode, stage=clock)
+    builder = PackBuilder(config, use_flex=masks != "dense", decode_images=decode, stage=clock, encodings=encodings)
     _finish(builder.build(0, index.items(0)), masks, device)  # warm caches, as the table's first pack
     clock.seconds.clear()
     tokens, start = 0, time.perf_counter()
@@ -262,6 +270,16 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append(f"cores needed to feed {result['target_tokens_per_s']:,.0f} tokens/s: {result['cores_needed']} "
                      f"(at {stages['tokens_per_s']:,.0f} tokens/s per core, if workers scale linearly; "
                      "compare the rows above)")
+    latents = result.get("latents")
+    if latents:
+        lines.append(f"# the same with precached latents ({latents['name']}: padded_latent instead of padded_images)")
+        lines.append(f"{'workers':>7} {'packs/s':>8} {'tokens/s':>10} {'MB/pack':>8} {'× pixels':>9}")
+        for row, pixels in zip(latents["rows"], result["rows"], strict=True):
+            lines.append(f"{row['workers']:>7} {row['packs_per_s']:>8.2f} {row['tokens_per_s']:>10,.0f} "
+                         f"{row['bytes_per_pack'] / 1e6:>8.1f} {row['tokens_per_s'] / pixels['tokens_per_s']:>9.2f}")
+        one = latents["stages"]
+        lines.append(f"# one process: {one['tokens_per_s']:,.0f} tokens/s with latents, "
+                     f"{one['tokens_per_s'] / stages['tokens_per_s']:.1f}× the pixels' {stages['tokens_per_s']:,.0f}")
     lines.append("# read: sample lookup and plan records (image bytes are paged in by decode); assemble: token ids, "
                  "positions, indexes, tensors and the move to the device; masks: building the attention masks there")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ import numpy as np
 
 from mmidx import format as fmt
 from mmidx.dataset import MMIDXDataset, dataset_files, structure_problems
+from mmidx.encodings.store import describe, encoding_names, stream_problems
 from mmidx.format import FormatError
 from mmidx.images import ImageError, probe, verify_decodable
 
@@ -31,6 +32,8 @@ def verify(prefix: str | os.PathLike, *, decode: bool = False) -> list[str]:
     problems = _verify_checksums(dataset) + structure_problems(dataset)
     if dataset.plan is not None and not problems:  # the image checks read with the offsets
         problems += _verify_images(dataset, decode)
+    for name in encoding_names(dataset.prefix):
+        problems += stream_problems(dataset, name)
     return problems
 
 
@@ -134,4 +137,7 @@ def summary(dataset: MMIDXDataset) -> dict[str, Any]:
                 "modes": {_name(fmt.IMAGE_MODES, c): n for c, n in sorted(Counter(info["mode"].tolist()).items())},
             },
         })
+    names = encoding_names(dataset.prefix)
+    if names:
+        result["encodings"] = [describe(dataset, name) for name in names]
     return result

@@ -71,6 +71,9 @@ def format_summary(info: dict[str, Any]) -> str:
                       f"  image width      {_describe(images['width'])}",
                       f"  image height     {_describe(images['height'])}",
                       f"  image bytes      {_describe(images['bytes'])}"]
+    for enc in info.get("encodings", []):
+        lines.append(f"  encoding {enc['name']:<7} {enc['records']:,} {enc['modality']} records ({enc['store']}, "
+                     f"{enc['dtype']}, {_human_bytes(enc['bytes'])}) of {enc['encoder']}")
     files = ", ".join(f"{name} {_human_bytes(size)}" for name, size in info["files"].items())
     lines.append(f"  files            {files}")
     return "\n".join(lines)
@@ -282,7 +285,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         result = bench.bench_packs(config, packs=args.packs, workers=args.workers, decode=args.decode,
                                    masks=args.masks, target_tokens_per_s=args.target_tokens_per_s,
-                                   cache_dir=args.cache_dir)
+                                   cache_dir=args.cache_dir, encodings=args.encodings)
     print(json.dumps(result, indent=1) if args.json else bench.format_report(result))
     return 0
 
@@ -323,6 +326,8 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("--gpt-samples", type=int, default=2000,
                      help="GPT samples per worker count, for text datasets")
     sub.add_argument("--cache-dir", help="folder of cached indices (default: build in memory)")
+    sub.add_argument("--encodings", metavar="NAME",
+                     help="a precached VAE encoding (mmidx precache): also time packs with its latents, against pixels")
     sub.add_argument("--json", action="store_true", help="print the results as JSON")
     sub.set_defaults(num_samples=None, seed=None, max_latent_size=None)
     sub = add_command(commands, "sample", cmd_sample,
@@ -339,6 +344,45 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("prefix", type=dataset_prefix, help=PREFIX_HELP)
     sub.add_argument("--to", required=True, choices=("parquet", "jsonl", "wds"), help="layout to write")
     sub.add_argument("output", help="folder to write (created; must not hold files already)")
+
+
+def cmd_precache(args: argparse.Namespace) -> int:
+    from mmidx.build.plan import BuildError
+    from mmidx.encodings.precache import Job, precache
+
+    job = Job(args.name, args.encoder, modality=args.modality, transform=args.transform, store=args.store,
+              dtype=args.dtype, batch_size=args.batch_size, weights_version=args.weights_version)
+    try:
+        metas = precache(args.path, job, device=args.device, workers=args.workers, progress=not args.quiet)
+    except BuildError as error:  # another precache holds the output's lock
+        print(f"mmidx precache: {error}", file=sys.stderr)
+        return 1
+    for meta in metas:
+        print(f"{meta['name']}: {meta['counts']['records']} {meta['modality']} encodings ({meta['store']}, "
+              f"{meta['dtype']}) of dataset {meta['dataset']['checksum'][:12]}")
+    return 0
+
+
+def _register_precache(commands: Commands) -> None:
+    sub = add_command(commands, "precache", cmd_precache,
+                      "Run a frozen encoder once over every image (or text) of the datasets and store its outputs "
+                      "beside them (P.enc.NAME.*); packs then carry padded_latent instead of padded_images.")
+    sub.add_argument("path", metavar="PREFIX_OR_DATA_YAML", help="a dataset prefix or a data YAML")
+    sub.add_argument("--encoder", required=True, help="pkg.module:factory; factory() returns the frozen encoder")
+    sub.add_argument("--name", required=True, help="the encoding's name (letters, digits, _ and -)")
+    sub.add_argument("--modality", choices=("image", "text"), default="image", help="what the encoder reads")
+    sub.add_argument("--transform", choices=("vae", "vit"), default="vae",
+                     help="which of the group's transforms (and element kind) feeds the encoder")
+    sub.add_argument("--store", choices=("moments", "mean", "sample"), default="moments",
+                     help="what to keep of a (mean, logvar) output; a single tensor is stored as is")
+    sub.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="stored dtype")
+    sub.add_argument("--device", default="cpu", help="where the encoder runs (cpu, cuda, cuda:1)")
+    sub.add_argument("--batch-size", type=int, default=16, help="images (texts) per encoder call, of one shape")
+    sub.add_argument("--workers", type=int, default=1, help="threads decoding and transforming images")
+    sub.add_argument("--engine", choices=("local",), default="local",
+                     help="where the job runs (local; the Ray engine is not wired to precache yet)")
+    sub.add_argument("--weights-version", help="a version or hash of the encoder's weights, recorded")
+    sub.add_argument("--quiet", action="store_true", help="no progress line")
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -500,6 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_toolkit(commands)
     _register_build(commands)
     _register_merge(commands)
+    _register_precache(commands)
     _register_demo(commands)
     return parser
 

@@ -15,7 +15,8 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
 
 BAGEL's ``num_used_data`` (one count per dataset), ``shuffle_lines`` and ``shuffle_seed`` choose which
 samples a group uses, with BAGEL's meaning (:mod:`mmidx.subsets`); ``resume_data_status`` is accepted
-and ignored (a note says why); any other key is refused.
+and ignored (a note says why); ``encodings: {vae: NAME, text: NAME}`` names the precached encodings
+(``mmidx precache``) whose packs carry ``padded_latent`` / text embeddings; any other key is refused.
 
 VAE elements use ``image_transform_args``; ViT elements use ``vit_image_transform_args`` when given
 and ``image_transform_args`` otherwise — as BAGEL's ``vlm_sft`` group does.
@@ -50,9 +51,11 @@ class GroupConfig:
     num_used_data: tuple[int, ...] | None = None  # BAGEL's: per dataset, lines (vlm) or parquet files used
     shuffle_lines: bool = False  # BAGEL's (vlm): which lines num_used_data keeps, shuffled by shuffle_seed
     shuffle_seed: int = 0
+    encodings: tuple[tuple[str, str], ...] = ()  # precached encodings used: (use, name), e.g. ("vae", "flux")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "datasets", tuple(os.fspath(d) for d in self.datasets))
+        object.__setattr__(self, "encodings", tuple(sorted(dict(self.encodings).items())))
         if not self.datasets:
             raise ValueError(f"group {self.name!r} lists no datasets")
         if not self.weight > 0:
@@ -155,7 +158,8 @@ class DataConfig:
                 image_transform=_transform(spec.get("image_transform_args")),
                 vit_image_transform=_transform(spec.get("vit_image_transform_args")),
                 num_used_data=None if used is None else tuple(used),
-                shuffle_lines=bool(spec.get("shuffle_lines", False)), shuffle_seed=int(spec.get("shuffle_seed", 0))))
+                shuffle_lines=bool(spec.get("shuffle_lines", False)), shuffle_seed=int(spec.get("shuffle_seed", 0)),
+                encodings=tuple(dict(spec.get("encodings") or {}).items())))
         return cls(groups=tuple(groups), packing=PackingConfig(**data.get("packing", {})),
                    dropout=DropoutConfig(**data.get("dropout", {})),
                    geometry=ModelGeometry(**data.get("geometry", {})), seed=int(data.get("seed", 0)))
@@ -208,7 +212,7 @@ def config_for(paths: list[str], **overrides: Any) -> DataConfig:
 # Group keys of a data.yaml; BAGEL's data/configs/*.yaml groups have the same ones with dataset_names instead
 # of datasets. Keys that mean nothing once datasets are built are accepted, with the note saying why.
 GROUP_KEYS = ("datasets", "weight", "is_mandatory", "image_transform_args", "vit_image_transform_args",
-              "num_used_data", "shuffle_lines", "shuffle_seed")
+              "num_used_data", "shuffle_lines", "shuffle_seed", "encodings")
 BAGEL_GROUP_KEYS = ("dataset_names", *GROUP_KEYS[1:], "frame_sampler_args")
 IGNORED_GROUP_KEYS = {
     "resume_data_status": "mmidx resumes from the loader's packs consumed (saved in data_status['mmidx']), "

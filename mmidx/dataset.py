@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -42,6 +42,7 @@ class _Mapped:
     images: memoryview | None
     image_table: ImageTable | None
     structure_checked: bool = False
+    encodings: dict[str, Any] = field(default_factory=dict)  # precached encoding streams opened, by name
 
 
 def _open(prefix: str) -> _Mapped:
@@ -264,6 +265,23 @@ class Sample:
         if table is None:
             raise IndexError(f"image {j} out of range: sample {self.index} has 0 images")
         return table.image(self.index, j)
+
+    def encoding(self, name: str, payload: int, img_num: int = 1) -> Any:
+        """The precached encoding ``name`` of the sample's image (or text) ``payload``, as a zero-copy
+        torch tensor: (C, h, w), or (2, C, h, w) moments (mean, log-variance), or (L, D) for a text."""
+        from mmidx.encodings.store import open_stream
+
+        stream = open_stream(self._dataset, name)
+        if stream.meta["modality"] == "text":
+            first, end = self._files.tokens.document_range(self.index)
+            count, img_num = end - first, 0
+        else:
+            first, end = self._range("sample_image_offsets", self.index, len(self._dataset.plan["image_info"])) \
+                if self._dataset.plan is not None else (0, 0)
+            count = end - first
+        if not 0 <= payload < count:
+            raise IndexError(f"{name}: payload {payload} out of range: sample {self.index} has {count}")
+        return stream.tensor(first + payload, img_num)
 
     @property
     def images(self) -> list[ImageRecord]:

@@ -151,6 +151,33 @@ Writing and version rules
   (monotone offsets, pointers equal to the cumulative sizes, payloads inside their sample, known
   kinds and formats). ``mmidx verify`` adds the checksums of all files and probes every image's
   header against ``image_info`` (``--decode``: decodes every image).
+Precached encodings: ``P.enc.NAME.bin``, ``P.enc.NAME.idx``, ``P.enc.NAME.json``
+-------------------------------------------------------------------------------
+Optional streams beside a dataset, attached without rewriting it (``mmidx precache``): the outputs
+of a frozen encoder, one record per (image, transform, img_num) or per text sequence. ``NAME`` is
+made of letters, digits, ``_`` and ``-``; :func:`encoding_path` names the files.
+
+* ``P.enc.NAME.bin``: the records' values back to back, each starting at a multiple of 64 bytes
+  (zero padding between), little-endian, in the dtype the JSON names (bf16 as its 16 raw bits).
+* ``P.enc.NAME.idx``: magic ``b"MMIDXENC"``, uint64 version (1), uint64 record count ``n``, then
+  ``n`` ``ENCODING_RECORD`` (48 bytes): ``item`` int64 (the global image number, an index of
+  ``image_info``, or the global sequence number of a text), ``img_num`` int32 (the element's
+  img_num; 0 for texts), ``ndim`` int32 (1..4), ``shape`` 4 × int32 (unused dims 0), ``offset``
+  int64 and ``nbytes`` int64 (the record's bytes in ``P.enc.NAME.bin``). Records are sorted by
+  (item, img_num), each pair once. An image record is (C, h, w), or (2, C, h, w) for moments
+  (mean, then log-variance); a text record is (L, D), L the sequence's token count.
+* ``P.enc.NAME.json``: ``format`` = ``"mmidx-encoding"``, ``format_version``, ``name``,
+  ``modality`` (image/text), ``transform`` (vae/vit; null for text) and ``transform_args``,
+  ``img_num_rule``, ``encoder`` (the factory's spec string), ``weights_version`` (user-given or
+  null), ``dtype``, ``store`` (moments/mean/sample/tensor), ``shape_rule``, ``dataset`` (the
+  source's ``meta_sha256`` and counts), ``counts`` (records), ``files`` (bytes and xxh3_128 of the
+  .bin and .idx) and ``meta_sha256`` over the rest, written in the canonical form of
+  ``P.meta.json``.
+
+Readers check the magic, version, sizes, order and every record's offset, shape and size against
+the files before any view is made; a stream whose ``dataset`` checksum is not the dataset's own is
+refused. The same version rule as ``P.meta.json`` applies. Written like a build: ``.partial`` files,
+data first, the JSON last; readers need the JSON, so an interrupted precache leaves nothing that opens.
 """
 
 from __future__ import annotations
@@ -248,6 +275,13 @@ PLAN_OPTIONAL_ARRAYS: dict[str, np.dtype] = {
 
 SUFFIXES = {"idx": ".idx", "bin": ".bin", "images": ".images", "plan": ".plan", "meta": ".meta.json"}
 
+ENCODING_MAGIC = b"MMIDXENC"
+ENCODING_VERSION = 1
+ENCODING_HEADER_SIZE = 24
+ENCODING_ROLES = ("bin", "idx", "json")  # data files first, metadata last
+ENCODING_RECORD = np.dtype([("item", "<i8"), ("img_num", "<i4"), ("ndim", "<i4"), ("shape", "<i4", (4,)),
+                            ("offset", "<i8"), ("nbytes", "<i8")])
+
 
 class FormatError(ValueError):
     """A dataset file is missing, truncated, corrupted or inconsistent with the other files."""
@@ -256,6 +290,15 @@ class FormatError(ValueError):
 def file_path(prefix: str | os.PathLike, role: str) -> Path:
     """The path of the file that plays ``role`` (a key of ``SUFFIXES``) for dataset ``prefix``."""
     return Path(os.fspath(prefix) + SUFFIXES[role])
+
+
+def encoding_path(prefix: str | os.PathLike, name: str, role: str) -> Path:
+    """The file ``P.enc.NAME.<role>`` (role in ``ENCODING_ROLES``) of the precached encoding ``name``."""
+    if not name or name.strip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") or role not in \
+            ENCODING_ROLES:
+        raise ValueError(f"an encoding name is letters, digits, '_' and '-' (got {name!r}); role one of "
+                         f"{ENCODING_ROLES} (got {role!r})")
+    return Path(f"{os.fspath(prefix)}.enc.{name}.{role}")
 
 
 def token_dtype_for_vocab(vocab_size: int) -> np.dtype:

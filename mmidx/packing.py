@@ -36,6 +36,8 @@ import torch
 from mmidx import format as fmt
 from mmidx.config import DataConfig, GroupConfig
 from mmidx.dataset import MMIDXDataset, Sample
+from mmidx.encodings import batch as encoded
+from mmidx.encodings.store import open_stream
 from mmidx.format import FormatError
 from mmidx.images import (
     ImageError,
@@ -85,6 +87,9 @@ class _Pack:
     ce_indexes: list[np.ndarray] = field(default_factory=list)
     ce_weights: list[np.ndarray] = field(default_factory=list)
     vae_images: list[_ImageJob] = field(default_factory=list)
+    vae_latents: list[torch.Tensor] = field(default_factory=list)  # precached, instead of vae_images
+    text_embeddings: list[torch.Tensor] = field(default_factory=list)
+    text_embedding_indexes: list[np.ndarray] = field(default_factory=list)
     vae_shapes: list[tuple[int, int]] = field(default_factory=list)
     latent_position_ids: list[torch.Tensor] = field(default_factory=list)
     vae_indexes: list[np.ndarray] = field(default_factory=list)
@@ -190,12 +195,17 @@ class PackBuilder:
     ``stage`` (benchmarks, :mod:`mmidx.bench`): called with a stage name ("read", "decode",
     "resize", "normalise", "assemble"), it returns a context manager that times that stage; by
     default a shared no-op, so building costs the same as without it.
+
+    ``encodings`` ({"vae": NAME, "text": NAME}, else each group's ``encodings``) uses precached
+    encodings (:mod:`mmidx.encodings`): VAE elements bring ``padded_latent`` instead of
+    ``padded_images`` (their images are never decoded), texts bring ``packed_text_embeddings`` at
+    ``packed_text_embedding_indexes``; streams computed from other inputs are refused.
     """
 
     def __init__(self, config: DataConfig, *, use_flex: bool = True,
                  datasets: Sequence[Sequence[MMIDXDataset]] | None = None,
                  special_tokens: dict[str, int] | None = None, decode_images: str = "loader",
-                 stage: Stage = _untimed):
+                 stage: Stage = _untimed, encodings: dict[str, str] | None = None):
         if decode_images not in ("loader", "device"):
             raise ValueError(f"decode_images is 'loader' (exact BAGEL pixels, decoded where the batch is built) or "
                              f"'device' (encoded bytes travel, decoded where the batch moves), not {decode_images!r}")
@@ -210,6 +220,8 @@ class PackBuilder:
         if missing:
             raise ValueError(f"special token ids {missing} are unknown: build the datasets with mmidx's tokenizer "
                              "or pass special_tokens")
+        self.encodings = encoded.group_encodings(config, encodings)
+        encoded.checked_streams(config, self.datasets, self.encodings)
         geometry = config.geometry
         self._position_ids = position_ids_interpolate if geometry.interpolate_pos else position_ids_extrapolate
 
@@ -242,7 +254,8 @@ class PackBuilder:
                 "view": item.view})
         return PackedBatch.from_pack(pack, use_flex=self.use_flex, max_num_tokens=self.config.packing.max_num_tokens,
                                      vit_patch_size=self.config.geometry.vit_patch_size,
-                                     deferred=self.decode_images == "device", stage=self.stage)
+                                     deferred=self.decode_images == "device", stage=self.stage,
+                                     noise=(self.config.seed, pack_index))
 
     @staticmethod
     def _job(transform: ImageTransform | None, group: GroupConfig, kind: str, item: PackItem, sample: Sample,
@@ -268,6 +281,7 @@ class PackBuilder:
         opening = False  # a split has started and none of its elements is kept yet
         split_open = False  # a split holds kept elements and is not closed yet
         probability = {fmt.TEXT: dropout.text, fmt.VIT_IMAGE: dropout.vit, fmt.VAE_IMAGE: dropout.vae}
+        uses = self.encodings[item.group]
         for e, record in enumerate(elements):
             kind, flags, payload = int(record["kind"]), int(record["flags"]), int(record["payload"])
             label = int(record["special_token_label"])
@@ -286,6 +300,11 @@ class PackBuilder:
             if kind == fmt.TEXT:
                 ids = sample.text(payload).astype(np.int64)
                 shifted = len(ids) + 1
+                if "text" in uses:
+                    first = sample.dataset.tokens.document_range(sample.index)[0]
+                    pack.text_embeddings.append(encoded.text_embedding(
+                        open_stream(sample.dataset, uses["text"]), first + payload, len(ids)))
+                    pack.text_embedding_indexes.append(np.arange(pack.curr + 1, pack.curr + shifted))
                 pack.text_ids.append(np.concatenate([[special["bos_token_id"]], ids]))
                 pack.text_indexes.append(np.arange(pack.curr, pack.curr + shifted))
                 if flags & fmt.FLAG_LOSS:
@@ -324,7 +343,12 @@ class PackBuilder:
                 down = geometry.vae_image_downsample
                 height, width = job.height // down, job.width // down
                 latent_tokens = height * width
-                pack.vae_images.append(job)
+                if "vae" in uses:
+                    image = int(sample.dataset.plan["sample_image_offsets"][sample.index]) + job.key[3]
+                    pack.vae_latents.append(encoded.latent(open_stream(sample.dataset, uses["vae"]), image,
+                                                           job.img_num, job.height, job.width, down))
+                else:
+                    pack.vae_images.append(job)
                 pack.vae_shapes.append((height, width))
                 pack.latent_position_ids.append(self._position_ids(
                     job.height, job.width, down, geometry.max_latent_size))
@@ -556,15 +580,24 @@ class PackedBatch:
 
     @classmethod
     def from_pack(cls, pack: _Pack, *, use_flex: bool, max_num_tokens: int, vit_patch_size: int,
-                  deferred: bool = False, stage: Stage = _untimed) -> PackedBatch:
+                  deferred: bool = False, stage: Stage = _untimed, noise: tuple[int, int] = (0, 0)) -> PackedBatch:
         pixels = _Pixels(stage)
+        if pack.vae_images and pack.vae_latents:
+            raise ValueError("a pack mixes VAE images with precached latents: name the vae encodings for every "
+                             "group with VAE images (or for none)")
         tensors: dict[str, Any] = {
             "packed_text_ids": _cat(pack.text_ids, np.int64),
             "packed_text_indexes": _cat(pack.text_indexes, np.int64),
             "packed_position_ids": _cat(pack.position_ids, np.int64),
         }
-        if pack.vae_images:
-            if not deferred:
+        if pack.vae_latents:
+            with stage("assemble"):
+                tensors["padded_latent"] = encoded.padded_latent(pack.vae_latents, *noise)
+        if pack.text_embeddings:
+            tensors.update(packed_text_embeddings=torch.cat([value.float() for value in pack.text_embeddings]),
+                           packed_text_embedding_indexes=_cat(pack.text_embedding_indexes, np.int64))
+        if pack.vae_images or pack.vae_latents:
+            if pack.vae_images and not deferred:
                 with stage("normalise"):
                     tensors["padded_images"] = _padded_images(pack.vae_images, pixels)
             tensors.update(patchified_vae_latent_shapes=pack.vae_shapes,

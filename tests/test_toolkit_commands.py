@@ -237,6 +237,10 @@ BAD_INPUTS = [
     (["merge", "{tmp}/merged", "/nonexistent/shards"], 1),
     (["merge", "{file}/merged", "{prefix}"], 1),
     (["merge", "{tmp}/merged"], 2),
+    (["precache", "/nonexistent/prefix", "--encoder", "encoders:vae", "--name", "x"], 1),
+    (["precache", "{prefix}", "--encoder", "no_such_module:vae", "--name", "x"], 1),
+    (["precache", "{prefix}", "--encoder", "encoders:vae", "--name", "not/a/name"], 1),
+    (["precache", "{prefix}", "--encoder", "encoders:vae", "--name", "x", "--dtype", "fp8"], 2),
     (["demo", "--workdir", "{file}/demo"], 1),
     (["demo", "--quick", "yes"], 2),
 ]

@@ -41,7 +41,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mmidx
 
-ROLES = ("idx", "bin", "images", "plan", "meta")
+ROLES = ("idx", "bin", "images", "plan", "meta", "enc.bin", "enc.idx", "enc.json")  # enc.*: a precached encoding
+ENCODING = "fz"
 KINDS = ("text", "t2i", "edit", "vlm", "prompts")
 SPECIAL = {"bos_token_id": 1, "eos_token_id": 2, "start_of_image": 3, "end_of_image": 4, "eod": 5}
 VAE = {"image_stride": 16, "max_image_size": 64, "min_image_size": 32}
@@ -122,13 +123,31 @@ def build_base(folder: Path, kind: str, seed: int) -> Path:
                 builder.add_sample([text()], [image()], [[Element("text", 0, loss=True),
                                                           Element("vit_image", 0)]], (source, row), extra)
         builder.finalize()
+    if kind in ("t2i", "edit"):  # VAE moments of an average-pooling "encoder", 8x down
+        import torch
+
+        from mmidx.encodings.precache import Job, precache_dataset
+        from mmidx.images import ImageTransform
+
+        def encoder(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            mean = torch.nn.functional.avg_pool2d(images, 8)
+            return mean, mean.abs() - 2
+
+        precache_dataset(str(prefix), Job(ENCODING, "fuzz:avg_pool", dtype="fp32", batch_size=2),
+                         ImageTransform.from_args(VAE), progress=False, encoder=encoder)
     return prefix
 
 
-def files_of(prefix: Path) -> dict[str, bytes]:
+def role_path(prefix: Path, role: str) -> Path:
     from mmidx import format as fmt
 
-    return {role: path.read_bytes() for role in ROLES if (path := fmt.file_path(prefix, role)).exists()}
+    if role.startswith("enc."):
+        return fmt.encoding_path(prefix, ENCODING, role[4:])
+    return fmt.file_path(prefix, role)
+
+
+def files_of(prefix: Path) -> dict[str, bytes]:
+    return {role: path.read_bytes() for role in ROLES if (path := role_path(prefix, role)).exists()}
 
 
 # --------------------------------------------------------------------------- mutations
@@ -173,7 +192,7 @@ def mutate(files: dict[str, bytes], twin: dict[str, bytes], seed: int, case: int
     data = bytearray(files[role])
     kind = str(rng.choice(["flip", "flip", "boundary", "boundary", "boundary", "truncate", "extend", "swap",
                            "stale_meta", "delete", "json"]))
-    if kind == "json" and role != "meta":
+    if kind == "json" and role not in ("meta", "enc.json"):
         kind = "boundary"
     resign = kind != "stale_meta" and bool(rng.random() < 0.35)
     edit: dict[str, Any] = {"case": case, "role": role, "kind": kind, "resigned": resign}
@@ -224,7 +243,17 @@ def mutate(files: dict[str, bytes], twin: dict[str, bytes], seed: int, case: int
         del files[role]
     else:
         files[role] = bytes(data)
-    if resign and "meta" in files:
+    if resign and role.startswith("enc.") and "enc.json" in files:
+        try:
+            meta = json.loads(files["enc.json"])
+            for file_role, entry in meta["files"].items():
+                content = files.get(f"enc.{file_role}", b"")
+                digest = fmt.FILE_HASHES[fmt.FILE_HASH](content).hexdigest()
+                entry.update({"bytes": len(content), fmt.FILE_HASH: digest})
+            files["enc.json"] = fmt.serialize_metadata(meta)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            edit["resigned"] = False
+    elif resign and "meta" in files:
         try:
             meta = json.loads(files["meta"])
             for file_role, entry in meta["files"].items():  # each checksum under the algorithm it names
@@ -238,10 +267,8 @@ def mutate(files: dict[str, bytes], twin: dict[str, bytes], seed: int, case: int
 
 
 def write_files(prefix: Path, files: dict[str, bytes]) -> None:
-    from mmidx import format as fmt
-
     for role in ROLES:
-        path = fmt.file_path(prefix, role)
+        path = role_path(prefix, role)
         if role in files:
             path.write_bytes(files[role])
         elif path.exists():
@@ -302,9 +329,15 @@ def read_everything(prefix: Path) -> str:
     index = build_pack_index(config, num_samples=2 * len(dataset), cache_dir=None)
     for name in sorted(index.arrays):  # pack_offsets, samples and (with several views) views
         add(index.arrays[name])
-    for decode_images in ("loader", "device"):
-        builder = PackBuilder(config, use_flex=False, decode_images=decode_images, datasets=[[dataset]],
-                              special_tokens=SPECIAL)  # a bare Megatron pair records none
+    encoded = any(role_path(prefix, role).exists() for role in ROLES if role.startswith("enc."))
+    if encoded:
+        for number in range(len(dataset)):
+            sample = dataset[number]
+            add([sample.encoding(ENCODING, j) for j in range(sample.num_images)])
+    for decode_images in ("loader", "device", *(("latents",) if encoded else ())):
+        builder = PackBuilder(config, use_flex=False, decode_images="device" if decode_images == "device" else "loader",
+                              datasets=[[dataset]], special_tokens=SPECIAL,  # a bare Megatron pair records none
+                              encodings={"vae": ENCODING} if decode_images == "latents" else None)
         for pack in range(min(len(index), 2)):
             batch = builder.build(pack, index.items(pack)).to("cpu")
             for _key, value in sorted(batch.to_dict().items()):  # with the dense masks

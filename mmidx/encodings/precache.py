@@ -1,0 +1,344 @@
+"""``mmidx precache``: run a frozen encoder once over a dataset's images or texts and store its outputs.
+
+Each distinct (image, img_num) of the chosen element kind (or each text sequence) is one record.
+Images go through the very transform a packed batch applies to them (same decode, same fused
+resize-and-normalise kernel, so the encoder sees the pack's pixels bit for bit) and are batched by
+output shape, so nothing is padded. The job is crash-safe and resumable like a build: values are
+appended to ``P.enc.NAME.bin.partial``, and after each batch is on disk its records to
+``P.enc.NAME.idx.partial``; a rerun keeps the whole batches both files hold and goes on, so the
+finished streams are byte-identical to those of an uninterrupted run. The table and the JSON are
+written last, under ``.partial`` names renamed into place (JSON last).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmidx import format as fmt
+from mmidx.build.lock import output_lock
+from mmidx.builder import errors_naming
+from mmidx.dataset import MMIDXDataset
+from mmidx.encodings.store import DTYPES, IMG_NUM_RULE, aligned, write_json, write_table
+from mmidx.format import FormatError
+from mmidx.images import ImageError, ImageTransform, decode_rgb_pixels
+
+RECORD_SIZE = fmt.ENCODING_RECORD.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What one precache computes: the options that decide its bytes."""
+
+    name: str
+    encoder: str  # "pkg.module:factory"
+    modality: str = "image"  # image | text
+    transform: str = "vae"  # vae | vit: which of the group's transforms (and element kind) feeds the encoder
+    store: str = "moments"  # moments | mean | sample (a single-tensor output is stored as is)
+    dtype: str = "bf16"
+    batch_size: int = 16
+    weights_version: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.modality not in ("image", "text") or self.transform not in ("vae", "vit") or \
+                self.store not in ("moments", "mean", "sample") or self.dtype not in DTYPES or self.batch_size < 1:
+            raise ValueError(f"bad precache options {self}: modality image|text, transform vae|vit, "
+                             "store moments|mean|sample, dtype bf16|fp16|fp32, batch size >= 1")
+        fmt.encoding_path("p", self.name, "json")  # the name check
+
+
+def load_encoder(spec: str) -> Callable[..., Any]:
+    """Import ``pkg.module:factory`` and return ``factory()``, in eval mode when it is a module."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"--encoder {spec!r}: give it as pkg.module:factory")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"--encoder {spec!r}: cannot import it ({error}); is its package on PYTHONPATH?") from error
+    encoder = factory()
+    if isinstance(encoder, torch.nn.Module):
+        encoder.eval().requires_grad_(False)
+    return encoder
+
+
+def _outputs(result: Any, store: str, items: np.ndarray, img_nums: np.ndarray) -> tuple[torch.Tensor, str]:
+    """The (B, ...) values to store and the store name recorded: moments stack (mean, logvar) on dim 1."""
+    if isinstance(result, torch.Tensor):
+        return result, "tensor"
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        mean, logvar = result
+    elif hasattr(result, "mean") and hasattr(result, "logvar"):  # e.g. a diagonal Gaussian posterior
+        mean, logvar = result.mean, result.logvar
+    else:
+        raise ValueError("the encoder returned neither a tensor, nor (mean, logvar), nor an object with .mean "
+                         f"and .logvar, but {type(result).__name__}")
+    if store == "moments":
+        return torch.stack([mean, logvar], dim=1), store
+    if store == "mean":
+        return mean, store
+    noise = torch.stack([torch.from_numpy(record_noise(int(item), int(img_num), tuple(mean.shape[1:])))
+                         for item, img_num in zip(items, img_nums, strict=True)]).to(mean.device)
+    return mean + torch.exp(0.5 * logvar.float()) * noise, store
+
+
+def record_noise(item: int, img_num: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The normal draw of ``--store sample`` for one record: a pure function of (item, img_num)."""
+    generator = np.random.Generator(np.random.Philox(key=item, counter=[0, 2, img_num, 0]))
+    return generator.standard_normal(shape, dtype=np.float32)
+
+
+@dataclasses.dataclass
+class Units:
+    """The records to compute, in the order their batches run: item, img_num, and batch boundaries."""
+
+    items: np.ndarray
+    img_nums: np.ndarray
+    shapes: np.ndarray  # (n, 2): output (height, width) of an image, (length, 0) of a text
+    bounds: list[int]  # batch b is units bounds[b]:bounds[b + 1]
+
+
+def plan_units(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None) -> Units:
+    """Distinct (image, img_num) of the job's element kind, or text sequences, batched by identical shape."""
+    dataset.check_structure()
+    plan = dataset.plan
+    samples = dataset.element_samples()
+    if job.modality == "text":
+        documents = np.asarray(dataset.tokens.document_indices, dtype=np.int64)
+        if plan is None:
+            items = np.arange(int(documents[-1]), dtype=np.int64)
+        else:
+            texts = plan["elements"]["kind"] == fmt.TEXT
+            items = np.unique(documents[samples[texts]] + plan["elements"]["payload"][texts])
+        img_nums = np.zeros(len(items), dtype=np.int64)
+        lengths = np.asarray(dataset.tokens.sequence_lengths, dtype=np.int64)[items]
+        shapes = np.stack([lengths, np.zeros_like(lengths)], axis=1)
+    else:
+        if plan is None:
+            raise ValueError(f"{dataset.prefix} is a text dataset: it has no images to precache")
+        if transform is None:
+            raise ValueError(f"{dataset.prefix}: no {job.transform} image transform in the config")
+        kind = fmt.VAE_IMAGE if job.transform == "vae" else fmt.VIT_IMAGE
+        chosen = plan["elements"]["kind"] == kind
+        images = plan["sample_image_offsets"][samples[chosen]] + plan["elements"]["payload"][chosen]
+        pairs = np.unique(np.stack([images, plan["elements"]["img_num"][chosen].astype(np.int64)], axis=1), axis=0)
+        pairs = pairs.reshape(-1, 2)
+        items, img_nums = pairs[:, 0], pairs[:, 1]
+        info = plan["image_info"][items]
+        widths, heights = transform.output_shapes(info["width"], info["height"], img_nums)
+        shapes = np.stack([np.asarray(heights, np.int64), np.asarray(widths, np.int64)], axis=1).reshape(-1, 2)
+    order = np.lexsort((img_nums, items, shapes[:, 1], shapes[:, 0]))
+    items, img_nums, shapes = items[order], img_nums[order], shapes[order]
+    bounds = [0]
+    for start in [*np.flatnonzero(np.any(np.diff(shapes, axis=0) != 0, axis=1)).tolist(), len(items) - 1]:
+        end = start + 1
+        while bounds[-1] < end:
+            bounds.append(min(end, bounds[-1] + job.batch_size))
+    return Units(items, img_nums, shapes, bounds)
+
+
+class _Partial:
+    """The ``.partial`` files of an interrupted or running job, and what they already hold."""
+
+    def __init__(self, prefix: str, name: str, fingerprint: dict[str, Any], bounds: list[int]):
+        self.paths = {role: Path(str(fmt.encoding_path(prefix, name, role)) + ".partial")
+                      for role in fmt.ENCODING_ROLES}
+        self.job_path = Path(str(fmt.encoding_path(prefix, name, "json")) + ".job")
+        self.fingerprint = json.dumps(fingerprint, sort_keys=True)
+        lines = self.job_path.read_text().split("\n") if self.job_path.exists() else []
+        same = lines[:1] == [self.fingerprint]
+        self.store = lines[1] if same and len(lines) > 1 else None  # what the encoder's output made of --store
+        table = self.paths["idx"].read_bytes() if same and self.paths["idx"].exists() else b""
+        done = len(table) // RECORD_SIZE
+        self.batches = max(b for b in range(len(bounds)) if bounds[b] <= done)  # whole batches on disk
+        self.records = np.frombuffer(table[: bounds[self.batches] * RECORD_SIZE], fmt.ENCODING_RECORD).copy()
+        end = int(self.records["offset"][-1] + self.records["nbytes"][-1]) if len(self.records) else 0
+        if not same or not self.paths["bin"].exists() or self.paths["bin"].stat().st_size < end:
+            self.batches, self.records, end = 0, self.records[:0], 0
+        if not same:
+            with errors_naming(self.job_path):
+                self.job_path.write_text(self.fingerprint)
+        self.values = open(self.paths["bin"], "r+b" if end else "wb")
+        self.values.truncate(end)
+        self.values.seek(end)
+        self.table = open(self.paths["idx"], "r+b" if len(self.records) else "wb")
+        self.table.truncate(len(self.records) * RECORD_SIZE)
+        self.table.seek(0, os.SEEK_END)
+
+    def note_store(self, store: str) -> None:
+        """Record (once) the store the encoder's output type gives, for a rerun that has no batch left to run."""
+        if self.store != store:
+            with errors_naming(self.job_path):
+                self.job_path.write_text(f"{self.fingerprint}\n{store}")
+            self.store = store
+
+    def append(self, values: list[torch.Tensor], items: np.ndarray, img_nums: np.ndarray) -> None:
+        """Write one batch's values (each at an aligned offset), fsync them, then its records."""
+        records = np.zeros(len(values), fmt.ENCODING_RECORD)
+        for record, value, item, img_num in zip(records, values, items, img_nums, strict=True):
+            offset = aligned(self.values.tell())
+            self.values.write(b"\0" * (offset - self.values.tell()))
+            data = value.contiguous().view(-1).view(torch.uint8).numpy() if value.numel() else b""
+            self.values.write(data)
+            record["item"], record["img_num"], record["ndim"] = item, img_num, value.dim()
+            record["shape"][: value.dim()] = value.shape
+            record["offset"], record["nbytes"] = offset, value.numel() * value.element_size()
+        with errors_naming(self.paths["bin"]):
+            self.values.flush()
+            os.fsync(self.values.fileno())
+        with errors_naming(self.paths["idx"]):
+            self.table.write(records.tobytes())
+            self.table.flush()
+            os.fsync(self.table.fileno())
+        self.records = np.concatenate([self.records, records])
+
+    def close(self) -> None:
+        self.values.close()
+        self.table.close()
+
+
+def _transform_args(transform: ImageTransform | None) -> dict[str, Any] | None:
+    return None if transform is None else json.loads(json.dumps(dataclasses.asdict(transform)))
+
+
+def precache_dataset(prefix: str, job: Job, transform: ImageTransform | None, *, device: str = "cpu",
+                     workers: int = 1, progress: bool = True,
+                     encoder: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Compute (or finish computing) ``P.enc.NAME`` for the dataset at ``prefix``; returns its metadata."""
+    dataset = MMIDXDataset(prefix)
+    units = plan_units(dataset, job, transform if job.modality == "image" else None)
+    transform_args = _transform_args(transform) if job.modality == "image" else None
+    fingerprint = {**dataclasses.asdict(job), "transform_args": transform_args, "dataset": dataset.checksum}
+    with output_lock(f"{prefix}.enc.{job.name}", "precache"):
+        partial = _Partial(prefix, job.name, fingerprint, units.bounds)
+        try:
+            store = _run(dataset, job, transform, units, partial, device, workers, progress, encoder)
+        finally:
+            partial.close()
+        return _commit(prefix, job, dataset, transform_args, units, partial, store)
+
+
+def _run(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, units: Units, partial: _Partial,
+         device: str, workers: int, progress: bool, encoder: Callable[..., Any] | None) -> str:
+    """Encode the batches the partial files do not hold yet; returns the store recorded."""
+    batches = len(units.bounds) - 1
+    store = partial.store or job.store
+    if partial.batches == batches:
+        return store
+    if encoder is None:
+        encoder = load_encoder(job.encoder)
+        if isinstance(encoder, torch.nn.Module):
+            encoder.to(device)
+    dtype = DTYPES[job.dtype]
+    started, done = time.perf_counter(), 0
+    pool = ThreadPoolExecutor(workers) if workers > 1 else None
+    try:
+        for b in range(partial.batches, batches):
+            start, end = units.bounds[b], units.bounds[b + 1]
+            items, img_nums = units.items[start:end], units.img_nums[start:end]
+            inputs = _inputs(dataset, job, transform, units, start, end, pool)
+            with torch.inference_mode():
+                result = encoder(inputs.to(device))
+                values, store = _outputs(result, job.store, items, img_nums)
+                values = values.to("cpu", dtype)
+            partial.note_store(store)
+            partial.append(list(values.unbind(0)), items, img_nums)
+            done += end - start
+            if progress:
+                rate = done / max(time.perf_counter() - started, 1e-9)
+                print(f"\rprecache {job.name}: {end}/{units.bounds[-1]} {job.modality}s ({rate:.1f}/s)",
+                      end="", file=sys.stderr, flush=True)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    if progress:
+        print(file=sys.stderr)
+    return store
+
+
+def _inputs(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, units: Units, start: int, end: int,
+            pool: ThreadPoolExecutor | None) -> torch.Tensor:
+    """The encoder's input of one batch: (B, 3, H, W) pixels exactly as packs make them, or (B, L) token ids."""
+    if job.modality == "text":
+        return torch.stack([torch.from_numpy(dataset.get_tokens(int(item)).astype(np.int64))
+                            for item in units.items[start:end]])
+    height, width = (int(n) for n in units.shapes[start])
+    batch = torch.empty(end - start, 3, height, width, dtype=torch.float32)
+    table = dataset.plan["image_info"]
+    offsets = dataset.plan["image_offsets"]
+
+    def render(slot: int) -> None:
+        item = int(units.items[start + slot])
+        data = dataset.image_bytes[int(offsets[item]):int(offsets[item + 1])]
+        where = f"{dataset.prefix}.images: image {item}"
+        try:
+            pixels = decode_rgb_pixels(data)
+        except (ImageError, RuntimeError) as error:
+            raise FormatError(f"{where}: {error}: the stored image is corrupted") from error
+        if (pixels.shape[1], pixels.shape[0]) != (int(table[item]["width"]), int(table[item]["height"])):
+            raise FormatError(f"{where} decodes to {pixels.shape[1]}x{pixels.shape[0]}, not the size image_info "
+                              "records: the dataset is corrupted")
+        transform.normalize_into(pixels, batch[slot])
+
+    for _ in (pool.map(render, range(end - start)) if pool is not None else map(render, range(end - start))):
+        pass
+    return batch
+
+
+def _commit(prefix: str, job: Job, dataset: MMIDXDataset, transform_args: dict[str, Any] | None, units: Units,
+            partial: _Partial, store: str) -> dict[str, Any]:
+    """Sort the records, write the table and the JSON, and rename everything into place (JSON last)."""
+    records = partial.records[np.lexsort((partial.records["img_num"], partial.records["item"]))]
+    write_table(partial.paths["idx"], records)
+    files = {role: {"bytes": partial.paths[role].stat().st_size, fmt.FILE_HASH: fmt.hash_file(partial.paths[role])}
+             for role in ("bin", "idx")}
+    meta = {"format": "mmidx-encoding", "format_version": fmt.ENCODING_VERSION, "name": job.name,
+            "modality": job.modality, "transform": job.transform if job.modality == "image" else None,
+            "transform_args": transform_args, "img_num_rule": IMG_NUM_RULE if job.modality == "image" else None,
+            "encoder": job.encoder, "weights_version": job.weights_version, "dtype": job.dtype, "store": store,
+            "shape_rule": {"image": "(C, h, w) per image; moments (2, C, h, w) = (mean, logvar)",
+                           "text": "(L, D) per sequence"}[job.modality],
+            "dataset": {"checksum": dataset.checksum, "samples": len(dataset)},
+            "counts": {"records": len(records)}, "files": files}
+    write_json(partial.paths["json"], meta)
+    final = {role: fmt.encoding_path(prefix, job.name, role) for role in fmt.ENCODING_ROLES}
+    final["json"].unlink(missing_ok=True)  # the old stream stops opening before any of its files is replaced
+    for role in fmt.ENCODING_ROLES:
+        os.replace(partial.paths[role], final[role])
+    partial.job_path.unlink(missing_ok=True)
+    fmt.fsync_directory(Path(prefix).resolve().parent)
+    return meta
+
+
+
+def precache(path: str, job: Job, *, device: str = "cpu", workers: int = 1,
+             progress: bool = True) -> list[dict[str, Any]]:
+    """Precache every dataset of a data YAML (each through its group's transform), or one dataset prefix
+    (BAGEL's transforms for its source type); returns each stream's metadata."""
+    from mmidx.config import config_for
+
+    config = config_for([path])
+    transforms: dict[str, ImageTransform | None] = {}
+    for group in config.groups:
+        transform = None if job.modality == "text" else group.vae_transform if job.transform == "vae" else \
+            group.vit_transform
+        for prefix in group.datasets:
+            if transforms.setdefault(prefix, transform) != transform:
+                raise ValueError(f"{prefix} is in groups with different {job.transform} transforms: one encoding "
+                                 "stream has one transform; precache it under two names from two data YAMLs")
+    encoder = load_encoder(job.encoder)  # once for every dataset, and before anything is written
+    if isinstance(encoder, torch.nn.Module):
+        encoder.to(device)
+    return [precache_dataset(prefix, job, transform, device=device, workers=workers, progress=progress,
+                             encoder=encoder) for prefix, transform in transforms.items()]

@@ -1,0 +1,306 @@
+"""Precached encodings: the encoder sees the pack's own pixels, packs carry the stored records, a
+killed precache resumes byte-identically, and streams from other inputs are refused."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import encoders
+import numpy as np
+import pytest
+import torch
+
+from mmidx import format as fmt
+from mmidx.builder import DatasetBuilder, Element, StoredImage
+from mmidx.config import DataConfig, DropoutConfig, GroupConfig
+from mmidx.dataset import MMIDXDataset
+from mmidx.encodings.precache import Job, precache_dataset
+from mmidx.format import FormatError
+from mmidx.images import ImageTransform
+from mmidx.packing import PackBuilder, PackItem
+
+TESTS = Path(__file__).parent
+VAE = ImageTransform(max_image_size=64, min_image_size=32, image_stride=16)
+VIT = ImageTransform(max_image_size=56, min_image_size=28, image_stride=14)
+SPECIAL = {"bos_token_id": 1, "eos_token_id": 2, "start_of_image": 3, "end_of_image": 4}
+SIZES = [(64, 48), (40, 70), (64, 48), (33, 33), (90, 40), (48, 64)]
+
+
+def _noise_png(width, height, seed):
+    import io
+
+    from PIL import Image
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    stream = io.BytesIO()
+    Image.fromarray(pixels).save(stream, format="PNG")
+    return StoredImage(stream.getvalue(), width, height, "PNG", "RGB")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A t2i dataset (caption, noised image) and an edit dataset (clean image, vit image, text, noised image)."""
+    folder = tmp_path_factory.mktemp("precache")
+    with DatasetBuilder(folder / "t2i", vocab_size=1000, special_tokens=SPECIAL) as builder:
+        for i, (width, height) in enumerate(SIZES):
+            builder.add_sample([list(range(5, 9 + i))], [_noise_png(width, height, i)],
+                               [[Element("text", 0, enable_cfg=True), Element("vae_image", 0, loss=True)]])
+        builder.finalize()
+    with DatasetBuilder(folder / "edit", vocab_size=1000, special_tokens=SPECIAL) as builder:
+        for i in range(4):
+            images = [_noise_png(*SIZES[i], 10 + i), _noise_png(*SIZES[i + 1], 20 + i)]
+            builder.add_sample([list(range(10, 14 + i))], images, [[
+                Element("vae_image", 0, enable_cfg=True), Element("vit_image", 0, enable_cfg=True),
+                Element("text", 0, loss=True), Element("vae_image", 1, loss=True, img_num=2)]])
+        builder.finalize()
+    return folder
+
+
+def _config(folder, **group):
+    return DataConfig(groups=(GroupConfig("t2i", (str(folder / "t2i"),), image_transform=VAE, **group),
+                              GroupConfig("edit", (str(folder / "edit"),), image_transform=VAE,
+                                          vit_image_transform=VIT, **group)), seed=3)
+
+
+def _precache(folder, name, job=None, **options):
+    job = job or Job(name, "encoders:vae", dtype="fp32", batch_size=2)
+    return [precache_dataset(str(folder / d), job, VAE, progress=False, **options) for d in ("t2i", "edit")]
+
+
+def _packs(builder, folder):
+    items = [PackItem(0, 0, s, 0) for s in range(len(SIZES))] + [PackItem(1, 0, s, 0) for s in range(4)]
+    return [builder.build(k, items[k::3]) for k in range(3)]
+
+
+def test_stored_latents_are_the_encoder_on_the_packs_own_pixels(data):
+    _precache(data, "mean", Job("mean", "encoders:vae", store="mean", dtype="fp32", batch_size=2))
+    pixel_builder = PackBuilder(_config(data), special_tokens=SPECIAL)
+    latent_builder = PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"vae": "mean"})
+    model = encoders.vae()
+    for pixels, latents in zip(_packs(pixel_builder, data), _packs(latent_builder, data), strict=True):
+        assert "padded_images" not in latents.tensors and "padded_latent" in latents.tensors
+        assert pixels.patchified_vae_latent_shapes == latents.patchified_vae_latent_shapes
+        assert torch.equal(pixels.packed_vit_tokens, latents.packed_vit_tokens)  # ViT keeps pixels
+        for slot, (h, w) in enumerate(pixels.patchified_vae_latent_shapes):
+            image = pixels.padded_images[slot:slot + 1, :, :h * 16, :w * 16]
+            with torch.no_grad():
+                expected = model(image)[0][0]  # the encoder on the pack's own unpadded pixels
+            got = latents.padded_latent[slot]
+            torch.testing.assert_close(got[:, :2 * h, :2 * w], expected, rtol=1e-5, atol=1e-5)
+            assert not got[:, 2 * h:].any() and not got[:, :, 2 * w:].any()  # BAGEL's padded layout
+        for key, value in pixels.tensors.items():
+            if key != "padded_images":
+                assert str(latents.tensors[key]) == str(value), key
+
+
+def test_records_round_trip_exactly_and_packs_carry_them(data, monkeypatch):
+    metas = _precache(data, "bf", Job("bf", "encoders:vae_mean", dtype="bf16", batch_size=4))
+    assert [meta["store"] for meta in metas] == ["tensor", "tensor"]
+    builder = PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"vae": "bf"})
+    pack = builder.build(0, [PackItem(0, 0, 1, 0), PackItem(1, 0, 2, 0)])
+    sample = MMIDXDataset(data / "edit")[2]
+    stored = [MMIDXDataset(data / "t2i")[1].encoding("bf", 0), sample.encoding("bf", 0), sample.encoding("bf", 1, 2)]
+    assert all(value.dtype == torch.bfloat16 for value in stored)
+    for slot, value in enumerate(stored):
+        h, w = value.shape[1:]
+        assert torch.equal(pack.padded_latent[slot, :, :h, :w], value.float())
+    with pytest.raises(FormatError, match="no record"):
+        sample.encoding("bf", 1, 1)  # that image is used with img_num 2 only
+    import mmidx.packing
+
+    def no_decoding(data):
+        raise AssertionError("an image was decoded")
+
+    monkeypatch.setattr(mmidx.packing, "decode_rgb_pixels", no_decoding)
+    t2i = builder.build(1, [PackItem(0, 0, s, 0) for s in range(len(SIZES))])  # VAE images only: none decoded
+    assert len(t2i.padded_latent) == len(SIZES)
+    no_dropout = PackBuilder(dataclasses.replace(_config(data), dropout=DropoutConfig(0, 0, 0)),
+                             special_tokens=SPECIAL, encodings={"vae": "bf"})
+    with pytest.raises(AssertionError, match="decoded"):
+        no_dropout.build(1, [PackItem(1, 0, 0, 0)])  # an edit sample's ViT image keeps its pixels
+
+
+def test_moments_are_sampled_per_pack_and_batches_stay_a_function_of_the_pack(data):
+    _precache(data, "mom", Job("mom", "encoders:vae", dtype="fp32", batch_size=3))
+    builder = PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"vae": "mom"})
+    items = [PackItem(0, 0, 0, 0), PackItem(0, 0, 2, 0)]  # the same image size twice
+    first, again, other = builder.build(5, items), builder.build(5, items), builder.build(6, items)
+    assert torch.equal(first.padded_latent, again.padded_latent)
+    assert not torch.equal(first.padded_latent, other.padded_latent)
+    moments = MMIDXDataset(data / "t2i")[0].encoding("mom", 0)
+    c, h, w = moments.shape[1:]
+    generator = np.random.Generator(np.random.Philox(key=3, counter=[0, 1, 0, 5]))
+    noise = torch.from_numpy(generator.standard_normal((c, h, w), dtype=np.float32))
+    torch.testing.assert_close(first.padded_latent[0, :, :h, :w], moments[0] + torch.exp(0.5 * moments[1]) * noise)
+
+
+def test_text_embeddings_are_packed_per_token_with_their_indexes(data):
+    job = Job("txt", "encoders:text", modality="text", dtype="fp32", batch_size=2)
+    _precache(data, "txt", job)
+    builder = PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"text": "txt"})
+    pack = builder.build(0, [PackItem(1, 0, 1, 0), PackItem(0, 0, 3, 0)])
+    ids = pack.packed_text_ids[torch.searchsorted(pack.packed_text_indexes, pack.packed_text_embedding_indexes)]
+    model = encoders.text()
+    with torch.no_grad():
+        torch.testing.assert_close(pack.packed_text_embeddings, model(ids[None])[0], rtol=1e-6, atol=1e-6)
+    assert len(pack.packed_text_embedding_indexes) == 5 + 7  # every caption token, no framing tokens
+    assert "padded_images" in pack.tensors  # images untouched
+
+
+def test_a_text_dataset_gets_one_embedding_per_sequence(tmp_path):
+    from mmidx.encodings.precache import precache
+
+    with DatasetBuilder(tmp_path / "t", kind="text", vocab_size=1000) as builder:
+        for i in range(3):
+            builder.add_document([list(range(3, 6 + i)), [7, 8]])
+        builder.finalize()
+    (meta,) = precache(str(tmp_path / "t"), Job("tx", "encoders:text", modality="text", dtype="fp32"), progress=False)
+    assert (meta["counts"]["records"], meta["transform"], meta["store"]) == (6, None, "tensor")
+    sample = MMIDXDataset(tmp_path / "t")[2]
+    with torch.no_grad():
+        expected = encoders.text()(torch.tensor([[3, 4, 5, 6, 7]]))[0]
+    torch.testing.assert_close(sample.encoding("tx", 0), expected, rtol=1e-6, atol=1e-6)
+    assert sample.encoding("tx", 1).shape == (2, 6)
+
+
+def _run(folder, *extra, env=None):
+    config = folder / "k9.yaml"  # the t2i dataset through the tests' small VAE transform
+    config.write_text(json.dumps({"groups": {"t2i": {"datasets": ["t2i"], "image_transform_args": {
+        "max_image_size": VAE.max_image_size, "min_image_size": VAE.min_image_size,
+        "image_stride": VAE.image_stride}}}}))
+    return subprocess.run([sys.executable, "-m", "mmidx.cli", "precache", str(config), "--encoder",
+                           "encoders:vae", "--name", "k9", "--batch-size", "1", "--quiet", "--workers", "2", *extra],
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]),
+                               **(env or {})}, capture_output=True, text=True, timeout=120)
+
+
+def test_kill_9_during_precache_then_rerun_is_byte_identical(data):
+    job = Job("k9", "encoders:vae", batch_size=1)  # what the command line below asks for
+    precache_dataset(str(data / "t2i"), job, VAE, progress=False, workers=2)  # the uninterrupted run
+    expected = {role: fmt.encoding_path(data / "t2i", "k9", role).read_bytes() for role in fmt.ENCODING_ROLES}
+    for role in fmt.ENCODING_ROLES:
+        fmt.encoding_path(data / "t2i", "k9", role).unlink()
+    killed = _run(data, env={"MMIDX_TEST_KILL_AT_CALL": "4"})
+    assert killed.returncode == -9
+    assert not fmt.encoding_path(data / "t2i", "k9", "json").exists()
+    with pytest.raises(FormatError, match="missing"):
+        MMIDXDataset(data / "t2i")[0].encoding("k9", 0)
+    partial = Path(str(fmt.encoding_path(data / "t2i", "k9", "idx")) + ".partial")
+    assert partial.stat().st_size == 3 * fmt.ENCODING_RECORD.itemsize  # three batches were on disk
+    resumed = _run(data, env={"MMIDX_TEST_KILL_AT_CALL": "1"})  # would die if it re-encoded from the start...
+    assert resumed.returncode == -9  # ...it does die at its first call: the 4th batch, not the first
+    assert partial.stat().st_size == 3 * fmt.ENCODING_RECORD.itemsize
+    finished = _run(data, "--device", "cpu", "--workers", "1")
+    assert finished.returncode == 0, finished.stderr
+    for role in fmt.ENCODING_ROLES:
+        assert fmt.encoding_path(data / "t2i", "k9", role).read_bytes() == expected[role], role
+    assert not list(data.glob("t2i.enc.k9.*.partial")) and not list(data.glob("t2i.enc.k9.*.job"))
+
+
+def test_streams_from_other_inputs_are_refused_naming_the_difference(data, tmp_path):
+    _precache(data, "ref", Job("ref", "encoders:vae_mean", dtype="fp16", batch_size=8))
+    other = ImageTransform(max_image_size=48, min_image_size=32, image_stride=16)
+    config = DataConfig(groups=(GroupConfig("t2i", (str(data / "t2i"),), image_transform=other,
+                                            encodings=(("vae", "ref"),)),))
+    with pytest.raises(ValueError, match="max_image_size 64 vs the config's 48"):
+        PackBuilder(config, special_tokens=SPECIAL)
+    with pytest.raises(ValueError, match="text encodings"):
+        PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"text": "ref"})
+    copy = tmp_path / "t2i"  # the same files, rebuilt: another dataset checksum
+    with DatasetBuilder(copy, vocab_size=1000) as builder:
+        builder.add_sample([[5]], [_noise_png(32, 32, 0)], [[Element("vae_image", 0, loss=True)]])
+        builder.finalize()
+    for role in fmt.ENCODING_ROLES:
+        fmt.encoding_path(copy, "ref", role).write_bytes(fmt.encoding_path(data / "t2i", "ref", role).read_bytes())
+    with pytest.raises(FormatError, match="another version"):
+        MMIDXDataset(copy)[0].encoding("ref", 0)
+
+
+@pytest.mark.parametrize("role", ["bin", "idx", "json"])
+def test_a_truncated_or_corrupted_stream_is_a_format_error_naming_the_file(data, tmp_path, role):
+    import shutil
+
+    from mmidx.encodings.store import EncodingStream
+    _precache(data, "cut", Job("cut", "encoders:vae_mean", dtype="fp32", batch_size=8))
+    prefix = tmp_path / "t2i"
+    for path in data.glob("t2i.*"):
+        if not path.name.endswith(".lock"):
+            shutil.copy(path, tmp_path / path.name)
+    path = fmt.encoding_path(prefix, "cut", role)
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(FormatError, match=str(path)):
+        EncodingStream.open(prefix, "cut", MMIDXDataset(prefix).checksum)
+
+
+def _copy(data, folder, name):
+    import shutil
+
+    for path in data.glob("*"):
+        dataset_file = path.name.endswith((".idx", ".bin", ".images", ".plan", ".json"))
+        if dataset_file and (".enc." not in path.name or f".enc.{name}." in path.name):
+            shutil.copy(path, folder / path.name)
+    return folder
+
+
+def test_verify_and_inspect_know_encodings(data, tmp_path, capsys):
+    from mmidx.checks import summary, verify
+    from mmidx.cli import main
+
+    _precache(data, "vi", Job("vi", "encoders:vae_mean", dtype="fp16", batch_size=8, weights_version="v1"))
+    folder = _copy(data, tmp_path, "vi")
+    assert verify(folder / "edit") == []
+    info = summary(MMIDXDataset(folder / "edit"))["encodings"]
+    assert [(e["name"], e["records"], e["store"], e["weights_version"]) for e in info] == [("vi", 8, "tensor", "v1")]
+    assert main(["inspect", str(folder / "edit")]) == 0
+    assert "encoding vi      8 image records (tensor, fp16" in capsys.readouterr().out
+    path = fmt.encoding_path(folder / "edit", "vi", "bin")
+    raw = bytearray(path.read_bytes())
+    raw[100] ^= 1
+    path.write_bytes(bytes(raw))
+    problems = verify(folder / "edit")
+    assert len(problems) == 1 and str(path) in problems[0] and "checksum" in problems[0]
+    assert main(["verify", str(folder / "edit")]) == 1
+
+
+def test_bench_reports_latents_against_pixels_from_a_data_yaml(data, tmp_path, capsys):
+    import yaml
+
+    from mmidx.cli import main
+    folder = _copy(data, tmp_path, "none")
+    transform = {"max_image_size": 64, "min_image_size": 32, "image_stride": 16}
+    spec = {"groups": {"t2i": {"datasets": ["t2i"], "image_transform_args": transform},
+                       "edit": {"datasets": ["edit"], "image_transform_args": transform,
+                                "vit_image_transform_args": {"max_image_size": 56, "min_image_size": 28,
+                                                             "image_stride": 14}}},
+            "packing": {"expected_num_tokens": 200, "max_num_tokens": 400, "max_num_tokens_per_sample": 200,
+                        "prefer_buffer_before": 100, "max_buffer_size": 4}}
+    (folder / "data.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["precache", str(folder / "data.yaml"), "--encoder", "encoders:vae", "--name", "b", "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(line.split(" of ")[0] for line in lines) == ["b: 6 image encodings (moments, bf16)",
+                                                               "b: 8 image encodings (moments, bf16)"]
+    assert main(["bench", str(folder / "data.yaml"), "--encodings", "b", "--packs", "3", "--workers", "0",
+                 "--masks", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "the same with precached latents (b: padded_latent instead of padded_images)" in out
+    assert "tokens/s with latents" in out
+    spec["groups"]["t2i"]["encodings"] = spec["groups"]["edit"]["encodings"] = {"vae": "b"}
+    (folder / "data.yaml").write_text(yaml.safe_dump(spec))
+    from mmidx.bagel import trainer_loader  # BAGEL's trainer gets padded_latent from the YAML's encodings
+
+    loader = trainer_loader(folder / "data.yaml", special_tokens=SPECIAL, expected_num_tokens=200, max_num_tokens=400,
+                            max_num_tokens_per_sample=200, prefer_buffer_before=100, max_buffer_size=4)
+    data = next(iter(loader)).to_dict()
+    assert "padded_latent" in data and "padded_images" not in data
+    assert len(data["padded_latent"]) == len(data["patchified_vae_latent_shapes"])
+
+
+def test_a_second_precache_of_the_same_stream_is_refused_while_one_runs(data):
+    from mmidx.build.lock import output_lock
+    from mmidx.build.plan import BuildError
+
+    with output_lock(f"{data / 't2i'}.enc.busy", "precache"), pytest.raises(BuildError, match="another precache"):
+        precache_dataset(str(data / "t2i"), Job("busy", "encoders:vae"), VAE, progress=False)
+    assert not list(data.glob("t2i.enc.busy.*"))  # nothing written
