@@ -592,7 +592,7 @@ class PackedBatch:
         }
         if pack.vae_latents:
             with stage("assemble"):
-                tensors["padded_latent"] = encoded.padded_latent(pack.vae_latents, *noise)
+                tensors["padded_latent"] = encoded.padded_latent(pack.vae_latents, *noise, _batch_buffer)
         if pack.text_embeddings:
             tensors.update(packed_text_embeddings=torch.cat([value.float() for value in pack.text_embeddings]),
                            packed_text_embedding_indexes=_cat(pack.text_embedding_indexes, np.int64))

@@ -2,15 +2,18 @@
 
 ``padded_latent`` is BAGEL's ``vae_model.encode(padded_images)`` in its padded layout: (n, C, max h,
 max w) float32, each latent top-left, zeros elsewhere, in the order of ``patchified_vae_latent_shapes``.
-Moments are sampled per pack, from Philox keyed by (seed, pack, VAE slot): a pure function of
-(config, seed, pack) like every other draw of a pack.
+Moments are sampled per pack: the noise of VAE slot s of pack k is ``torch.randn`` from a torch
+generator seeded with the first 64-bit output of Philox keyed by (seed, counter (0, 1, s, k)) (torch's
+CPU generator keeps its low 32 bits, so two slots share a noise stream with probability 2^-32 per
+pair): a pure function of (config, seed, pack) like every other draw of a pack, and 2-4x cheaper than
+Philox's own normals.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -81,24 +84,35 @@ def latent(stream: EncodingStream, item: int, img_num: int, height: int, width: 
     return value
 
 
-def padded_latent(latents: list[torch.Tensor], seed: int, pack_index: int) -> torch.Tensor:
-    """(n, C, max h, max w) float32, each latent top-left, zeros elsewhere; moments sampled per pack slot."""
+def noise_generator(seed: int, pack_index: int, slot: int) -> torch.Generator:
+    """The generator of the noise of VAE slot ``slot`` of pack ``pack_index`` (the rule of the module's docstring)."""
+    key = np.random.Philox(key=seed, counter=[0, 1, slot, pack_index]).random_raw()
+    return torch.Generator().manual_seed(int(key))
+
+
+def padded_latent(latents: list[torch.Tensor], seed: int, pack_index: int,
+                  allocate: Callable[..., torch.Tensor] = torch.empty) -> torch.Tensor:
+    """(n, C, max h, max w) float32 from ``allocate``, each latent top-left, zeros elsewhere; moments sampled
+    per pack slot, written in place (mean + exp(logvar / 2) * noise, with no float copy of the moments)."""
     channels = latents[0].shape[-3]
     if any(value.shape[-3] != channels for value in latents):
         raise FormatError("the precached latents of one pack have different channel counts: the streams come from "
                           "different encoders; use one encoding name for every group")
     height, width = max(value.shape[-2] for value in latents), max(value.shape[-1] for value in latents)
-    padded = torch.empty(len(latents), channels, height, width)
+    padded = allocate(len(latents), channels, height, width)
+    noise = torch.empty(channels * height * width)
     for slot, value in enumerate(latents):
         h, w = value.shape[-2:]
         padded[slot, :, h:].zero_()
         padded[slot, :, :h, w:].zero_()
-        if value.dim() == 4:  # moments: mean + exp(logvar / 2) * noise, noise from the pack's generator
-            generator = np.random.Generator(np.random.Philox(key=seed, counter=[0, 1, slot, pack_index]))
-            noise = torch.from_numpy(generator.standard_normal((channels, h, w), dtype=np.float32))
-            padded[slot, :, :h, :w] = value[0].float() + torch.exp(0.5 * value[1].float()) * noise
+        target = padded[slot, :, :h, :w]
+        if value.dim() == 4:
+            draw = torch.randn((channels, h, w), generator=noise_generator(seed, pack_index, slot),
+                               out=noise[: channels * h * w].view(channels, h, w))
+            torch.mul(value[1], 0.5, out=target)
+            target.exp_().mul_(draw).add_(value[0])
         else:
-            padded[slot, :, :h, :w] = value
+            target.copy_(value)
     return padded
 
 
