@@ -96,6 +96,7 @@ class _Pack:
     timesteps: list[np.ndarray] = field(default_factory=list)
     mse_indexes: list[np.ndarray] = field(default_factory=list)
     vit_images: list[_ImageJob] = field(default_factory=list)
+    vit_embeddings: list[torch.Tensor] = field(default_factory=list)  # precached, instead of vit_images
     vit_position_ids: list[torch.Tensor] = field(default_factory=list)
     vit_indexes: list[np.ndarray] = field(default_factory=list)
     vit_seqlens: list[int] = field(default_factory=list)
@@ -196,9 +197,11 @@ class PackBuilder:
     "resize", "normalise", "assemble"), it returns a context manager that times that stage; by
     default a shared no-op, so building costs the same as without it.
 
-    ``encodings`` ({"vae": NAME, "text": NAME}, else each group's ``encodings``) uses precached
-    encodings (:mod:`mmidx.encodings`): VAE elements bring ``padded_latent`` instead of
-    ``padded_images`` (their images are never decoded), texts bring ``packed_text_embeddings`` at
+    ``encodings`` ({"vae": NAME, "vit": NAME, "text": NAME}, else each group's ``encodings``) uses
+    precached encodings (:mod:`mmidx.encodings`): VAE elements bring ``padded_latent`` instead of
+    ``padded_images`` (their images are never decoded); with "vit" (a frozen ViT's precached
+    patch-embedding outputs), ViT elements bring ``packed_vit_embeddings`` (tokens, D) in the rows of
+    ``packed_vit_tokens``, which is left out; texts bring ``packed_text_embeddings`` at
     ``packed_text_embedding_indexes``; streams computed from other inputs are refused.
     """
 
@@ -267,6 +270,11 @@ class PackBuilder:
         height, width = _output_size(transform, image.width, image.height, img_num)
         return _ImageJob((item.group, item.dataset, item.sample, payload), sample, transform, img_num, height, width)
 
+    @staticmethod
+    def _stored_image(sample: Sample, job: _ImageJob) -> int:
+        """The dataset-wide number of the stored image of ``job`` (what encoding streams are keyed by)."""
+        return int(sample.dataset.plan["sample_image_offsets"][sample.index]) + job.key[3]
+
     def _add_sample(self, pack: _Pack, item: PackItem, sample: Sample,
                     elements: np.ndarray, uniforms: np.ndarray, normals: np.ndarray) -> None:
         group: GroupConfig = self.config.groups[item.group]
@@ -327,7 +335,12 @@ class PackBuilder:
                 pack.vit_indexes.append(np.arange(pack.curr, pack.curr + tokens))
                 pack.curr += tokens
                 split_len += tokens
-                pack.vit_images.append(job)
+                if "vit" in uses:
+                    pack.vit_embeddings.append(encoded.vit_embedding(
+                        open_stream(sample.dataset, uses["vit"]), self._stored_image(sample, job), job.img_num,
+                        job.height // patch, job.width // patch))
+                else:
+                    pack.vit_images.append(job)
                 pack.vit_seqlens.append(tokens)
                 pack.vit_position_ids.append(self._position_ids(
                     job.height, job.width, patch, geometry.max_num_patch_per_side))
@@ -344,9 +357,9 @@ class PackBuilder:
                 height, width = job.height // down, job.width // down
                 latent_tokens = height * width
                 if "vae" in uses:
-                    image = int(sample.dataset.plan["sample_image_offsets"][sample.index]) + job.key[3]
-                    pack.vae_latents.append(encoded.latent(open_stream(sample.dataset, uses["vae"]), image,
-                                                           job.img_num, job.height, job.width, down))
+                    pack.vae_latents.append(encoded.latent(open_stream(sample.dataset, uses["vae"]),
+                                                           self._stored_image(sample, job), job.img_num,
+                                                           job.height, job.width, down))
                 else:
                     pack.vae_images.append(job)
                 pack.vae_shapes.append((height, width))
@@ -585,6 +598,9 @@ class PackedBatch:
         if pack.vae_images and pack.vae_latents:
             raise ValueError("a pack mixes VAE images with precached latents: name the vae encodings for every "
                              "group with VAE images (or for none)")
+        if pack.vit_images and pack.vit_embeddings:
+            raise ValueError("a pack mixes ViT images with precached ViT encodings: name the vit encodings for "
+                             "every group with ViT images (or for none)")
         tensors: dict[str, Any] = {
             "packed_text_ids": _cat(pack.text_ids, np.int64),
             "packed_text_indexes": _cat(pack.text_indexes, np.int64),
@@ -603,8 +619,11 @@ class PackedBatch:
             tensors.update(patchified_vae_latent_shapes=pack.vae_shapes,
                            packed_latent_position_ids=torch.cat(pack.latent_position_ids),
                            packed_vae_token_indexes=_cat(pack.vae_indexes, np.int64))
-        if pack.vit_images:
-            if not deferred:
+        if pack.vit_embeddings:
+            with stage("assemble"):
+                tensors["packed_vit_embeddings"] = encoded.packed_vit_embeddings(pack.vit_embeddings, _batch_buffer)
+        if pack.vit_images or pack.vit_embeddings:
+            if pack.vit_images and not deferred:
                 with stage("normalise"):
                     tensors["packed_vit_tokens"] = _vit_tokens(pack.vit_images, pack.vit_seqlens, vit_patch_size,
                                                                pixels)

@@ -46,6 +46,18 @@ class TinyText(torch.nn.Module):
         return self.mix(self.embed(ids))
 
 
+class TinyViT(torch.nn.Module):
+    """A frozen ViT's patch embedding: a conv with kernel = stride = the patch size, (B, 3, H, W) → (B, 8, H/p, W/p)."""
+
+    def __init__(self, patch=14):
+        super().__init__()
+        self.embed = torch.nn.Conv2d(3, 8, kernel_size=patch, stride=patch)
+
+    def forward(self, images):
+        _maybe_die()
+        return self.embed(images)
+
+
 def vae():
     torch.manual_seed(0)
     return TinyVAE()
@@ -55,6 +67,11 @@ def vae_mean():
     """A callable returning one tensor (stored as is)."""
     model = vae()
     return lambda images: model(images)[0]
+
+
+def vit():
+    torch.manual_seed(2)
+    return TinyViT()
 
 
 def text():

@@ -136,6 +136,61 @@ def test_moments_are_sampled_per_pack_and_batches_stay_a_function_of_the_pack(da
     torch.testing.assert_close(first.padded_latent[0, :, :h, :w], moments[0] + torch.exp(0.5 * moments[1]) * noise)
 
 
+def test_vit_encodings_are_the_encoder_on_the_packs_own_vit_pixels_in_token_order(data):
+    job = Job("vitenc", "encoders:vit", transform="vit", dtype="fp32", batch_size=2)
+    precache_dataset(str(data / "edit"), job, VIT, progress=False)
+    _precache(data, "mean2", Job("mean2", "encoders:vae", store="mean", dtype="fp32", batch_size=2))
+    config = _config(data)
+    uses = [(("vae", "mean2"),), (("vae", "mean2"), ("vit", "vitenc"))]
+    config = dataclasses.replace(config, groups=tuple(dataclasses.replace(group, encodings=use)
+                                                      for group, use in zip(config.groups, uses, strict=True)))
+    no_dropout = dataclasses.replace(config, dropout=DropoutConfig(0, 0, 0))
+    model, patch, compared = encoders.vit(), VIT.image_stride, 0
+    for pixel_config in (config, no_dropout):
+        pixels = PackBuilder(dataclasses.replace(pixel_config, groups=tuple(
+            dataclasses.replace(group, encodings=()) for group in pixel_config.groups)), special_tokens=SPECIAL)
+        encoded = PackBuilder(pixel_config, special_tokens=SPECIAL)
+        items = [PackItem(1, 0, s, 0) for s in range(4)] + [PackItem(0, 0, 0, 0)]
+        for k, chosen in enumerate((items, items[1::2])):
+            want, got = pixels.build(k, chosen), encoded.build(k, chosen)
+            if "packed_vit_tokens" not in want.tensors:
+                continue
+            assert "packed_vit_tokens" not in got.tensors and "padded_images" not in got.tensors
+            start, expected = 0, []
+            for h, w in _vit_grids(want, config.geometry.max_num_patch_per_side):
+                tokens = want.packed_vit_tokens[start:start + h * w]
+                image = tokens.view(h, w, patch, patch, 3).permute(4, 0, 2, 1, 3).reshape(1, 3, h * patch, w * patch)
+                with torch.no_grad():
+                    expected.append(model(image)[0].permute(1, 2, 0).reshape(h * w, -1))
+                start += h * w
+            torch.testing.assert_close(got.packed_vit_embeddings, torch.cat(expected), rtol=1e-5, atol=1e-5)
+            for key in ("packed_vit_token_indexes", "packed_vit_position_ids", "vit_token_seqlens"):
+                assert torch.equal(got.tensors[key], want.tensors[key]), key
+            compared += 1
+    assert compared >= 2  # at least the packs without dropout
+    wrong = dataclasses.replace(config, groups=(config.groups[0], dataclasses.replace(
+        config.groups[1], encodings=(("vit", "mean2"),))))
+    with pytest.raises(ValueError, match="vit needs image encodings of the vit transform"):
+        PackBuilder(wrong, special_tokens=SPECIAL)
+    precache_dataset(str(data / "edit"), Job("vit8", "encoders:vae_mean", transform="vit", dtype="fp32"), VIT,
+                     progress=False)  # patches of 8 pixels, not the config's 14
+    coarse = dataclasses.replace(no_dropout, groups=(config.groups[0], dataclasses.replace(
+        config.groups[1], encodings=(("vit", "vit8"),))))
+    with pytest.raises(FormatError, match=r"not \(D, \d+, \d+\) for its"):
+        PackBuilder(coarse, special_tokens=SPECIAL).build(0, [PackItem(1, 0, 0, 0)])
+
+
+def _vit_grids(batch, side):
+    """(h, w) in patches of each ViT image of ``batch``, from its position ids (row * side + column)."""
+    grids, start = [], 0
+    for count in batch.vit_token_seqlens.tolist():
+        ids = batch.packed_vit_position_ids[start:start + count]
+        width = int((ids % side).max()) + 1
+        grids.append((count // width, width))
+        start += count
+    return grids
+
+
 def test_text_embeddings_are_packed_per_token_with_their_indexes(data):
     job = Job("txt", "encoders:text", modality="text", dtype="fp32", batch_size=2)
     _precache(data, "txt", job)

@@ -24,11 +24,11 @@ from mmidx.config import DataConfig, GroupConfig
 from mmidx.encodings.store import IMG_NUM_RULE, EncodingStream, open_stream
 from mmidx.format import FormatError
 
-USES = {"vae": ("image", "vae"), "text": ("text", None)}  # what a stream must hold for each use
+USES = {"vae": ("image", "vae"), "vit": ("image", "vit"), "text": ("text", None)}  # what each use's stream holds
 
 
 def group_encodings(config: DataConfig, override: Mapping[str, str] | None) -> list[dict[str, str]]:
-    """Per group, the stream name of each use ("vae", "text"): ``override`` for every group, else the group's own."""
+    """Per group, the stream name of each use ("vae", "vit", "text"): ``override`` for all, else the group's own."""
     chosen = []
     for group in config.groups:
         names = dict(override if override is not None else group.encodings or {})
@@ -47,7 +47,8 @@ def mismatch(meta: dict[str, Any], group: GroupConfig, use: str) -> str | None:
                f"{modality} encodings{f' of the {transform} transform' if transform else ''}"
     if transform is None:
         return None
-    args = json.loads(json.dumps(dataclasses.asdict(group.vae_transform))) if group.vae_transform else None
+    used = group.vae_transform if transform == "vae" else group.vit_transform
+    args = json.loads(json.dumps(dataclasses.asdict(used))) if used else None
     recorded = meta.get("transform_args")
     if args != recorded:
         keys = sorted(set(args or {}) | set(recorded or {}))
@@ -114,6 +115,32 @@ def padded_latent(latents: list[torch.Tensor], seed: int, pack_index: int,
         else:
             target.copy_(value)
     return padded
+
+
+def vit_embedding(stream: EncodingStream, item: int, img_num: int, height: int, width: int) -> torch.Tensor:
+    """The stored (D, height, width) encoder output of an image the pack cuts into height x width ViT patches."""
+    value = stream.tensor(item, img_num)
+    if value.dim() != 3 or tuple(value.shape[1:]) != (height, width):
+        raise FormatError(f"{fmt.encoding_path(stream.prefix, stream.name, 'idx')}: image {item}'s record has shape "
+                          f"{tuple(value.shape)}, not (D, {height}, {width}) for its {height}x{width} ViT patches: "
+                          "corrupted or from another encoder (patch size) or transform")
+    return value
+
+
+def packed_vit_embeddings(values: list[torch.Tensor], allocate: Callable[..., torch.Tensor] = torch.empty) \
+        -> torch.Tensor:
+    """(tokens, D) float32: each image's (D, h, w) record row-major, in the order of ``packed_vit_tokens``."""
+    dims = values[0].shape[0]
+    if any(value.shape[0] != dims for value in values):
+        raise FormatError("the precached ViT encodings of one pack have different widths: the streams come from "
+                          "different encoders; use one encoding name for every group")
+    counts = [value.shape[1] * value.shape[2] for value in values]
+    packed = allocate(sum(counts), dims)
+    start = 0
+    for value, count in zip(values, counts, strict=True):
+        packed[start:start + count].view(value.shape[1], value.shape[2], dims).copy_(value.permute(1, 2, 0))
+        start += count
+    return packed
 
 
 def text_embedding(stream: EncodingStream, sequence: int, length: int) -> torch.Tensor:
