@@ -1,6 +1,6 @@
 """Packed batches per second: mmidx vs BAGEL's own PackedDataset, on the same generated files.
 
-Generates (once, under --workdir) a BAGEL-format corpus of 512² JPEGs (:mod:`mmidx.synthetic`:
+Generates (once, under --workdir) a BAGEL-format corpus of 512² JPEGs (``--image-size``; :mod:`mmidx.synthetic`:
 t2i parquet, edit parquet, vlm JSONL + images), builds the mmidx datasets from it, and for t2i,
 edit, vlm and a 1:1:1 mix measures on one thread:
 
@@ -54,12 +54,17 @@ BUDGETS = {"expected_num_tokens": 32768, "max_num_tokens": 36864, "max_num_token
 DROPOUT = {"text": 0.1, "vit": 0.3, "vae": 0.3}
 
 
-def prepare(workdir: Path) -> tuple[Path, Path]:
-    """The raw corpus and the mmidx datasets built from it (reused when present)."""
+def prepare(workdir: Path, image_size: int = 512) -> tuple[Path, Path]:
+    """The raw corpus of ``image_size``² JPEGs and the mmidx datasets built from it (reused when present)."""
     from mmidx.build import build_from_config
 
+    if image_size == 512:
+        spec = CorpusSpec(t2i_files=4, t2i_rows=64, edit_files=4, edit_rows=32, vlm_lines=256, vlm_images=64)
+    else:  # larger images, fewer per pack: a corpus of a quarter of the samples still fills the packs timed
+        workdir = workdir / f"size{image_size}"
+        spec = CorpusSpec(image_size=image_size, t2i_files=4, t2i_rows=16, edit_files=4, edit_rows=8,
+                          vlm_lines=64, vlm_images=16)
     raw = workdir / "raw"
-    spec = CorpusSpec(t2i_files=4, t2i_rows=64, edit_files=4, edit_rows=32, vlm_lines=256, vlm_images=64)
     if not (raw / "meta.json").exists():
         write_corpus(raw, spec)
     datasets = workdir / "datasets"
@@ -90,10 +95,11 @@ def batch_bytes(tensors: dict[str, Any]) -> int:
     return total
 
 
-def _config_and_items(datasets: Path, groups: list[str], packs: int) -> tuple[DataConfig, list[Any]]:
+def _config_and_items(datasets: Path, groups: list[str], packs: int,
+                      geometry: dict[str, int] | None = None) -> tuple[DataConfig, list[Any]]:
     spec = yaml.safe_load((datasets / "data.yaml").read_text())
     config = DataConfig.from_dict({"groups": {g: spec["groups"][g] for g in groups}, "packing": BUDGETS,
-                                   "dropout": DROPOUT}, base_dir=datasets)
+                                   "dropout": DROPOUT, "geometry": geometry or {}}, base_dir=datasets)
     index = build_pack_index(config, num_samples=packs * 40)
     packs = min(packs, len(index) - 1)  # the last pack may be partial
     return config, [index.items(k) for k in range(packs)]
@@ -240,6 +246,19 @@ def check_pixels(raw: Path, bagel_src: str, bagel_site: str | None) -> int:
     return compared
 
 
+class BenchViT(torch.nn.Module):
+    """A stand-in for a frozen ViT (BAGEL's SigLIP: 14-pixel patches, 1152 wide): its patch embedding, a conv
+    with kernel = stride = 14, whose (B, 1152, H/14, W/14) output packs carry as ``packed_vit_embeddings``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed = torch.nn.Conv2d(3, 1152, kernel_size=14, stride=14)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.embed(images)
+
+
 class BenchVAE(torch.nn.Module):
     """A stand-in for a frozen VAE encoder (BAGEL's: 16 latent channels, 8× down): conv, GroupNorm, moments.
     Only the shape of its output matters to the packs; its cost is not what precache's figure is about."""
@@ -255,23 +274,27 @@ class BenchVAE(torch.nn.Module):
         return mean, logvar
 
 
-def run_latents(datasets: Path, groups: list[str], packs: int) -> dict[str, float]:
-    """Precache the groups' VAE images as moments and as a sample (images/s on this CPU), then flex packs with
-    each against packs with pixels, in the same run."""
+def run_latents(datasets: Path, groups: list[str], packs: int, geometry: dict[str, int], vit: bool) \
+        -> dict[str, float]:
+    """Precache the groups' VAE images as moments and as a sample (images/s on this CPU), and (``vit``) their ViT
+    images, then flex packs with each against packs with pixels, in the same run."""
     from mmidx.encodings.precache import Job, precache_dataset
 
-    config, items = _config_and_items(datasets, groups, packs)
-    encoder = BenchVAE().eval()
+    config, items = _config_and_items(datasets, groups, packs, geometry)
     result: dict[str, float] = _throughput(PackBuilder(config), items, "pixels")
-    for store in ("moments", "sample"):
-        job = Job(f"bench_{store}", "bench_pack:BenchVAE", store=store, batch_size=8)
+    for store in ("moments", "sample", "vit") if vit else ("moments", "sample"):
+        job = Job(f"bench_{store}", "bench_pack:BenchViT", transform="vit", batch_size=8) \
+            if store == "vit" else Job(f"bench_{store}", "bench_pack:BenchVAE", store=store, batch_size=8)
+        encoder = (BenchViT() if store == "vit" else BenchVAE()).eval()
         images, start = 0, time.perf_counter()
         for group in config.groups:
             for prefix in group.datasets:
-                meta = precache_dataset(prefix, job, group.vae_transform, progress=False, encoder=encoder)
+                transform = group.vit_transform if store == "vit" else group.vae_transform
+                meta = precache_dataset(prefix, job, transform, progress=False, encoder=encoder)
                 images += meta["counts"]["records"]
         result[f"{store}_precache_images_per_s"] = images / (time.perf_counter() - start)
-        result.update(_throughput(PackBuilder(config, encodings={"vae": job.name}), items, store))
+        uses = {"vae": "bench_sample", "vit": job.name} if store == "vit" else {"vae": job.name}
+        result.update(_throughput(PackBuilder(config, encodings=uses), items, store))
     return result
 
 
@@ -283,26 +306,35 @@ def main() -> None:
     parser.add_argument("--bagel-src", help="checkout of ByteDance-Seed/Bagel to compare with")
     parser.add_argument("--bagel-site", help="folder with torchvision, decord, cv2 for BAGEL (see the docstring)")
     parser.add_argument("--encodings", action="store_true",
-                        help="only: precache the VAE images of t2i and edit, and time packs with latents vs pixels")
+                        help="only: precache the VAE (and edit's ViT) images of t2i and edit, and time packs with "
+                             "their encodings vs pixels")
+    parser.add_argument("--image-size", type=int, default=512,
+                        help="side of the generated JPEGs (BAGEL's t2i VAE transform resizes those over 1024)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    raw, datasets = prepare(Path(args.workdir))
-    print(f"# bench_pack — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per mode, 512² JPEGs")
+    raw, datasets = prepare(Path(args.workdir), args.image_size)
+    print(f"# bench_pack — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per mode, "
+          f"{args.image_size}² JPEGs")
     print(f"# {machine('torch', 'Pillow')}")
     if args.encodings:
         print(f"{'mode':<5} {'pixels tok/s':>13} {'moments tok/s':>14} {'×':>5} {'sample tok/s':>13} {'×':>5} "
-              f"{'MB/pack px':>10} {'MB/pack lat':>11} {'precache img/s':>14}")
+              f"{'+vit tok/s':>11} {'×':>5} {'MB/pack px':>10} {'MB/pack lat':>11} {'precache img/s':>14}")
         for mode in ("t2i", "edit"):
-            r = run_latents(datasets, MODES[mode], args.packs)
+            # 1024² VAE images (BAGEL's t2i transform caps at 1024) need BAGEL's 1024 setting of max_latent_size
+            r = run_latents(datasets, MODES[mode], args.packs, {"max_latent_size": 64} if args.image_size > 512 else {},
+                            vit=mode == "edit")
             pixels = r["pixels_tokens_per_s"]
+            vit = f"{r['vit_tokens_per_s']:>11,.0f} {r['vit_tokens_per_s'] / pixels:>5.1f}" \
+                if "vit_tokens_per_s" in r else f"{'-':>11} {'-':>5}"
             print(f"{mode:<5} {pixels:>13,.0f} {r['moments_tokens_per_s']:>14,.0f} "
                   f"{r['moments_tokens_per_s'] / pixels:>5.1f} {r['sample_tokens_per_s']:>13,.0f} "
-                  f"{r['sample_tokens_per_s'] / pixels:>5.1f} {r['pixels_mb_per_pack']:>10.0f} "
+                  f"{r['sample_tokens_per_s'] / pixels:>5.1f} {vit} {r['pixels_mb_per_pack']:>10.0f} "
                   f"{r['sample_mb_per_pack']:>11.0f} {r['moments_precache_images_per_s']:>14.1f}", flush=True)
         print("# tok/s: flex packs (split metadata, no masks), real tokens per CPU-second of this process.")
         print("# Latents of a 32-channel conv+GroupNorm stand-in encoder (8x down), bf16: 'moments' (mean, logvar)")
-        print("# sampled per pack (Philox normals, mean + exp(logvar/2) * noise), 'sample' drawn once at precache")
-        print("# time (a copy per pack).")
+        print("# sampled per pack (seeded torch normals, mean + exp(logvar/2) * noise, in place), 'sample' drawn")
+        print("# once at precache time (a copy per pack). '+vit': the sample, and the ViT images as the bf16")
+        print("# outputs of a 1152-wide 14-pixel patch embedding (packed_vit_embeddings instead of pixels).")
         print("# precache img/s: decode + BAGEL transform + that encoder + store, one thread, batches of 8.")
         return
     header = (f"{'mode':<5} {'mmidx flex tok/s':>16} {'mmidx dense tok/s':>17} {'MB/pack':>8} {'dense ms':>9} "
