@@ -176,7 +176,7 @@ def test_vit_encodings_are_the_encoder_on_the_packs_own_vit_pixels_in_token_orde
                      progress=False)  # patches of 8 pixels, not the config's 14
     coarse = dataclasses.replace(no_dropout, groups=(config.groups[0], dataclasses.replace(
         config.groups[1], encodings=(("vit", "vit8"),))))
-    with pytest.raises(FormatError, match=r"not \(D, \d+, \d+\) for its"):
+    with pytest.raises(FormatError, match=r"not \(\d+, \d+, D\) for its"):
         PackBuilder(coarse, special_tokens=SPECIAL).build(0, [PackItem(1, 0, 0, 0)])
 
 

@@ -118,27 +118,28 @@ def padded_latent(latents: list[torch.Tensor], seed: int, pack_index: int,
 
 
 def vit_embedding(stream: EncodingStream, item: int, img_num: int, height: int, width: int) -> torch.Tensor:
-    """The stored (D, height, width) encoder output of an image the pack cuts into height x width ViT patches."""
+    """The stored (height, width, D) encoder output (token-major) of an image the pack cuts into height x width
+    ViT patches."""
     value = stream.tensor(item, img_num)
-    if value.dim() != 3 or tuple(value.shape[1:]) != (height, width):
+    if value.dim() != 3 or tuple(value.shape[:2]) != (height, width):
         raise FormatError(f"{fmt.encoding_path(stream.prefix, stream.name, 'idx')}: image {item}'s record has shape "
-                          f"{tuple(value.shape)}, not (D, {height}, {width}) for its {height}x{width} ViT patches: "
+                          f"{tuple(value.shape)}, not ({height}, {width}, D) for its {height}x{width} ViT patches: "
                           "corrupted or from another encoder (patch size) or transform")
     return value
 
 
 def packed_vit_embeddings(values: list[torch.Tensor], allocate: Callable[..., torch.Tensor] = torch.empty) \
         -> torch.Tensor:
-    """(tokens, D) float32: each image's (D, h, w) record row-major, in the order of ``packed_vit_tokens``."""
-    dims = values[0].shape[0]
-    if any(value.shape[0] != dims for value in values):
+    """(tokens, D) float32: each image's (h, w, D) record, in the order of ``packed_vit_tokens``."""
+    dims = values[0].shape[2]
+    if any(value.shape[2] != dims for value in values):
         raise FormatError("the precached ViT encodings of one pack have different widths: the streams come from "
                           "different encoders; use one encoding name for every group")
-    counts = [value.shape[1] * value.shape[2] for value in values]
+    counts = [value.shape[0] * value.shape[1] for value in values]
     packed = allocate(sum(counts), dims)
     start = 0
     for value, count in zip(values, counts, strict=True):
-        packed[start:start + count].view(value.shape[1], value.shape[2], dims).copy_(value.permute(1, 2, 0))
+        packed[start:start + count].copy_(value.view(count, dims))
         start += count
     return packed
 

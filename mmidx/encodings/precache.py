@@ -208,6 +208,11 @@ class _Partial:
         self.table.close()
 
 
+SHAPE_RULES = {"image": "(C, h, w) per image; moments (2, C, h, w) = (mean, logvar)",
+               "vit": "(h, w, D) per image: the encoder's (D, h, w) in ViT token order",
+               "text": "(L, D) per sequence"}
+
+
 def _transform_args(transform: ImageTransform | None) -> dict[str, Any] | None:
     return None if transform is None else json.loads(json.dumps(dataclasses.asdict(transform)))
 
@@ -252,6 +257,8 @@ def _run(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, unit
                 result = encoder(inputs.to(device))
                 values, store = _outputs(result, job.store, items, img_nums)
                 values = values.to("cpu", dtype)
+                if job.transform == "vit" and values.dim() == 4:  # token-major: packs copy rows, no transpose
+                    values = values.permute(0, 2, 3, 1)
             partial.note_store(store)
             partial.append(list(values.unbind(0)), items, img_nums)
             done += end - start
@@ -307,8 +314,7 @@ def _commit(prefix: str, job: Job, dataset: MMIDXDataset, transform_args: dict[s
             "modality": job.modality, "transform": job.transform if job.modality == "image" else None,
             "transform_args": transform_args, "img_num_rule": IMG_NUM_RULE if job.modality == "image" else None,
             "encoder": job.encoder, "weights_version": job.weights_version, "dtype": job.dtype, "store": store,
-            "shape_rule": {"image": "(C, h, w) per image; moments (2, C, h, w) = (mean, logvar)",
-                           "text": "(L, D) per sequence"}[job.modality],
+            "shape_rule": SHAPE_RULES["vit" if job.modality == "image" and job.transform == "vit" else job.modality],
             "dataset": {"checksum": dataset.checksum, "samples": len(dataset)},
             "counts": {"records": len(records)}, "files": files}
     write_json(partial.paths["json"], meta)
