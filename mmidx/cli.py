@@ -353,7 +353,8 @@ def cmd_precache(args: argparse.Namespace) -> int:
     job = Job(args.name, args.encoder, modality=args.modality, transform=args.transform, store=args.store,
               dtype=args.dtype, batch_size=args.batch_size, weights_version=args.weights_version)
     try:
-        metas = precache(args.path, job, device=args.device, workers=args.workers, progress=not args.quiet)
+        metas = precache(args.path, job, device=args.device, workers=args.workers, progress=not args.quiet,
+                         engine=args.engine, ray_address=args.ray_address)
     except BuildError as error:  # another precache holds the output's lock
         print(f"mmidx precache: {error}", file=sys.stderr)
         return 1
@@ -378,9 +379,13 @@ def _register_precache(commands: Commands) -> None:
     sub.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="stored dtype")
     sub.add_argument("--device", default="cpu", help="where the encoder runs (cpu, cuda, cuda:1)")
     sub.add_argument("--batch-size", type=int, default=16, help="images (texts) per encoder call, of one shape")
-    sub.add_argument("--workers", type=int, default=1, help="threads decoding and transforming images")
-    sub.add_argument("--engine", choices=("local",), default="local",
-                     help="where the job runs (local; the Ray engine is not wired to precache yet)")
+    sub.add_argument("--workers", type=int, default=1,
+                     help="local: threads decoding and transforming images; ray: encoder actors (one GPU each "
+                          "with --device cuda)")
+    sub.add_argument("--engine", choices=("local", "ray"), default="local",
+                     help="where the encoder runs: this process, or actors of a Ray cluster (pip install "
+                          "\"mmidx[ray]\"; the dataset must be readable there); the streams are the same")
+    sub.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a new local one)")
     sub.add_argument("--weights-version", help="a version or hash of the encoder's weights, recorded")
     sub.add_argument("--quiet", action="store_true", help="no progress line")
 
