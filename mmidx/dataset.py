@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -19,7 +19,7 @@ import numpy as np
 from mmidx import format as fmt
 from mmidx._reader import ImageTable, TokenStream, map_readonly
 from mmidx.format import FormatError
-from mmidx.storage import cached_small_files, data_file, is_remote
+from mmidx.storage import RemoteFile, cached_small_files, data_file, is_remote
 
 
 class ImageRecord(NamedTuple):
@@ -43,6 +43,7 @@ class _Mapped:
     images: memoryview | None
     image_table: ImageTable | None
     structure_checked: bool = False
+    remote: dict[str, RemoteFile] = field(default_factory=dict)  # data files read by byte range, by role
 
 
 def _open(prefix: str) -> _Mapped:
@@ -82,7 +83,8 @@ def _assemble(prefix: str, meta: dict[str, Any] | None, idx_path: Path, files: d
             _check_plan(prefix, meta, tokens, plan, len(images))
             image_table = ImageTable(prefix, plan["sample_image_offsets"], plan["image_offsets"], plan["image_info"],
                                      images, ImageRecord)
-    return _Mapped(meta, tokens, plan, images, image_table)
+    remote = {role: file for role, file in files.items() if isinstance(file, RemoteFile)}
+    return _Mapped(meta, tokens, plan, images, image_table, remote=remote)
 
 
 def _check_file_sizes(prefix: str, meta: dict[str, Any]) -> None:
@@ -405,6 +407,11 @@ class MMIDXDataset:
         """The mapped ``P.images`` file (empty for text datasets)."""
         images = self._files.images
         return memoryview(b"") if images is None else images
+
+    @property
+    def remote_files(self) -> dict[str, RemoteFile]:
+        """The data files ("bin", "images") read by byte range from object storage (empty for local files)."""
+        return self._files.remote
 
     @property
     def token_dtype(self) -> np.dtype:

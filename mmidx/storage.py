@@ -26,7 +26,7 @@ from mmidx import format as fmt
 from mmidx.format import FormatError
 
 RETRIES = 4  # attempts of a transient failure (connection reset, throttling, 5xx) before it is an error
-BACKOFF_S = 0.05  # doubled after each failed attempt
+BACKOFF_S = 0.2  # doubled after each failed attempt
 FETCH_THREADS = 8  # ranged requests in flight per process
 _T = TypeVar("_T")
 
@@ -58,6 +58,20 @@ def cache_root() -> Path:
 
 
 _filesystems: dict[tuple[int, str], pafs.FileSystem] = {}
+CONNECT_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 60.0
+
+
+def _configured(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """An S3 filesystem made to fail fast and leave retries to :func:`retrying` (one attempt per call,
+    bounded timeouts), and to write small objects in one PUT; other filesystems as they are."""
+    if not isinstance(fs, pafs.S3FileSystem):
+        return fs
+    options = fs.__reduce__()[1][0]  # the options from_uri resolved (query, AWS variables)
+    options["connect_timeout"] = CONNECT_TIMEOUT_S if options["connect_timeout"] < 0 else options["connect_timeout"]
+    options["request_timeout"] = REQUEST_TIMEOUT_S if options["request_timeout"] < 0 else options["request_timeout"]
+    return pafs.S3FileSystem(**{**options, "allow_delayed_open": True},
+                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -67,8 +81,7 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
         bucket, _, query = rest.partition("?")
         key = (os.getpid(), f"{scheme}://{bucket.split('/', 1)[0]}?{query}")
         if key not in _filesystems:
-            options = f"{query}&allow_delayed_open=true" if scheme == "s3" else query  # small writes: one PUT
-            _filesystems[key] = pafs.FileSystem.from_uri(f"{key[1].split('?')[0]}?{options.lstrip('&')}")[0]
+            _filesystems[key] = _configured(pafs.FileSystem.from_uri(key[1].rstrip("?"))[0])
         return _filesystems[key], pafs.FileSystem.from_uri(uri)[1]
     except (ValueError, OSError) as error:  # pyarrow: ArrowInvalid (a ValueError) for a URI it cannot use
         raise StorageError(f"{uri}: not a URI pyarrow's filesystems can open ({error}): check its scheme "
@@ -205,12 +218,13 @@ class RemoteFile:
     bytes [a, b) as a memoryview, exactly that many or a :class:`StorageError`.
 
     Chunks fetched ahead (:meth:`fetch`, tagged by pack) serve the reads they cover until they are
-    :meth:`release`-d; other reads are one ranged request each. ``requests`` counts requests made.
+    :meth:`release`-d; other reads are one ranged request each. ``requests`` counts requests made,
+    ``misses`` the reads no fetched chunk served.
     """
 
     def __init__(self, uri: str, size: int):
         self.uri, self.size = uri, size
-        self.requests = 0
+        self.requests = self.misses = 0
         self._fs, self._path = filesystem(uri)
         self._handle: Any = None
         self._lock = threading.Lock()
@@ -246,6 +260,7 @@ class RemoteFile:
             chunk = next((chunk for chunks in self._chunks.values() for chunk in chunks
                           if chunk[0] <= start and stop <= chunk[1]), None)
         if chunk is None:
+            self.misses += 1
             return memoryview(self._read(start, stop))
         return memoryview(chunk[2].result())[start - chunk[0]:stop - chunk[0]]
 

@@ -1,5 +1,6 @@
 """Shared test setup: offline Hugging Face, quiet Megatron imports, and small dataset factories."""
 
+import logging
 import os
 import warnings
 
@@ -35,6 +36,7 @@ def s3(tmp_path_factory):
     import boto3
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

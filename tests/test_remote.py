@@ -1,0 +1,140 @@
+"""Datasets in object storage (moto's S3 server on 127.0.0.1): the same batches and samples as from
+local files, reads fetched ahead by the known order (requests counted), one line per bad URI."""
+
+import socket
+
+import numpy as np
+import pytest
+import torch
+from test_pack_index import config_of
+from test_packing_reference import build_groups
+
+from mmidx.builder import DatasetBuilder
+from mmidx.dataset import MMIDXDataset
+from mmidx.gpt import GPTTextDataset
+from mmidx.loader import PackDataset, PackLoader
+from mmidx.pack_index import build_pack_index
+from mmidx.packing import PackBuilder
+from mmidx.storage import StorageError
+
+
+@pytest.fixture(scope="module")
+def stored(s3, tmp_path_factory):
+    """t2i, edit and vlm datasets and a text dataset, on disk and uploaded to the S3 server."""
+    folder = tmp_path_factory.mktemp("remote")
+    groups = build_groups(folder)
+    rng = np.random.default_rng(0)
+    with DatasetBuilder(folder / "text", kind="text", vocab_size=1000, special_tokens={"eod": 0}) as builder:
+        for _ in range(30):
+            builder.add_document([np.append(rng.integers(1, 1000, rng.integers(1, 50)), 0)])
+        builder.finalize()
+    remote_groups = {name: {**group, "datasets": [s3.upload(group["datasets"][0], f"s3://mmidx/data/{name}")]}
+                     for name, group in groups.items()}
+    return {"local": groups, "remote": remote_groups, "text": folder / "text",
+            "remote_text": s3.upload(folder / "text", "s3://mmidx/data/text")}
+
+
+def packs_of(groups):
+    config = config_of(groups, dropout={"text": 0.3, "vit": 0.3, "vae": 0.3})
+    return PackDataset(build_pack_index(config, num_samples=120), PackBuilder(config))
+
+
+def everything(batch):
+    """Every key of a batch, comparable with ==; where it was read (dataset location, worker) aside."""
+    data = batch.to_dict()
+    found = {key: value.tolist() if isinstance(value, torch.Tensor) else value for key, value in data.items()
+             if key not in ("batch_data_indexes", "attention_mask")}
+    found["batch_data_indexes"] = [{k: v for k, v in d.items() if k not in ("dataset", "worker_id")}
+                                   for d in data["batch_data_indexes"]]
+    return found
+
+
+def test_packs_from_s3_equal_packs_from_local_files_for_0_1_2_workers_and_a_resume(stored):
+    local, remote = packs_of(stored["local"]), packs_of(stored["remote"])
+    assert remote.builder.datasets[0][0].remote_files  # really read by range
+    expected = [everything(b) for b in PackLoader(local, global_batch_size=2)]
+    assert len(expected) >= 4 and max(len({d["dataset_name"] for d in b["batch_data_indexes"]}) for b in expected) == 3
+    for workers in (0, 2):  # and 1 in the resumed run below
+        assert [everything(b) for b in PackLoader(remote, global_batch_size=2, num_workers=workers)] == expected
+    loader, taken = PackLoader(remote, global_batch_size=2, num_workers=2), []
+    for batch in loader:
+        taken.append(everything(batch))
+        if len(taken) == 3:
+            break
+    resumed = PackLoader(remote, global_batch_size=2, num_workers=1)
+    resumed.load_state_dict(loader.state_dict())
+    assert taken + [everything(b) for b in resumed] == expected
+
+
+def test_reads_are_served_from_chunks_fetched_ahead_in_few_requests(stored):
+    remote = packs_of(stored["remote"])
+    files = [file for group in remote.builder.datasets for dataset in group for file in dataset.remote_files.values()]
+    batches = list(PackLoader(remote, global_batch_size=2))  # in this process: its requests are countable
+    requests = sum(file.requests for file in files)
+    assert sum(file.misses for file in files) == 0  # every read found its bytes fetched ahead
+    assert requests <= len(files) * len(batches)  # one coalesced request per data file per pack at most here
+    assert all(not file._chunks for file in files)  # dropped after use
+    direct = packs_of(stored["remote"])  # without the loader: each read is one request
+    for k in range(len(batches)):
+        direct.builder.build(k, direct.packs.items(k))
+    direct_files = [file for group in direct.builder.datasets for d in group for file in d.remote_files.values()]
+    assert sum(file.misses for file in direct_files) == sum(file.requests for file in direct_files) > requests
+
+
+def test_gpt_samples_and_samples_from_s3_equal_local_ones(stored, s3):
+    local, remote = (GPTTextDataset(prefix, seq_length=24, seed=3)
+                     for prefix in (stored["text"], stored["remote_text"]))
+    assert len(local) == len(remote)
+    for i in range(len(local)):
+        assert all(torch.equal(a, b) for a, b in zip(local[i].values(), remote[i].values(), strict=True))
+    prefix = stored["local"]["edit"]["datasets"][0]
+    with_query = f"s3://mmidx/data/edit?endpoint_override={s3.endpoint}&scheme=http"  # options kept on every file
+    for dataset in (MMIDXDataset(with_query), MMIDXDataset(stored["remote"]["edit"]["datasets"][0])):
+        for i, sample in enumerate(MMIDXDataset(prefix)):
+            theirs = dataset[i]
+            assert all(np.array_equal(a, b) for a, b in zip(sample.texts, theirs.texts, strict=True))
+            assert [bytes(a.data) for a in sample.images] == [bytes(b.data) for b in theirs.images]
+
+
+def closed_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize(("uri", "says"), [
+    ("s3://no-such-bucket/data/t2i", "bucket 'no-such-bucket' does not exist"),
+    ("s3://mmidx/data/missing", "no such object"),
+    ("s3://mmidx/data/t2i?endpoint_override=127.0.0.1:{port}&scheme=http", "cannot reach the storage endpoint"),
+])
+def test_a_bad_uri_is_one_error_naming_it(stored, uri, says):
+    uri = uri.format(port=closed_port())
+    with pytest.raises(StorageError, match=says) as error:
+        MMIDXDataset(uri)
+    assert str(error.value).startswith(uri.split("?")[0]) and "\n" not in str(error.value)
+
+
+def test_refused_credentials_are_one_error_naming_the_uri(stored):
+    from moto import settings
+
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # the server now checks keys: "testing" is unknown to it
+    try:
+        with pytest.raises(StorageError, match="access denied: check the credentials"):
+            MMIDXDataset("s3://mmidx/data/vlm")
+    finally:
+        settings.INITIAL_NO_AUTH_ACTION_COUNT = float("inf")
+
+
+def test_an_object_shorter_than_the_metadata_says_is_refused(stored, s3):
+    prefix = stored["local"]["vlm"]["datasets"][0]
+    uri = s3.upload(prefix, "s3://mmidx/short/vlm")
+    s3.client.put_object(Bucket="mmidx", Key="short/vlm.images", Body=open(f"{prefix}.images", "rb").read()[:-5])
+    with pytest.raises(StorageError, match=r"s3://mmidx/short/vlm.images: object shorter than the metadata says"):
+        MMIDXDataset(uri)
+    dataset = MMIDXDataset(stored["remote"]["vlm"]["datasets"][0])  # truncated after it was opened
+    s3.client.put_object(Bucket="mmidx", Key="data/vlm.images", Body=open(f"{prefix}.images", "rb").read()[:-5])
+    try:
+        with pytest.raises(StorageError, match="object shorter than the metadata says"):
+            dataset[len(dataset) - 1].images  # noqa: B018 (the read is the test)
+    finally:
+        s3.client.upload_file(f"{prefix}.images", "mmidx", "data/vlm.images")
