@@ -16,6 +16,7 @@ from mmidx import format as fmt
 from mmidx.dataset import MMIDXDataset, dataset_files, structure_problems
 from mmidx.format import FormatError
 from mmidx.images import ImageError, probe, verify_decodable
+from mmidx.storage import file_uri, hash_object, is_remote
 
 
 def verify(prefix: str | os.PathLike, *, decode: bool = False) -> list[str]:
@@ -37,10 +38,11 @@ def verify(prefix: str | os.PathLike, *, decode: bool = False) -> list[str]:
 def _verify_checksums(dataset: MMIDXDataset) -> list[str]:
     problems = []
     for role, entry in (dataset.metadata or {}).get("files", {}).items():
-        path = fmt.file_path(dataset.prefix, role)
+        remote = is_remote(dataset.prefix)
+        path = file_uri(dataset.prefix, role) if remote else fmt.file_path(dataset.prefix, role)
         try:
             algorithm = fmt.file_hash_algorithm(entry)
-            digest = fmt.hash_file(path, algorithm)
+            digest = hash_object(path, algorithm) if remote else fmt.hash_file(path, algorithm)
         except OSError as error:
             problems.append(f"{path}: cannot be read ({error.strerror})")
             continue
@@ -76,6 +78,14 @@ def _verify_images(dataset: MMIDXDataset, decode: bool) -> list[str]:
 MAX_IMAGE_PROBLEMS = 20
 
 
+def _file_sizes(dataset: MMIDXDataset) -> dict[str, int]:
+    """File name -> bytes: on disk, or as the (checked) metadata records them for a remote dataset."""
+    if is_remote(dataset.prefix):
+        name = dataset.prefix.partition("?")[0].rsplit("/", 1)[-1]
+        return {name + fmt.SUFFIXES[role]: entry["bytes"] for role, entry in dataset.metadata["files"].items()}
+    return {path.name: path.stat().st_size for path in dataset_files(dataset.prefix)}
+
+
 def _name(names: tuple[str, ...], code: int) -> str:
     return names[code] if code < len(names) else str(int(code))
 
@@ -107,7 +117,7 @@ def summary(dataset: MMIDXDataset) -> dict[str, Any]:
         "tokens": int(tokens.sequence_lengths.sum(dtype=np.int64)),
         "tokens_per_sequence": _stats(tokens.sequence_lengths),
         "tokens_per_sample": _stats(per_sample),
-        "files": {path.name: path.stat().st_size for path in dataset_files(dataset.prefix)},
+        "files": _file_sizes(dataset),
     }
     plan = dataset.plan
     if plan is not None:

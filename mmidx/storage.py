@@ -295,3 +295,60 @@ def data_file(prefix: str, role: str, meta: dict[str, Any]) -> RemoteFile:
         raise StorageError(f"{uri}: {size} bytes, the metadata records {expected}: the object was replaced; "
                            "re-upload the dataset")
     return RemoteFile(uri, size)
+
+
+# Files in the order a copy writes them: data first, the index and metadata last, so that a copy
+# stopped at any point never leaves a dataset that opens (a reader needs both).
+UPLOAD_ORDER = ("bin", "images", "plan", "idx", "meta")
+FETCH_ORDER = ("bin", "images", "plan", "meta", "idx")  # locally a text .idx/.bin pair opens without metadata
+
+
+def upload_dataset(local_prefix: str | os.PathLike, prefix: str) -> bool:
+    """Copy the local dataset ``local_prefix`` to the remote ``prefix``; False when the same dataset
+    (the same metadata) is there already. A dataset being replaced loses its metadata and index first."""
+    local_meta = fmt.file_path(local_prefix, "meta")
+    fs, meta_path = filesystem(file_uri(prefix, "meta"))
+    try:
+        remote_meta = retrying(file_uri(prefix, "meta"), lambda: fs.open_input_stream(meta_path).read())
+    except StorageError:
+        remote_meta = None
+    if remote_meta == local_meta.read_bytes():
+        return False
+    roles = [role for role in UPLOAD_ORDER if fmt.file_path(local_prefix, role).exists()]
+    for role in ("meta", "idx"):  # what makes the old dataset open goes first
+        uri = file_uri(prefix, role)
+        fs, path = filesystem(uri)
+        if fs.get_file_info(path).type != pafs.FileType.NotFound:
+            retrying(uri, lambda fs=fs, path=path: fs.delete_file(path))
+    for role in roles:
+        upload(fmt.file_path(local_prefix, role), file_uri(prefix, role))
+    return True
+
+
+def fetch_dataset(prefix: str, folder: str | os.PathLike) -> Path:
+    """Copy the remote dataset ``prefix`` into ``folder`` (named as it is there); the local prefix.
+
+    Each file is written whole or not at all, the metadata and index last; verify the copy
+    (:func:`mmidx.checks.verify`) before use."""
+    meta, _ = cached_small_files(prefix)  # checks the metadata (and the small files) first
+    name = prefix.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
+    local = Path(folder) / name
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for role in FETCH_ORDER:
+        if role in meta["files"] or role == "meta":
+            download(file_uri(prefix, role), fmt.file_path(local, role))
+    return local
+
+
+def hash_object(uri: str, algorithm: str) -> str:
+    """Hex checksum (a key of ``format.FILE_HASHES``) of the object at ``uri``, streamed."""
+    fs, path = filesystem(uri)
+
+    def digest() -> str:
+        state = fmt.FILE_HASHES[algorithm]()
+        with fs.open_input_stream(path) as stream:
+            while chunk := stream.read(8 << 20):
+                state.update(chunk)
+        return state.hexdigest()
+
+    return retrying(uri, digest)

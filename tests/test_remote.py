@@ -138,3 +138,68 @@ def test_an_object_shorter_than_the_metadata_says_is_refused(stored, s3):
             dataset[len(dataset) - 1].images  # noqa: B018 (the read is the test)
     finally:
         s3.client.upload_file(f"{prefix}.images", "mmidx", "data/vlm.images")
+
+
+def test_build_to_s3_uploads_index_and_metadata_last_and_a_rerun_reuses_it(s3, tmp_path, monkeypatch):
+    from fixtures_sources import build, write_jsonl
+
+    from mmidx import storage
+
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": f"document number {i} " * (i + 1)} for i in range(12)])
+    local, _ = build("text", [path], tmp_path / "local")
+    uploaded = []
+
+    def killed_after_the_data(source, uri):
+        if uri.endswith(".idx"):
+            raise KeyboardInterrupt  # the build is killed while uploading
+        uploaded.append(uri)
+        real_upload(source, uri)
+
+    real_upload = storage.upload
+    monkeypatch.setattr(storage, "upload", killed_after_the_data)
+    uri = "s3://mmidx/built/docs"
+    with pytest.raises(KeyboardInterrupt):
+        build("text", [path], uri)
+    assert uploaded == [f"{uri}.bin"]
+    with pytest.raises(StorageError, match="no such object"):  # what was uploaded does not open
+        MMIDXDataset(uri)
+    monkeypatch.setattr(storage, "upload", real_upload)
+    remote, report = build("text", [path], uri)
+    assert report.ok and report.message.endswith(f"uploaded to {uri}") and report.data["reused_units"] == 0
+    assert report.message.startswith("already built")  # the killed run's local dataset was reused
+    assert np.array_equal(remote.gather(np.arange(len(remote.tokens)))[0],
+                          local.gather(np.arange(len(local.tokens)))[0])
+    _, again = build("text", [path], uri)
+    assert again.message.endswith(f"already at {uri}")
+
+
+def test_fetch_inspect_and_verify_take_uris(s3, tmp_path, capsys):
+    from helpers import small_dataset
+
+    from mmidx.cli import main
+
+    small_dataset(tmp_path / "vlm")  # real PNGs, which verify probes
+    original, uri = str(tmp_path / "vlm"), s3.upload(tmp_path / "vlm", "s3://mmidx/verified/vlm")
+    assert main(["verify", uri]) == 0 and f"{uri}: OK (checksums and structure verified" in capsys.readouterr().out
+    assert main(["inspect", uri, "--json"]) == 0 and '"vlm.images"' in capsys.readouterr().out
+    assert main(["fetch", uri, str(tmp_path / "copy")]) == 0
+    assert f"fetched from {uri} and verified" in capsys.readouterr().out
+    for suffix in (".idx", ".bin", ".images", ".plan", ".meta.json"):
+        assert (tmp_path / "copy" / f"vlm{suffix}").read_bytes() == open(original + suffix, "rb").read()
+    assert main(["fetch", "s3://mmidx/data/nothing", str(tmp_path / "none")]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("mmidx fetch: s3://mmidx/data/nothing.meta.json: no such object") and "\n" not in error
+
+
+def test_megatron_reads_an_mmidx_token_stream_from_s3_through_its_s3_config(stored, tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.core.datasets.object_storage_utils import S3Config, cache_index_file, get_index_cache_path
+
+    local, uri = MMIDXDataset(stored["text"]), stored["remote_text"]
+    config = S3Config(path_to_idx_cache=str(tmp_path))
+    cache_index_file(f"{uri}.idx", get_index_cache_path(f"{uri}.idx", config))  # as Megatron's dataset builder does
+    theirs = IndexedDataset(uri, mmap=False, object_storage_config=config)
+    assert len(theirs) == len(local.tokens)
+    assert np.array_equal(theirs.document_indices, local.tokens.document_indices)
+    for i in range(len(theirs)):
+        assert np.array_equal(theirs[i], local.get_tokens(i))
