@@ -32,7 +32,6 @@ def s3(tmp_path_factory):
     variables and mmidx's cache folder point at it and a temporary folder while the session lasts.
 
     Yields a helper: ``s3.upload(prefix, uri)`` copies a local dataset's files, ``s3.client`` is boto3's."""
-    pytest.importorskip("moto.server", reason="moto[server] is in requirements-dev.txt")
     import boto3
     from moto.server import ThreadedMotoServer
 
