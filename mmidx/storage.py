@@ -191,13 +191,18 @@ def cached_small_files(prefix: str) -> tuple[dict[str, Any], dict[str, Path]]:
         if role not in meta["files"]:
             continue
         entry, local = meta["files"][role], folder / f"dataset{fmt.SUFFIXES[role]}"
-        if not (local.exists() and local.stat().st_size == entry["bytes"]):  # a cached copy was checked once
-            download(file_uri(prefix, role), local)
-            algorithm = fmt.file_hash_algorithm(entry)
-            if local.stat().st_size != entry["bytes"] or fmt.hash_file(local, algorithm) != entry[algorithm]:
-                local.unlink()
-                raise StorageError(f"{file_uri(prefix, role)}: its {algorithm} checksum or size differs from the "
-                                   "metadata: the object was replaced or corrupted; re-upload the dataset")
+        if not local.exists():  # a cached copy was checked before it was renamed into place
+            unverified = local.with_name(f"{local.name}.{os.getpid()}.{threading.get_ident()}.unverified")
+            try:
+                download(file_uri(prefix, role), unverified)
+                algorithm = fmt.file_hash_algorithm(entry)
+                if unverified.stat().st_size != entry["bytes"] or \
+                        fmt.hash_file(unverified, algorithm) != entry[algorithm]:
+                    raise StorageError(f"{file_uri(prefix, role)}: its {algorithm} checksum or size differs from "
+                                       "the metadata: the object was replaced or corrupted; re-upload the dataset")
+                os.replace(unverified, local)
+            finally:
+                unverified.unlink(missing_ok=True)
         paths[role] = local
     return meta, paths
 

@@ -203,3 +203,14 @@ def test_megatron_reads_an_mmidx_token_stream_from_s3_through_its_s3_config(stor
     assert np.array_equal(theirs.document_indices, local.tokens.document_indices)
     for i in range(len(theirs)):
         assert np.array_equal(theirs[i], local.get_tokens(i))
+
+
+def test_a_small_file_that_differs_from_its_checksum_is_refused_and_not_cached(stored, s3, tmp_path):
+    prefix = stored["local"]["t2i"]["datasets"][0]
+    uri = s3.upload(prefix, "s3://mmidx/replaced/t2i")
+    plan = bytearray(open(f"{prefix}.plan", "rb").read())
+    plan[-1] ^= 1
+    s3.client.put_object(Bucket="mmidx", Key="replaced/t2i.plan", Body=bytes(plan))
+    for _ in range(2):  # not cached: refused again
+        with pytest.raises(StorageError, match=r"replaced/t2i.plan: its xxh3_128 checksum or size differs"):
+            MMIDXDataset(uri)
