@@ -10,8 +10,8 @@ times three readers side by side in one run, each a ``PackLoader`` with ``--work
 * naive: the same dataset from ``s3://`` read with one ranged request per read, no prefetch;
 * prefetch: from ``s3://`` with mmidx's reader, which fetches each worker's next packs ahead.
 
-The readers take turns, ``--rounds`` times, and each keeps its best rate (load on a shared machine
-then hits them alike).
+The readers take turns, ``--rounds`` times (in reverse order every other round), and each keeps its
+best rate (load on a shared machine then hits them alike).
 
     python benchmarks/bench_remote.py --packs 20 --workers 2 --delay-ms 20
 """
@@ -157,8 +157,8 @@ def main() -> None:
     readers = [("local files", str(folder / "t2i"), True), ("s3, naive range reads", "s3://bench/data/t2i", False),
                ("s3, prefetching", "s3://bench/data/t2i", True)]
     best = {name: (0.0, 0.0) for name, _, _ in readers}
-    for _ in range(args.rounds):  # in turn, so that load on a shared machine hits every reader alike
-        for name, prefix, prefetch in readers:
+    for round_ in range(args.rounds):  # in turn, so that load on a shared machine hits every reader alike
+        for name, prefix, prefetch in readers[::-1] if round_ % 2 else readers:
             loader = loader_of(prefix, args.packs + 1, args.workers, prefetch)
             before = proxy.data_requests
             rate, count = measure(loader, args.packs)

@@ -205,8 +205,11 @@ def test_megatron_reads_an_mmidx_token_stream_from_s3_through_its_s3_config(stor
         assert np.array_equal(theirs[i], local.get_tokens(i))
 
 
-def test_a_small_file_that_differs_from_its_checksum_is_refused_and_not_cached(stored, s3, tmp_path):
-    prefix = stored["local"]["t2i"]["datasets"][0]
+def test_a_small_file_that_differs_from_its_checksum_is_refused_and_not_cached(s3, tmp_path):
+    from helpers import small_dataset
+
+    prefix = tmp_path / "t2i"
+    small_dataset(prefix, seed=7)  # never opened before: nothing of it is in the cache
     uri = s3.upload(prefix, "s3://mmidx/replaced/t2i")
     plan = bytearray(open(f"{prefix}.plan", "rb").read())
     plan[-1] ^= 1
