@@ -26,8 +26,8 @@ MAX_BYTES_IN_FLIGHT = 128 << 20  # bytes requested and not yet dropped, per work
 
 
 def coalesce(ranges: Sequence[tuple[int, int]], gap: int = GAP, max_chunk: int = MAX_CHUNK) -> list[tuple[int, int]]:
-    """Sorted, merged ranges covering ``ranges``: neighbours less than ``gap`` apart become one,
-    none longer than ``max_chunk`` unless a single range is."""
+    """Merged ranges, sorted by start, each range of ``ranges`` inside one of them: neighbours less
+    than ``gap`` apart become one, none longer than ``max_chunk`` unless a single range is."""
     merged: list[list[int]] = []
     for start, stop in sorted(ranges):
         if stop <= start:

@@ -270,7 +270,7 @@ class RemoteFile:
         return memoryview(chunk[2].result())[start - chunk[0]:stop - chunk[0]]
 
     def fetch(self, tag: Any, ranges: list[tuple[int, int]]) -> int:
-        """Start fetching ``ranges`` (sorted, disjoint, inside the file) for ``tag``; the bytes asked."""
+        """Start fetching ``ranges`` (inside the file) for ``tag``; the bytes asked."""
         pool = fetch_pool()
         futures = [(start, stop, pool.submit(self._read, start, stop)) for start, stop in ranges]
         with self._lock:

@@ -6,6 +6,8 @@ import socket
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_pack_index import config_of
 from test_packing_reference import build_groups
 
@@ -217,3 +219,20 @@ def test_a_small_file_that_differs_from_its_checksum_is_refused_and_not_cached(s
     for _ in range(2):  # not cached: refused again
         with pytest.raises(StorageError, match=r"replaced/t2i.plan: its xxh3_128 checksum or size differs"):
             MMIDXDataset(uri)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 400)), max_size=30), st.integers(0, 300),
+       st.integers(1, 1500))
+def test_coalesced_ranges_cover_every_range_sorted_and_bounded(pairs, gap, max_chunk):
+    from mmidx.prefetch import coalesce
+
+    ranges = [(start, start + length) for start, length in pairs]
+    merged = coalesce(ranges, gap, max_chunk)
+    assert all(a < b for a, b in merged) and [a for a, _ in merged] == sorted(a for a, _ in merged)
+    for start, stop in ranges:  # each non-empty range is read whole by one request
+        assert start == stop or any(a <= start and stop <= b for a, b in merged)
+    for a, b in merged:  # a chunk over the bound is a single range that is
+        assert b - a <= max_chunk or (a, b) in ranges
+    covered = sum(b - a for a, b in merged)
+    assert covered <= sum(b - a for a, b in ranges) + gap * len(merged)
