@@ -236,3 +236,29 @@ def test_coalesced_ranges_cover_every_range_sorted_and_bounded(pairs, gap, max_c
         assert b - a <= max_chunk or (a, b) in ranges
     covered = sum(b - a for a, b in merged)
     assert covered <= sum(b - a for a, b in ranges) + gap * len(merged)
+
+
+def test_transient_failures_are_retried_a_bounded_number_of_times(monkeypatch):
+    from mmidx import storage
+
+    monkeypatch.setattr(storage, "BACKOFF_S", 0.0)
+    calls = []
+
+    def flaky(failures, error):
+        def call():
+            calls.append(1)
+            if len(calls) <= failures:
+                raise error
+            return "bytes"
+        return call
+
+    assert storage.retrying("s3://b/k", flaky(storage.RETRIES - 1, OSError("AWS Error SLOW_DOWN (503)"))) == "bytes"
+    assert len(calls) == storage.RETRIES
+    calls.clear()
+    with pytest.raises(StorageError, match=r"^s3://b/k: storage request failed \(AWS Error SLOW_DOWN"):
+        storage.retrying("s3://b/k", flaky(storage.RETRIES, OSError("AWS Error SLOW_DOWN (503)")))
+    assert len(calls) == storage.RETRIES  # bounded: then one error naming the URI
+    calls.clear()
+    with pytest.raises(StorageError, match="access denied"):
+        storage.retrying("s3://b/k", flaky(1, OSError("AWS Error ACCESS_DENIED during GetObject")))
+    assert len(calls) == 1  # refused credentials are not retried
