@@ -36,9 +36,9 @@ def stored(s3, tmp_path_factory):
             "remote_text": s3.upload(folder / "text", "s3://mmidx/data/text")}
 
 
-def packs_of(groups):
+def packs_of(groups, num_samples=120):
     config = config_of(groups, dropout={"text": 0.3, "vit": 0.3, "vae": 0.3})
-    return PackDataset(build_pack_index(config, num_samples=120), PackBuilder(config))
+    return PackDataset(build_pack_index(config, num_samples=num_samples), PackBuilder(config))
 
 
 def everything(batch):
@@ -66,6 +66,13 @@ def test_packs_from_s3_equal_packs_from_local_files_for_0_1_2_workers_and_a_resu
     resumed = PackLoader(remote, global_batch_size=2, num_workers=1)
     resumed.load_state_dict(loader.state_dict())
     assert taken + [everything(b) for b in resumed] == expected
+
+
+@pytest.mark.parametrize("kind", ["t2i", "edit", "vlm"])
+def test_packs_of_one_kind_from_s3_equal_local_ones(stored, kind):
+    local, remote = (packs_of({kind: stored[where][kind]}, num_samples=30) for where in ("local", "remote"))
+    expected = [everything(b) for b in PackLoader(local, global_batch_size=1)]
+    assert expected and [everything(b) for b in PackLoader(remote, global_batch_size=1)] == expected
 
 
 def test_reads_are_served_from_chunks_fetched_ahead_in_few_requests(stored):
