@@ -56,7 +56,12 @@ def _verify_images(dataset: MMIDXDataset, decode: bool) -> list[str]:
     plan, data, problems = dataset.plan, dataset.image_bytes, []
     offsets, info = plan["image_offsets"], plan["image_info"]
     check = verify_decodable if decode else probe
+    remote, fetched_to = dataset.remote_files.get("images"), 0
     for number in range(len(info)):
+        if remote is not None and number >= fetched_to:  # in storage: by windows of images, not a request each
+            remote.release("verify")
+            fetched_to = max(number + 1, int(np.searchsorted(offsets, offsets[number] + VERIFY_WINDOW, "right")) - 1)
+            remote.fetch("verify", [(int(offsets[number]), int(offsets[fetched_to]))])
         where = f"{dataset.prefix}.images: image {number}"
         try:
             found = check(data[offsets[number]:offsets[number + 1]])
@@ -72,10 +77,13 @@ def _verify_images(dataset: MMIDXDataset, decode: bool) -> list[str]:
         if len(problems) >= MAX_IMAGE_PROBLEMS:
             problems.append(f"{dataset.prefix}.images: stopped after {MAX_IMAGE_PROBLEMS} image problems")
             break
+    if remote is not None:
+        remote.release("verify")
     return problems
 
 
 MAX_IMAGE_PROBLEMS = 20
+VERIFY_WINDOW = 32 << 20  # bytes of a remote dataset's images fetched at once by verify
 
 
 def _file_sizes(dataset: MMIDXDataset) -> dict[str, int]:

@@ -185,12 +185,17 @@ def test_build_to_s3_uploads_index_and_metadata_last_and_a_rerun_reuses_it(s3, t
 def test_fetch_inspect_and_verify_take_uris(s3, tmp_path, capsys):
     from helpers import small_dataset
 
+    from mmidx.checks import _verify_images as verify_images
     from mmidx.cli import main
 
     small_dataset(tmp_path / "vlm")  # real PNGs, which verify probes
     original, uri = str(tmp_path / "vlm"), s3.upload(tmp_path / "vlm", "s3://mmidx/verified/vlm")
     assert main(["verify", uri]) == 0 and f"{uri}: OK (checksums and structure verified" in capsys.readouterr().out
     assert main(["inspect", uri, "--json"]) == 0 and '"vlm.images"' in capsys.readouterr().out
+    dataset = MMIDXDataset(uri)
+    assert verify_images(dataset, decode=True) == []
+    images = dataset.remote_files["images"]
+    assert (images.requests, images.misses) == (1, 0)  # verify reads the images by windows, not one by one
     assert main(["fetch", uri, str(tmp_path / "copy")]) == 0
     assert f"fetched from {uri} and verified" in capsys.readouterr().out
     for suffix in (".idx", ".bin", ".images", ".plan", ".meta.json"):
