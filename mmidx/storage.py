@@ -180,7 +180,10 @@ def cached_small_files(prefix: str) -> tuple[dict[str, Any], dict[str, Path]]:
     fresh = scratch / f"{os.getpid()}.{threading.get_ident()}.meta.json"
     try:
         download(meta_uri, fresh)
-        meta = fmt.read_metadata(fresh)
+        try:
+            meta = fmt.read_metadata(fresh)
+        except FormatError as error:  # named as the user named it
+            raise StorageError(str(error).replace(str(fresh), meta_uri)) from None
         folder = cache_root() / meta["meta_sha256"]
         folder.mkdir(parents=True, exist_ok=True)
         os.replace(fresh, folder / "dataset.meta.json")

@@ -231,6 +231,9 @@ def test_a_small_file_that_differs_from_its_checksum_is_refused_and_not_cached(s
     for _ in range(2):  # not cached: refused again
         with pytest.raises(StorageError, match=r"replaced/t2i.plan: its xxh3_128 checksum or size differs"):
             MMIDXDataset(uri)
+    s3.client.put_object(Bucket="mmidx", Key="replaced/t2i.meta.json", Body=b"{}")
+    with pytest.raises(StorageError, match=r"^s3://mmidx/replaced/t2i.meta.json: not mmidx metadata"):
+        MMIDXDataset(uri)
 
 
 @settings(max_examples=60, deadline=None)
