@@ -98,7 +98,11 @@ def test_gpt_samples_and_samples_from_s3_equal_local_ones(stored, s3):
         assert all(torch.equal(a, b) for a, b in zip(local[i].values(), remote[i].values(), strict=True))
     prefix = stored["local"]["edit"]["datasets"][0]
     with_query = f"s3://mmidx/data/edit?endpoint_override={s3.endpoint}&scheme=http"  # options kept on every file
-    for dataset in (MMIDXDataset(with_query), MMIDXDataset(stored["remote"]["edit"]["datasets"][0])):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port()}")  # only the query reaches S3
+        opened = MMIDXDataset(with_query)
+        opened[0].images  # noqa: B018 (a read through the query's endpoint)
+    for dataset in (opened, MMIDXDataset(stored["remote"]["edit"]["datasets"][0])):
         for i, sample in enumerate(MMIDXDataset(prefix)):
             theirs = dataset[i]
             assert all(np.array_equal(a, b) for a, b in zip(sample.texts, theirs.texts, strict=True))
@@ -277,3 +281,21 @@ def test_transient_failures_are_retried_a_bounded_number_of_times(monkeypatch):
     with pytest.raises(StorageError, match="access denied"):
         storage.retrying("s3://b/k", flaky(1, OSError("AWS Error ACCESS_DENIED during GetObject")))
     assert len(calls) == 1  # refused credentials are not retried
+
+
+def test_build_inputs_in_s3_keep_their_query_options(s3, tmp_path, monkeypatch):
+    from fixtures_sources import build, write_jsonl
+
+    from mmidx.sources.inputs import parent, resolve
+
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": f"words {i} " * (i + 2)} for i in range(8)])
+    s3.client.upload_file(path, "mmidx", "inputs/docs.jsonl")
+    query = f"?endpoint_override={s3.endpoint}&scheme=http"
+    assert parent(f"s3://mmidx/inputs/docs.jsonl{query}") == f"s3://mmidx/inputs{query}"
+    assert resolve(f"s3://mmidx/inputs{query}", "a b.jpg") == f"s3://mmidx/inputs/a%20b.jpg{query}"
+    local, _ = build("text", [path], tmp_path / "local")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port()}")  # only the query reaches S3
+    for source in (f"s3://mmidx/inputs/docs.jsonl{query}", f"s3://mmidx/inputs{query}"):  # a file, a folder
+        remote, report = build("text", [source], tmp_path / f"from-s3-{len(source)}")
+        assert report.ok and np.array_equal(remote.gather(np.arange(len(remote.tokens)))[0],
+                                            local.gather(np.arange(len(local.tokens)))[0])
