@@ -24,9 +24,11 @@ from mmidx.build.plan import (
     shard_dir,
     write_json,
 )
+from mmidx.build.remote import build_remote
 from mmidx.build.report import BuildReport, add_counts, counted, judge, new_counts, report_path
 from mmidx.build.shard import clear_unit, load_tokenizer
 from mmidx.sources import get_source
+from mmidx.storage import is_remote
 
 
 @contextmanager
@@ -47,6 +49,8 @@ def build_dataset(options: BuildOptions) -> BuildReport:
     """Build ``options.output`` from ``options.inputs``; see :mod:`mmidx.build` for the guarantees."""
     started = time.perf_counter()
     output = os.fspath(options.output)
+    if is_remote(output):  # built in local scratch, then uploaded (data first, index and metadata last)
+        return build_remote(options, build_dataset)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     node = f".node{options.node_rank}of{options.num_nodes}" if options.num_nodes > 1 else ""
     with output_lock(output + node), _single_threaded_tokenizers():
