@@ -171,6 +171,20 @@ def upload(source: Path, uri: str) -> None:
     retrying(uri, copy)
 
 
+def list_objects(uri: str) -> list[str]:
+    """Paths, relative to the folder ``uri``, of every object under it (none when it does not exist)."""
+    fs, path = filesystem(uri)
+    infos = retrying(uri, lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True)))
+    return sorted(info.path[len(path.rstrip("/")) + 1:] for info in infos if info.type == pafs.FileType.File)
+
+
+def delete_folder(uri: str) -> None:
+    """Delete every object under the folder ``uri`` (nothing when it does not exist)."""
+    fs, path = filesystem(uri)
+    for name in list_objects(uri):
+        retrying(uri, lambda name=name: fs.delete_file(f"{path.rstrip('/')}/{name}"))
+
+
 def cached_small_files(prefix: str) -> tuple[dict[str, Any], dict[str, Path]]:
     """Metadata of the remote dataset ``prefix`` and local copies of its small files, each checked
     against the checksum the metadata records (downloaded once; later opens find them in the cache)."""

@@ -299,3 +299,37 @@ def test_build_inputs_in_s3_keep_their_query_options(s3, tmp_path, monkeypatch):
         remote, report = build("text", [source], tmp_path / f"from-s3-{len(source)}")
         assert report.ok and np.array_equal(remote.gather(np.arange(len(remote.tokens)))[0],
                                             local.gather(np.arange(len(local.tokens)))[0])
+
+
+def test_a_build_to_s3_rerun_on_another_machine_reuses_the_shards_it_uploaded(s3, tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    from fixtures_sources import build, write_jsonl
+
+    from mmidx import storage
+    from mmidx.build.remote import scratch_prefix
+
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": f"document number {i} " * (i + 1)} for i in range(12)])
+    size = os.path.getsize(path) // 3 + 1  # three units of JSONL byte ranges
+    local, _ = build("text", [path], tmp_path / "local", bytes_per_shard=size)
+    uri = "s3://mmidx/sharded/docs"
+
+    def killed_at_the_dataset(source, target):
+        if target.startswith(f"{uri}."):  # every shard is up; the machine dies uploading the dataset
+            raise KeyboardInterrupt
+        real_upload(source, target)
+
+    real_upload = storage.upload
+    monkeypatch.setattr(storage, "upload", killed_at_the_dataset)
+    with pytest.raises(KeyboardInterrupt):
+        build("text", [path], uri, bytes_per_shard=size)
+    monkeypatch.setattr(storage, "upload", real_upload)
+    shards = storage.list_objects(f"{uri}.shards")
+    assert [name for name in shards if name.endswith("/report.json")] == [f"0000{i}/report.json" for i in range(3)]
+    shutil.rmtree(scratch_prefix(uri).parent)  # another machine: no local scratch
+    remote, report = build("text", [path], uri, bytes_per_shard=size)
+    assert report.ok and report.data["reused_units"] == 3 and report.message.endswith(f"uploaded to {uri}")
+    assert np.array_equal(remote.gather(np.arange(len(remote.tokens)))[0],
+                          local.gather(np.arange(len(local.tokens)))[0])
+    assert storage.list_objects(f"{uri}.shards") == []  # mirrored shards are gone once the dataset is up

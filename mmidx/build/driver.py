@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,8 +45,10 @@ def _single_threaded_tokenizers() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
-def build_dataset(options: BuildOptions) -> BuildReport:
-    """Build ``options.output`` from ``options.inputs``; see :mod:`mmidx.build` for the guarantees."""
+def build_dataset(options: BuildOptions, on_shard: Callable[[Path], None] | None = None) -> BuildReport:
+    """Build ``options.output`` from ``options.inputs``; see :mod:`mmidx.build` for the guarantees.
+
+    ``on_shard(folder)`` is called in this process as each unit's shard folder is published."""
     started = time.perf_counter()
     output = os.fspath(options.output)
     if is_remote(output):  # built in local scratch, then uploaded (data first, index and metadata last)
@@ -79,7 +81,7 @@ def build_dataset(options: BuildOptions) -> BuildReport:
         for index in todo:
             clear_unit(plan, index)
         reused = len(reports)
-        progress = BuildProgress(plan, todo, list(reports.values()))
+        progress = BuildProgress(plan, todo, list(reports.values()), on_shard)
         try:
             reports.update(engine_for(options).run(plan, todo, progress))
         finally:
