@@ -253,6 +253,7 @@ BAD_INPUTS = [
     (["fetch", "s3://mmidx/missing/vlm", "{tmp}/copy"], 1),
     (["fetch", "{short}", "{tmp}/copy"], 1),
     (["fetch", "{short}"], 2),
+    (["precache", "{short}", "--encoder", "encoders:vae", "--name", "x"], 1),
     (["build", "--config", "{data}", "--dataset-info", "{data}", "--output-dir", "s3://mmidx/configs",
       "--tokenizer", "{tok}"], 1),
 ]

@@ -30,7 +30,7 @@ from mmidx import format as fmt
 from mmidx.build.lock import output_lock
 from mmidx.builder import errors_naming
 from mmidx.dataset import MMIDXDataset
-from mmidx.encodings.store import DTYPES, IMG_NUM_RULE, aligned, write_json, write_table
+from mmidx.encodings.store import DTYPES, IMG_NUM_RULE, aligned, refuse_remote, write_json, write_table
 from mmidx.format import FormatError
 from mmidx.images import ImageError, ImageTransform, decode_rgb_pixels
 
@@ -236,6 +236,7 @@ def precache_dataset(prefix: str, job: Job, transform: ImageTransform | None, *,
     ``engine="ray"`` encodes on ``workers`` Ray actors (each loads the encoder once, on ``device``) and
     writes their batches here in order, so the streams are byte-identical to a local run's."""
     run = RunOptions(device, workers, progress, engine, ray_address, encoder)
+    refuse_remote(prefix)
     dataset = MMIDXDataset(prefix)
     units = plan_units(dataset, job, transform if job.modality == "image" else None)
     transform_args = _transform_args(transform) if job.modality == "image" else None
