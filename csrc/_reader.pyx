@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 cimport numpy as cnp
+from cpython.buffer cimport PyObject_CheckBuffer
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
@@ -50,7 +51,10 @@ cdef class TokenStream:
     """Token ids of a Megatron MMIDIDX pair, read by sequence number without copying.
 
     Built from the mapped files and their parsed header (``mmidx.format.read_token_index_header``);
-    checks in O(1) that the index describes exactly the ``.bin`` file it is paired with.
+    checks in O(1) that the index describes exactly the ``.bin`` file it is paired with. ``bin_view``
+    may instead be a byte source without the buffer protocol (an object in storage,
+    :class:`mmidx.storage.RemoteFile`): ``len()`` its size, ``source[a:b]`` exactly bytes [a, b); every
+    check is the same, only the checked spans are then read through it instead of from a map.
     """
 
     cdef readonly object path_prefix
@@ -65,13 +69,14 @@ cdef class TokenStream:
     cdef const char* _documents
     cdef const char* _bin
     cdef int64_t _bin_size
+    cdef bint _ranged
     cdef int _itemsize
     cdef int _typenum
     cdef object _header
 
     def __cinit__(self, path_prefix, header, idx_view, bin_view):
         cdef const unsigned char[::1] idx_bytes = idx_view
-        cdef const unsigned char[::1] bin_bytes = bin_view
+        cdef const unsigned char[::1] bin_bytes
         self.path_prefix = path_prefix
         self._header = header
         self.dtype = header.dtype
@@ -89,7 +94,12 @@ cdef class TokenStream:
         self._lengths = base + lengths_offset
         self._pointers = base + pointers_offset
         self._documents = base + documents_offset
-        self._bin = <const char*>&bin_bytes[0] if len(bin_view) else NULL
+        self._ranged = not PyObject_CheckBuffer(bin_view)
+        self._bin = NULL
+        if not self._ranged:
+            bin_bytes = bin_view
+            if len(bin_view):
+                self._bin = <const char*>&bin_bytes[0]
         self._bin_size = len(bin_view)
         self._itemsize = self.dtype.itemsize
         self._typenum = self.dtype.num
@@ -143,11 +153,30 @@ cdef class TokenStream:
         return np.frombuffer(self._idx_view, "i1", self.sequence_count, self._header.modes_offset)
 
     @property
+    def token_count(self):
+        """The number of tokens the ``.bin`` file holds."""
+        return self._bin_size // self._itemsize
+
+    @property
     def tokens(self):
         """All tokens of the stream as one flat read-only array (a view of the ``.bin`` file)."""
+        if self._ranged:
+            raise TypeError(f"{self.path_prefix}.bin is read by byte range: use get() or gather()")
         return np.frombuffer(self._bin_view, self.dtype)
 
+    cdef object _exact(self, int64_t start, int64_t size):
+        """Bytes [start, start + size) from the byte source, refused unless exactly that many came."""
+        data = self._bin_view[start:start + size]
+        if len(data) != size:
+            raise FormatError(f"{self.path_prefix}.bin: asked bytes [{start}, {start + size}), got {len(data)}: "
+                              "the object is shorter than the metadata says")
+        return data
+
     cdef cnp.ndarray _view(self, int64_t byte_offset, int64_t count):
+        if self._ranged:  # a checked span, read through the byte source
+            fetched = np.frombuffer(self._exact(byte_offset, count * self._itemsize), self.dtype)
+            fetched.flags.writeable = False
+            return fetched
         cdef cnp.npy_intp dims[1]
         dims[0] = count
         cdef cnp.ndarray array = cnp.PyArray_SimpleNewFromData(
@@ -285,6 +314,14 @@ cdef class TokenStream:
             raise FormatError(f"{self.path_prefix}.idx: sequence {s} has a negative length ({size}): corrupted index")
         out = np.empty(total, dtype=self.dtype)
         cdef char* dst = <char*>cnp.PyArray_DATA(out)
+        cdef const unsigned char[::1] chunk
+        if self._ranged:  # checked spans, read through the byte source
+            for i in range(count):
+                take = bounds[i + 1] - bounds[i]
+                if take:
+                    chunk = self._exact(starts[i], take * itemsize)
+                    memcpy(dst + bounds[i] * itemsize, &chunk[0], take * itemsize)
+            return out, bounds_array
         with nogil:
             for i in range(count):
                 take = bounds[i + 1] - bounds[i]

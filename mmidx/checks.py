@@ -17,6 +17,7 @@ from mmidx.dataset import MMIDXDataset, dataset_files, structure_problems
 from mmidx.encodings.store import describe, encoding_names, stream_problems
 from mmidx.format import FormatError
 from mmidx.images import ImageError, probe, verify_decodable
+from mmidx.storage import file_uri, hash_object, is_remote
 
 
 def verify(prefix: str | os.PathLike, *, decode: bool = False) -> list[str]:
@@ -40,10 +41,11 @@ def verify(prefix: str | os.PathLike, *, decode: bool = False) -> list[str]:
 def _verify_checksums(dataset: MMIDXDataset) -> list[str]:
     problems = []
     for role, entry in (dataset.metadata or {}).get("files", {}).items():
-        path = fmt.file_path(dataset.prefix, role)
+        remote = is_remote(dataset.prefix)
+        path = file_uri(dataset.prefix, role) if remote else fmt.file_path(dataset.prefix, role)
         try:
             algorithm = fmt.file_hash_algorithm(entry)
-            digest = fmt.hash_file(path, algorithm)
+            digest = hash_object(path, algorithm) if remote else fmt.hash_file(path, algorithm)
         except OSError as error:
             problems.append(f"{path}: cannot be read ({error.strerror})")
             continue
@@ -57,7 +59,12 @@ def _verify_images(dataset: MMIDXDataset, decode: bool) -> list[str]:
     plan, data, problems = dataset.plan, dataset.image_bytes, []
     offsets, info = plan["image_offsets"], plan["image_info"]
     check = verify_decodable if decode else probe
+    remote, fetched_to = dataset.remote_files.get("images"), 0
     for number in range(len(info)):
+        if remote is not None and number >= fetched_to:  # in storage: by windows of images, not a request each
+            remote.release("verify")
+            fetched_to = max(number + 1, int(np.searchsorted(offsets, offsets[number] + VERIFY_WINDOW, "right")) - 1)
+            remote.fetch("verify", [(int(offsets[number]), int(offsets[fetched_to]))])
         where = f"{dataset.prefix}.images: image {number}"
         try:
             found = check(data[offsets[number]:offsets[number + 1]])
@@ -73,10 +80,21 @@ def _verify_images(dataset: MMIDXDataset, decode: bool) -> list[str]:
         if len(problems) >= MAX_IMAGE_PROBLEMS:
             problems.append(f"{dataset.prefix}.images: stopped after {MAX_IMAGE_PROBLEMS} image problems")
             break
+    if remote is not None:
+        remote.release("verify")
     return problems
 
 
 MAX_IMAGE_PROBLEMS = 20
+VERIFY_WINDOW = 32 << 20  # bytes of a remote dataset's images fetched at once by verify
+
+
+def _file_sizes(dataset: MMIDXDataset) -> dict[str, int]:
+    """File name -> bytes: on disk, or as the (checked) metadata records them for a remote dataset."""
+    if is_remote(dataset.prefix):
+        name = dataset.prefix.partition("?")[0].rsplit("/", 1)[-1]
+        return {name + fmt.SUFFIXES[role]: entry["bytes"] for role, entry in dataset.metadata["files"].items()}
+    return {path.name: path.stat().st_size for path in dataset_files(dataset.prefix)}
 
 
 def _name(names: tuple[str, ...], code: int) -> str:
@@ -110,7 +128,7 @@ def summary(dataset: MMIDXDataset) -> dict[str, Any]:
         "tokens": int(tokens.sequence_lengths.sum(dtype=np.int64)),
         "tokens_per_sequence": _stats(tokens.sequence_lengths),
         "tokens_per_sample": _stats(per_sample),
-        "files": {path.name: path.stat().st_size for path in dataset_files(dataset.prefix)},
+        "files": _file_sizes(dataset),
     }
     plan = dataset.plan
     if plan is not None:

@@ -1,4 +1,4 @@
-"""The mmidx command line: build, merge, index, inspect, verify, show, bench, sample, export, demo.
+"""The mmidx command line: build, merge, index, inspect, verify, fetch, show, bench, sample, export, demo.
 
 Each subcommand is a small function taking the parsed arguments and returning an exit code;
 ``main`` wires them to argparse and turns any error that escapes them into one line and exit status 1.
@@ -109,6 +109,7 @@ def _verify_one(prefix: str, decode: bool) -> bool:
     """Verify one dataset, print its verdict; True when it is sound."""
     from mmidx import format as fmt
     from mmidx.checks import verify
+    from mmidx.storage import is_remote
 
     try:
         problems = verify(prefix, decode=decode)
@@ -122,7 +123,7 @@ def _verify_one(prefix: str, decode: bool) -> bool:
     if problems:
         return False
     images = "every image decoded" if decode else "image headers probed"
-    if not fmt.file_path(prefix, "meta").exists():
+    if not is_remote(prefix) and not fmt.file_path(prefix, "meta").exists():
         print(f"{prefix}: OK (structure only: a Megatron pair without mmidx metadata, so no checksum "
               "guards its bytes)")
     else:
@@ -157,7 +158,29 @@ def add_command(commands: Commands, name: str, handler: Callable[[argparse.Names
 
 
 PREFIX_HELP = "dataset prefix (path without .idx/.bin; a path to one of its files is accepted too)"
-PATHS_HELP = "dataset prefixes, or data YAMLs (every dataset of every group)"
+PATHS_HELP = "dataset prefixes (paths or URIs: s3://bucket/prefix), or data YAMLs (every dataset of every group)"
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """``mmidx fetch``: copy a dataset from object storage to local disk, then verify the copy."""
+    from mmidx.checks import verify
+    from mmidx.storage import fetch_dataset
+
+    local = fetch_dataset(args.uri, args.folder)
+    problems = verify(local)
+    for problem in problems:
+        print(f"FAIL {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"{local}: fetched from {args.uri} and verified (checksums and structure)")
+    return 0
+
+
+def _register_fetch(commands: Commands) -> None:
+    sub = add_command(commands, "fetch", cmd_fetch,
+                      "Copy a dataset from object storage (s3://bucket/prefix) into a local folder and verify it.")
+    sub.add_argument("uri", help="the dataset's prefix in object storage")
+    sub.add_argument("folder", help="local folder; the copy keeps the prefix's last name")
 
 
 def _register_inspect_and_verify(commands: Commands) -> None:
@@ -353,7 +376,8 @@ def cmd_precache(args: argparse.Namespace) -> int:
     job = Job(args.name, args.encoder, modality=args.modality, transform=args.transform, store=args.store,
               dtype=args.dtype, batch_size=args.batch_size, weights_version=args.weights_version)
     try:
-        metas = precache(args.path, job, device=args.device, workers=args.workers, progress=not args.quiet)
+        metas = precache(args.path, job, device=args.device, workers=args.workers, progress=not args.quiet,
+                         engine=args.engine, ray_address=args.ray_address)
     except BuildError as error:  # another precache holds the output's lock
         print(f"mmidx precache: {error}", file=sys.stderr)
         return 1
@@ -378,9 +402,13 @@ def _register_precache(commands: Commands) -> None:
     sub.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="stored dtype")
     sub.add_argument("--device", default="cpu", help="where the encoder runs (cpu, cuda, cuda:1)")
     sub.add_argument("--batch-size", type=int, default=16, help="images (texts) per encoder call, of one shape")
-    sub.add_argument("--workers", type=int, default=1, help="threads decoding and transforming images")
-    sub.add_argument("--engine", choices=("local",), default="local",
-                     help="where the job runs (local; the Ray engine is not wired to precache yet)")
+    sub.add_argument("--workers", type=int, default=1,
+                     help="local: threads decoding and transforming images; ray: encoder actors (one GPU each "
+                          "with --device cuda)")
+    sub.add_argument("--engine", choices=("local", "ray"), default="local",
+                     help="where the encoder runs: this process, or actors of a Ray cluster (pip install "
+                          "\"mmidx[ray]\"; the dataset must be readable there); the streams are the same")
+    sub.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a new local one)")
     sub.add_argument("--weights-version", help="a version or hash of the encoder's weights, recorded")
     sub.add_argument("--quiet", action="store_true", help="no progress line")
 
@@ -540,6 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mmidx {mmidx.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     _register_inspect_and_verify(commands)
+    _register_fetch(commands)
     _register_index_and_show(commands)
     _register_toolkit(commands)
     _register_build(commands)

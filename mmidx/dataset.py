@@ -19,6 +19,7 @@ import numpy as np
 from mmidx import format as fmt
 from mmidx._reader import ImageTable, TokenStream, map_readonly
 from mmidx.format import FormatError
+from mmidx.storage import RemoteFile, cached_small_files, data_file, is_remote
 
 
 class ImageRecord(NamedTuple):
@@ -43,9 +44,15 @@ class _Mapped:
     image_table: ImageTable | None
     structure_checked: bool = False
     encodings: dict[str, Any] = field(default_factory=dict)  # precached encoding streams opened, by name
+    remote: dict[str, RemoteFile] = field(default_factory=dict)  # data files read by byte range, by role
 
 
 def _open(prefix: str) -> _Mapped:
+    if is_remote(prefix):  # small files cached and checked locally, data files read by byte range
+        meta, local = cached_small_files(prefix)
+        files: dict[str, Any] = {role: map_readonly(path) for role, path in local.items() if role != "meta"}
+        files.update({role: data_file(prefix, role, meta) for role in ("bin", "images") if role in meta["files"]})
+        return _assemble(prefix, meta, local["idx"], files)
     meta_path, idx_path, bin_path = (fmt.file_path(prefix, role) for role in ("meta", "idx", "bin"))
     meta = fmt.read_metadata(meta_path) if meta_path.exists() else None
     if meta is None and not idx_path.exists():
@@ -59,19 +66,26 @@ def _open(prefix: str) -> _Mapped:
         _check_file_sizes(prefix, meta)
     if not bin_path.exists():
         raise FormatError(f"{bin_path}: missing; the token index {idx_path.name} has no data file")
+    roles = ("idx", "bin", "plan", "images") if meta is not None and meta["kind"] == "multimodal" else ("idx", "bin")
+    return _assemble(prefix, meta, idx_path, {role: map_readonly(fmt.file_path(prefix, role)) for role in roles})
+
+
+def _assemble(prefix: str, meta: dict[str, Any] | None, idx_path: Path, files: dict[str, Any]) -> _Mapped:
+    """The readers over a dataset's files (maps, or byte sources for data in object storage), checked
+    to belong together."""
     header = fmt.read_token_index_header(idx_path)
-    tokens = TokenStream(prefix, header, map_readonly(idx_path), map_readonly(bin_path))
+    tokens = TokenStream(prefix, header, files["idx"], files["bin"])
     plan = images = image_table = None
     if meta is not None:
         _check_counts(prefix, meta, tokens)
         if meta["kind"] == "multimodal":
-            plan_path = fmt.file_path(prefix, "plan")
-            plan = fmt.read_plan(plan_path, map_readonly(plan_path))
-            images = map_readonly(fmt.file_path(prefix, "images"))
+            plan = fmt.read_plan(fmt.file_path(prefix, "plan"), files["plan"])
+            images = files["images"]
             _check_plan(prefix, meta, tokens, plan, len(images))
             image_table = ImageTable(prefix, plan["sample_image_offsets"], plan["image_offsets"], plan["image_info"],
                                      images, ImageRecord)
-    return _Mapped(meta, tokens, plan, images, image_table)
+    remote = {role: file for role, file in files.items() if isinstance(file, RemoteFile)}
+    return _Mapped(meta, tokens, plan, images, image_table, remote=remote)
 
 
 def _check_file_sizes(prefix: str, meta: dict[str, Any]) -> None:
@@ -89,7 +103,7 @@ def _check_file_sizes(prefix: str, meta: dict[str, Any]) -> None:
 def _check_counts(prefix: str, meta: dict[str, Any], tokens: TokenStream) -> None:
     counts = meta["counts"]
     found = {"samples": tokens.document_count, "sequences": tokens.sequence_count,
-             "tokens": len(tokens.tokens)}
+             "tokens": tokens.token_count}
     for key, value in found.items():
         if counts.get(key) != value:
             raise FormatError(f"{fmt.file_path(prefix, 'meta')}: the metadata counts {counts.get(key)} {key}, "
@@ -411,6 +425,11 @@ class MMIDXDataset:
         """The mapped ``P.images`` file (empty for text datasets)."""
         images = self._files.images
         return memoryview(b"") if images is None else images
+
+    @property
+    def remote_files(self) -> dict[str, RemoteFile]:
+        """The data files ("bin", "images") read by byte range from object storage (empty for local files)."""
+        return self._files.remote
 
     @property
     def token_dtype(self) -> np.dtype:

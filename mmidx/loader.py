@@ -8,30 +8,46 @@ single-rank global batch whatever w is. Resume state is one integer: the packs c
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from mmidx.packing import PackBuilder, PackedBatch, PackItem
+from mmidx.prefetch import PackPrefetcher, WorkerSchedule
 
 
 class PackDataset(torch.utils.data.Dataset):
     """Pack k → :class:`PackedBatch` (CPU tensors, split metadata instead of masks).
 
     ``packs`` is anything with ``len()`` and ``items(k) -> list[PackItem]`` (a :class:`~mmidx.pack_index.PackIndex`).
+    ``upcoming`` (set by :class:`PackLoader`): pack k -> the packs this worker builds next, whose bytes
+    are fetched ahead from datasets in object storage (:mod:`mmidx.prefetch`).
     """
 
     def __init__(self, packs: Any, builder: PackBuilder):
         self.packs = packs
         self.builder = builder
+        self.upcoming: Callable[[int], list[int]] | None = None
+        self._prefetcher: PackPrefetcher | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_prefetcher": None}  # each worker fetches for itself
 
     def __len__(self) -> int:
         return len(self.packs)
 
     def __getitem__(self, index: int) -> PackedBatch:
         items: Sequence[PackItem] = self.packs.items(index)
-        return self.builder.build(index, items)
+        if not any(dataset.remote_files for group in self.builder.datasets for dataset in group):
+            return self.builder.build(index, items)
+        if self._prefetcher is None:
+            self._prefetcher = PackPrefetcher(self.packs, self.builder.datasets)
+        self._prefetcher.before(index, self.upcoming(index) if self.upcoming else [])
+        try:
+            return self.builder.build(index, items)
+        finally:
+            self._prefetcher.after(index)
 
 
 class GlobalBatchSampler(torch.utils.data.Sampler[int]):
@@ -67,6 +83,12 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
         """The pack this rank trains on at micro-step ``step``."""
         global_batch, position = divmod(step, self.per_rank)
         return global_batch * self.global_batch_size + self.rank * self.per_rank + position
+
+    def step_of_pack(self, pack: int) -> int | None:
+        """The micro-step at which this rank trains on ``pack`` (None: another rank's pack)."""
+        global_batch, offset = divmod(pack, self.global_batch_size)
+        position = offset - self.rank * self.per_rank
+        return global_batch * self.per_rank + position if 0 <= position < self.per_rank else None
 
     def __iter__(self) -> Iterator[int]:
         for step in range(self.start, self.start + len(self)):
@@ -121,8 +143,10 @@ class PackLoader:
 
     def __iter__(self) -> Iterator[PackedBatch]:
         extra = {"prefetch_factor": self.prefetch_factor} if self.num_workers and self.prefetch_factor else {}
+        sampler = self.sampler()
+        self.dataset.upcoming = WorkerSchedule(sampler, self.num_workers)
         loader = torch.utils.data.DataLoader(
-            self.dataset, batch_size=1, sampler=self.sampler(), collate_fn=collate_pack,
+            self.dataset, batch_size=1, sampler=sampler, collate_fn=collate_pack,
             num_workers=self.num_workers, pin_memory=self.pin_memory, **extra)
         for batch in loader:
             if self.device is not None:

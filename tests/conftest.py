@@ -1,5 +1,6 @@
 """Shared test setup: offline Hugging Face, quiet Megatron imports, and small dataset factories."""
 
+import logging
 import os
 import warnings
 
@@ -23,3 +24,48 @@ def demo(tmp_path_factory):
         result = run("mmidx-demo", quick=True,
                      progress=lambda line: steps.append((line, os.path.exists("mmidx-demo/datasets/data.yaml"))))
     return {**result, "steps": steps}
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3 server (moto's) on 127.0.0.1 for this test process, with a bucket ``mmidx``; the AWS
+    variables and mmidx's cache folder point at it and a temporary folder while the session lasts.
+
+    Yields a helper: ``s3.upload(prefix, uri)`` copies a local dataset's files, ``s3.client`` is boto3's."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    settings = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": f"http://{host}:{port}", "MMIDX_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="mmidx")
+
+    class S3:
+        endpoint = f"{host}:{port}"
+
+        def __init__(self):
+            self.client = client
+
+        @staticmethod
+        def upload(prefix, uri):
+            """Put every file of the local dataset ``prefix`` at ``uri`` (s3://mmidx/...)."""
+            from mmidx.dataset import dataset_files
+
+            key = uri.removeprefix("s3://mmidx/")
+            for path in dataset_files(prefix):
+                client.upload_file(str(path), "mmidx", key + path.name[len(os.path.basename(prefix)):])
+            return uri
+
+    yield S3()
+    server.stop()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

@@ -24,7 +24,10 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="session")
 def cluster():
-    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    tests = os.path.dirname(__file__)  # workers import the tests' encoders (mmidx precache --engine ray)
+    path = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                       runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield context.address_info["gcs_address"]
     ray.shutdown()
 
@@ -113,3 +116,25 @@ def test_a_killed_ray_driver_is_resumed_from_every_finished_shard(cluster, many_
     report = _build(many_rows, tmp_path / "ray" / "out", "ray")
     assert report.ok and report.data["reused_units"] >= finished
     assert same_dataset_files(tmp_path / "local" / "out", tmp_path / "ray" / "out")
+
+
+def test_a_ray_precache_writes_the_streams_of_a_local_one(cluster, tmp_path):
+    """Encoder actors on the cluster, batches written by the driver in order: byte-identical streams."""
+    from test_precache import VAE, make_datasets
+
+    from mmidx import format as fmt
+    from mmidx.encodings.precache import Job, precache_dataset
+
+    make_datasets(tmp_path)
+    prefix = str(tmp_path / "edit")
+    streams, records = {}, {}
+    for engine in ("local", "ray"):
+        job = Job(f"v_{engine}", "encoders:vae", batch_size=1)
+        meta = precache_dataset(prefix, job, VAE, progress=False, engine=engine, workers=2, ray_address=cluster)
+        records[engine] = meta["counts"]["records"]
+        streams[engine] = {role: fmt.encoding_path(prefix, job.name, role).read_bytes() for role in ("bin", "idx")}
+    assert records == {"local": 8, "ray": 8}  # 4 samples x 2 VAE images, one batch each
+    assert streams["ray"] == streams["local"]
+    with pytest.raises(ValueError, match="cannot import it"):  # the actor's own error, not Ray's wrapper
+        precache_dataset(prefix, Job("v_bad", "encoders:missing"), VAE, progress=False, engine="ray",
+                         ray_address=cluster)

@@ -41,8 +41,11 @@ def _noise_png(width, height, seed):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
+    return make_datasets(tmp_path_factory.mktemp("precache"))
+
+
+def make_datasets(folder):
     """A t2i dataset (caption, noised image) and an edit dataset (clean image, vit image, text, noised image)."""
-    folder = tmp_path_factory.mktemp("precache")
     with DatasetBuilder(folder / "t2i", vocab_size=1000, special_tokens=SPECIAL) as builder:
         for i, (width, height) in enumerate(SIZES):
             builder.add_sample([list(range(5, 9 + i))], [_noise_png(width, height, i)],

@@ -235,8 +235,10 @@ def write_readme_inputs(folder: Path) -> None:
         "vlm_sft": {"llava_ov": {"data_dir": "images", "jsonl_path": "llava.jsonl"}}}))
 
 
-def test_every_bash_and_python_block_runs_as_written(demo, tmp_path, monkeypatch):
-    """Each block that is not marked runs unchanged, in order, in a folder holding the inputs it names."""
+def test_every_bash_and_python_block_runs_as_written(demo, s3, tmp_path, monkeypatch):
+    """Each block that is not marked runs unchanged, in order, in a folder holding the inputs it names
+    (and, for the object-storage block, beside a local S3 server with the bucket it names)."""
+    s3.client.create_bucket(Bucket="my-bucket")
     runnable = [block for block in readme_blocks()
                 if block.language in RUN and not block.needs and block != quick_start()]
     assert {block.language for block in runnable} == set(RUN)
@@ -263,6 +265,7 @@ def test_every_bash_and_python_block_runs_as_written(demo, tmp_path, monkeypatch
     # what the shell blocks wrote is what their commands say they write
     assert json.loads((tmp_path / "ds" / "t2i.report.json").read_text())["samples"] == 8
     assert (tmp_path / "ds" / "data.yaml").exists() and (tmp_path / "pack.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "local" / "t2i.meta.json").exists()  # mmidx fetch of the dataset built to s3://
 
 
 def test_the_demo_output_shown_is_the_demos_in_its_folder(demo):

@@ -243,17 +243,37 @@ BAD_INPUTS = [
     (["precache", "{prefix}", "--encoder", "encoders:vae", "--name", "x", "--dtype", "fp8"], 2),
     (["demo", "--workdir", "{file}/demo"], 1),
     (["demo", "--quick", "yes"], 2),
+    # object storage (moto's S3 server; {closed}: a local port nothing listens on, {short}: a dataset
+    # whose .images object is shorter than its metadata says)
+    (["inspect", "s3://no-such-bucket/ds/vlm"], 1),
+    (["verify", "s3://mmidx/missing/vlm"], 1),
+    (["show", "s3://mmidx/ds/vlm?endpoint_override=127.0.0.1:{closed}&scheme=http"], 1),
+    (["index", "--gpt", "s3://mmidx/missing/text", "--seq-length", "16"], 1),
+    (["inspect", "{short}"], 1),
+    (["fetch", "s3://mmidx/missing/vlm", "{tmp}/copy"], 1),
+    (["fetch", "{short}", "{tmp}/copy"], 1),
+    (["fetch", "{short}"], 2),
+    (["precache", "{short}", "--encoder", "encoders:vae", "--name", "x"], 1),
+    (["build", "--config", "{data}", "--dataset-info", "{data}", "--output-dir", "s3://mmidx/configs",
+      "--tokenizer", "{tok}"], 1),
 ]
 
 
-def bad_input_values(demo, vlm, folder) -> dict[str, str]:
-    """The files the table's placeholders name, written in ``folder``."""
+def bad_input_values(demo, vlm, folder, s3) -> dict[str, str]:
+    """The files the table's placeholders name, written in ``folder`` (and in the S3 server)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    short = s3.upload(vlm.prefix, "s3://mmidx/short/vlm")
+    s3.client.put_object(Bucket="mmidx", Key="short/vlm.images", Body=open(f"{vlm.prefix}.images", "rb").read()[:-1])
     (folder / "file").write_text("not a folder")
     (folder / "bad.yaml").write_text("groups: [1\n")
     (folder / "empty.yaml").write_text("")
     return {"data": f"{demo['workdir']}/datasets/data.yaml", "prefix": vlm.prefix, "tmp": str(folder),
             "file": str(folder / "file"), "badyaml": str(folder / "bad.yaml"), "empty": str(folder / "empty.yaml"),
-            "tok": f"{demo['workdir']}/raw/tokenizer"}
+            "tok": f"{demo['workdir']}/raw/tokenizer", "closed": str(closed), "short": short}
 
 
 def test_the_bad_input_table_covers_every_subcommand():
@@ -265,8 +285,8 @@ def test_the_bad_input_table_covers_every_subcommand():
 
 @pytest.mark.parametrize(("argv", "status"), BAD_INPUTS, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in
                                                             enumerate(BAD_INPUTS)])
-def test_bad_input_is_one_line_and_an_exit_status(argv, status, demo, vlm, tmp_path, capsys):
-    values = bad_input_values(demo, vlm, tmp_path)
+def test_bad_input_is_one_line_and_an_exit_status(argv, status, demo, vlm, tmp_path, capsys, s3):
+    values = bad_input_values(demo, vlm, tmp_path, s3)
     argv = [arg.format(**values) for arg in argv]
     try:
         code = main(argv)
@@ -282,9 +302,9 @@ def test_bad_input_is_one_line_and_an_exit_status(argv, status, demo, vlm, tmp_p
         assert lines[0].startswith("usage: mmidx") and re.match(r"mmidx( \w+)?: error: ", lines[-1]), lines
 
 
-def test_the_command_line_ends_in_one_line_in_a_real_process(demo, vlm, tmp_path):
+def test_the_command_line_ends_in_one_line_in_a_real_process(demo, vlm, tmp_path, s3):
     """What only a process shows: a closed pipe (``inspect --json | head``), the top-level handler, argparse."""
-    values = bad_input_values(demo, vlm, tmp_path)
+    values = bad_input_values(demo, vlm, tmp_path, s3)
     env = {**os.environ, "PYTHONPATH": str(Path(mmidx.__file__).parent.parent)}
     env.pop("MMIDX_TRACEBACK", None)
 
@@ -295,7 +315,7 @@ def test_the_command_line_ends_in_one_line_in_a_real_process(demo, vlm, tmp_path
     piped = start("inspect", "--json", values["prefix"])  # a few kB: still in the buffer at the end
     piped.stdout.close()  # the reader is gone before the command writes a byte
     others = [(start("inspect", values["badyaml"]), 1), (start("show", values["data"], "-o", "/nonexistent/p.png"), 1),
-              (start("verify"), 2), (start("--version"), 0)]
+              (start("verify"), 2), (start("inspect", values["short"]), 1), (start("--version"), 0)]
     _, err = piped.communicate(timeout=120)
     assert piped.returncode == 1 and "Traceback" not in err and "Exception ignored" not in err, err
     for process, status in others:

@@ -11,6 +11,7 @@ from mmidx.build.driver import build_dataset
 from mmidx.build.plan import BuildError, BuildOptions
 from mmidx.build.report import BuildReport
 from mmidx.sources import SourceOptions
+from mmidx.storage import is_remote
 
 GROUP_SOURCES = {"t2i_pretrain": "t2i", "unified_edit": "edit", "vlm_sft": "vlm"}
 DATA_CONFIG_NAME = "data.yaml"
@@ -75,8 +76,12 @@ def build_from_config(config: str | os.PathLike, dataset_info: str | os.PathLike
 
     from mmidx.config import data_yaml_group
 
-    groups, info = _load_yaml(config), _load_yaml(dataset_info)
     output_dir = os.fspath(output_dir)
+    if is_remote(output_dir):
+        raise BuildError(f"{output_dir}: --config builds write their datasets and data.yaml to a local or shared "
+                         "folder; build there and upload each dataset (mmidx build --source ... --output s3://...), "
+                         "or train from the local folder")
+    groups, info = _load_yaml(config), _load_yaml(dataset_info)
     info_folder = os.path.dirname(os.path.abspath(dataset_info))
     settings = {"tokenizer": tokenizer, "source_options": source_options or SourceOptions(), "workers": workers,
                 "max_skip_rate": max_skip_rate, "progress": progress, "engine": engine,

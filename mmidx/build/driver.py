@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,9 +24,11 @@ from mmidx.build.plan import (
     shard_dir,
     write_json,
 )
+from mmidx.build.remote import build_remote
 from mmidx.build.report import BuildReport, add_counts, counted, judge, new_counts, report_path
 from mmidx.build.shard import clear_unit, load_tokenizer
 from mmidx.sources import get_source
+from mmidx.storage import is_remote
 
 
 @contextmanager
@@ -43,10 +45,14 @@ def _single_threaded_tokenizers() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
-def build_dataset(options: BuildOptions) -> BuildReport:
-    """Build ``options.output`` from ``options.inputs``; see :mod:`mmidx.build` for the guarantees."""
+def build_dataset(options: BuildOptions, on_shard: Callable[[Path], None] | None = None) -> BuildReport:
+    """Build ``options.output`` from ``options.inputs``; see :mod:`mmidx.build` for the guarantees.
+
+    ``on_shard(folder)`` is called in this process as each unit's shard folder is published."""
     started = time.perf_counter()
     output = os.fspath(options.output)
+    if is_remote(output):  # built in local scratch, then uploaded (data first, index and metadata last)
+        return build_remote(options, build_dataset)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     node = f".node{options.node_rank}of{options.num_nodes}" if options.num_nodes > 1 else ""
     with output_lock(output + node), _single_threaded_tokenizers():
@@ -75,7 +81,7 @@ def build_dataset(options: BuildOptions) -> BuildReport:
         for index in todo:
             clear_unit(plan, index)
         reused = len(reports)
-        progress = BuildProgress(plan, todo, list(reports.values()))
+        progress = BuildProgress(plan, todo, list(reports.values()), on_shard)
         try:
             reports.update(engine_for(options).run(plan, todo, progress))
         finally:

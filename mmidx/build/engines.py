@@ -15,13 +15,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
+from pathlib import Path
 from queue import Empty
 from typing import Any, Protocol
 
-from mmidx.build.plan import BuildError, BuildOptions, BuildPlan
+from mmidx.build.plan import BuildError, BuildOptions, BuildPlan, shard_dir
 from mmidx.build.shard import build_unit, tokenizer_for
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -30,9 +31,11 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 class BuildProgress:
     """One progress bar for the whole build, however many workers or nodes: rows, samples, skips, shards."""
 
-    def __init__(self, plan: BuildPlan, todo: list[int], reused: list[dict[str, Any]]):
+    def __init__(self, plan: BuildPlan, todo: list[int], reused: list[dict[str, Any]],
+                 on_shard: Callable[[Path], None] | None = None):
         from tqdm import tqdm
 
+        self.shards_folder, self.on_shard = plan.shards, on_shard  # on_shard(folder) once a shard is published
         rows = [plan.units[i].rows for i in todo]
         self.shards, self.total_shards = len(reused), len(reused) + len(todo)
         self.samples = sum(report["samples"] for report in reused)
@@ -60,6 +63,8 @@ class BuildProgress:
         if not counted:
             self.update(report["rows"], report["images"], report["tokens"])
         self._postfix()
+        if self.on_shard is not None:
+            self.on_shard(shard_dir(self.shards_folder, report["index"]))
 
     def _postfix(self) -> None:
         elapsed = max(time.perf_counter() - self.started, 1e-9)

@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from mmidx import format as fmt
 from mmidx.build.lock import output_lock
 from mmidx.builder import errors_naming
 from mmidx.dataset import MMIDXDataset
-from mmidx.encodings.store import DTYPES, IMG_NUM_RULE, aligned, write_json, write_table
+from mmidx.encodings.store import DTYPES, IMG_NUM_RULE, aligned, refuse_remote, write_json, write_table
 from mmidx.format import FormatError
 from mmidx.images import ImageError, ImageTransform, decode_rgb_pixels
 
@@ -58,18 +58,34 @@ class Job:
         fmt.encoding_path("p", self.name, "json")  # the name check
 
 
-def load_encoder(spec: str) -> Callable[..., Any]:
-    """Import ``pkg.module:factory`` and return ``factory()``, in eval mode when it is a module."""
+@dataclasses.dataclass
+class RunOptions:
+    """How a precache runs (nothing here changes its bytes): where, on how many threads or Ray workers."""
+
+    device: str = "cpu"
+    workers: int = 1  # local: threads decoding and transforming; ray: encoder actors
+    progress: bool = True
+    engine: str = "local"  # local | ray
+    ray_address: str | None = None
+    encoder: Callable[..., Any] | None = None  # an encoder already loaded (local engine only)
+
+
+def encoder_factory(spec: str) -> Callable[[], Any]:
+    """The ``factory`` that ``pkg.module:factory`` names, imported (a ValueError saying what is wrong if not)."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"--encoder {spec!r}: give it as pkg.module:factory")
     try:
-        factory = getattr(importlib.import_module(module_name), attribute)
+        return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
         raise ValueError(f"--encoder {spec!r}: cannot import it ({error}); is its package on PYTHONPATH?") from error
-    encoder = factory()
+
+
+def load_encoder(spec: str, device: str = "cpu") -> Callable[..., Any]:
+    """``factory()`` of ``pkg.module:factory``, on ``device`` and in eval mode when it is a module."""
+    encoder = encoder_factory(spec)()
     if isinstance(encoder, torch.nn.Module):
-        encoder.eval().requires_grad_(False)
+        encoder.eval().requires_grad_(False).to(device)
     return encoder
 
 
@@ -218,9 +234,14 @@ def _transform_args(transform: ImageTransform | None) -> dict[str, Any] | None:
 
 
 def precache_dataset(prefix: str, job: Job, transform: ImageTransform | None, *, device: str = "cpu",
-                     workers: int = 1, progress: bool = True,
-                     encoder: Callable[..., Any] | None = None) -> dict[str, Any]:
-    """Compute (or finish computing) ``P.enc.NAME`` for the dataset at ``prefix``; returns its metadata."""
+                     workers: int = 1, progress: bool = True, encoder: Callable[..., Any] | None = None,
+                     engine: str = "local", ray_address: str | None = None) -> dict[str, Any]:
+    """Compute (or finish computing) ``P.enc.NAME`` for the dataset at ``prefix``; returns its metadata.
+
+    ``engine="ray"`` encodes on ``workers`` Ray actors (each loads the encoder once, on ``device``) and
+    writes their batches here in order, so the streams are byte-identical to a local run's."""
+    run = RunOptions(device, workers, progress, engine, ray_address, encoder)
+    refuse_remote(prefix)
     dataset = MMIDXDataset(prefix)
     units = plan_units(dataset, job, transform if job.modality == "image" else None)
     transform_args = _transform_args(transform) if job.modality == "image" else None
@@ -228,50 +249,67 @@ def precache_dataset(prefix: str, job: Job, transform: ImageTransform | None, *,
     with output_lock(f"{prefix}.enc.{job.name}", "precache"):
         partial = _Partial(prefix, job.name, fingerprint, units.bounds)
         try:
-            store = _run(dataset, job, transform, units, partial, device, workers, progress, encoder)
+            store = _run(dataset, job, transform, units, partial, run)
         finally:
             partial.close()
         return _commit(prefix, job, dataset, transform_args, units, partial, store)
 
 
 def _run(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, units: Units, partial: _Partial,
-         device: str, workers: int, progress: bool, encoder: Callable[..., Any] | None) -> str:
-    """Encode the batches the partial files do not hold yet; returns the store recorded."""
+         run: RunOptions) -> str:
+    """Encode the batches the partial files do not hold yet, in order; returns the store recorded."""
     batches = len(units.bounds) - 1
     store = partial.store or job.store
     if partial.batches == batches:
         return store
-    if encoder is None:
-        encoder = load_encoder(job.encoder)
-        if isinstance(encoder, torch.nn.Module):
-            encoder.to(device)
-    dtype = DTYPES[job.dtype]
+    todo = range(partial.batches, batches)
+    if run.engine == "ray":
+        from mmidx.encodings.ray_precache import ray_batches
+
+        results = ray_batches(dataset.prefix, job, transform, units, todo, run)
+    else:
+        results = _local_batches(dataset, job, transform, units, todo, run)
     started, done = time.perf_counter(), 0
-    pool = ThreadPoolExecutor(workers) if workers > 1 else None
+    for b, (values, store) in zip(todo, results, strict=True):
+        start, end = units.bounds[b], units.bounds[b + 1]
+        partial.note_store(store)
+        partial.append(list(values.unbind(0)), units.items[start:end], units.img_nums[start:end])
+        done += end - start
+        if run.progress:
+            rate = done / max(time.perf_counter() - started, 1e-9)
+            print(f"\rprecache {job.name}: {end}/{units.bounds[-1]} {job.modality}s ({rate:.1f}/s)",
+                  end="", file=sys.stderr, flush=True)
+    if run.progress:
+        print(file=sys.stderr)
+    return store
+
+
+def _local_batches(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, units: Units,
+                   todo: range, run: RunOptions) -> Iterator[tuple[torch.Tensor, str]]:
+    """Batches ``todo`` encoded in this process (decode and transform on ``run.workers`` threads)."""
+    encoder = run.encoder if run.encoder is not None else load_encoder(job.encoder, run.device)
+    pool = ThreadPoolExecutor(run.workers) if run.workers > 1 else None
     try:
-        for b in range(partial.batches, batches):
-            start, end = units.bounds[b], units.bounds[b + 1]
-            items, img_nums = units.items[start:end], units.img_nums[start:end]
-            inputs = _inputs(dataset, job, transform, units, start, end, pool)
-            with torch.inference_mode():
-                result = encoder(inputs.to(device))
-                values, store = _outputs(result, job.store, items, img_nums)
-                values = values.to("cpu", dtype)
-                if job.transform == "vit" and values.dim() == 4:  # token-major: packs copy rows, no transpose
-                    values = values.permute(0, 2, 3, 1)
-            partial.note_store(store)
-            partial.append(list(values.unbind(0)), items, img_nums)
-            done += end - start
-            if progress:
-                rate = done / max(time.perf_counter() - started, 1e-9)
-                print(f"\rprecache {job.name}: {end}/{units.bounds[-1]} {job.modality}s ({rate:.1f}/s)",
-                      end="", file=sys.stderr, flush=True)
+        for b in todo:
+            yield encode_batch(dataset, job, transform, units, b, encoder, run.device, pool)
     finally:
         if pool is not None:
             pool.shutdown()
-    if progress:
-        print(file=sys.stderr)
-    return store
+
+
+def encode_batch(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, units: Units, b: int,
+                 encoder: Callable[..., Any], device: str,
+                 pool: ThreadPoolExecutor | None = None) -> tuple[torch.Tensor, str]:
+    """Batch ``b``'s values on the CPU in the stored dtype, and the store its output type gives."""
+    start, end = units.bounds[b], units.bounds[b + 1]
+    inputs = _inputs(dataset, job, transform, units, start, end, pool)
+    with torch.inference_mode():
+        result = encoder(inputs.to(device))
+        values, store = _outputs(result, job.store, units.items[start:end], units.img_nums[start:end])
+        values = values.to("cpu", DTYPES[job.dtype])
+        if job.modality == "image" and job.transform == "vit" and values.dim() == 4:
+            values = values.permute(0, 2, 3, 1)  # token-major (h, w, D): packs copy rows, no transpose
+        return values, store
 
 
 def _inputs(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, units: Units, start: int, end: int,
@@ -327,9 +365,8 @@ def _commit(prefix: str, job: Job, dataset: MMIDXDataset, transform_args: dict[s
     return meta
 
 
-
-def precache(path: str, job: Job, *, device: str = "cpu", workers: int = 1,
-             progress: bool = True) -> list[dict[str, Any]]:
+def precache(path: str, job: Job, *, device: str = "cpu", workers: int = 1, progress: bool = True,
+             engine: str = "local", ray_address: str | None = None) -> list[dict[str, Any]]:
     """Precache every dataset of a data YAML (each through its group's transform), or one dataset prefix
     (BAGEL's transforms for its source type); returns each stream's metadata."""
     from mmidx.config import config_for
@@ -343,8 +380,10 @@ def precache(path: str, job: Job, *, device: str = "cpu", workers: int = 1,
             if transforms.setdefault(prefix, transform) != transform:
                 raise ValueError(f"{prefix} is in groups with different {job.transform} transforms: one encoding "
                                  "stream has one transform; precache it under two names from two data YAMLs")
-    encoder = load_encoder(job.encoder)  # once for every dataset, and before anything is written
-    if isinstance(encoder, torch.nn.Module):
-        encoder.to(device)
+    # the encoder is loaded (locally) or its factory imported (Ray) once, before anything is written
+    encoder = load_encoder(job.encoder, device) if engine == "local" else None
+    if encoder is None:
+        encoder_factory(job.encoder)
     return [precache_dataset(prefix, job, transform, device=device, workers=workers, progress=progress,
-                             encoder=encoder) for prefix, transform in transforms.items()]
+                             encoder=encoder, engine=engine, ray_address=ray_address)
+            for prefix, transform in transforms.items()]

@@ -20,6 +20,7 @@ import torch
 
 from mmidx import format as fmt
 from mmidx.format import FormatError
+from mmidx.storage import is_remote
 
 ENCODING_FORMAT = "mmidx-encoding"
 # --dtype names → (torch dtype, the JSON's name); bf16 is stored as its raw 16 bits.
@@ -93,6 +94,14 @@ def _map(path: Path, expected: int) -> mmap.mmap | bytes:
         raise FormatError(f"{path}: cannot open ({error.strerror}): the encoding is incomplete") from error
 
 
+def refuse_remote(prefix: str) -> None:
+    """Precached encodings live beside a dataset on a local or shared filesystem; say so for a URI."""
+    if is_remote(prefix):
+        raise FormatError(f"{prefix}: precached encodings are written and read beside datasets on a local or "
+                          f"shared filesystem, not in object storage: fetch it (mmidx fetch {prefix} DIR) and "
+                          "precache the copy")
+
+
 @dataclass
 class EncodingStream:
     """One opened stream: its metadata, record table and mapped values."""
@@ -108,6 +117,7 @@ class EncodingStream:
     def open(cls, prefix: str | os.PathLike, name: str, dataset_checksum: str | None = None) -> EncodingStream:
         """Open ``P.enc.NAME``; refuse it if any file is inconsistent or (given) it was computed from other data."""
         prefix = os.fspath(prefix)
+        refuse_remote(prefix)
         json_path, idx_path, bin_path = (fmt.encoding_path(prefix, name, role) for role in ("json", "idx", "bin"))
         if not json_path.exists():
             raise FormatError(f"{json_path}: missing: no precached encoding {name!r} for {prefix} "

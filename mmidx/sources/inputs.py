@@ -45,17 +45,24 @@ def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
     if not is_uri(location):
         return pafs.LocalFileSystem(), os.path.abspath(location)
     scheme, rest = location.split("://", 1)
+    base, query = _split_query(rest)
     try:
         if scheme == "file":
             return pafs.LocalFileSystem(), pafs.FileSystem.from_uri(location)[1]
-        return _remote_filesystem(f"{scheme}://{rest.split('/', 1)[0]}"), pafs.FileSystem.from_uri(location)[1]
+        return _remote_filesystem(f"{scheme}://{base.split('/', 1)[0]}{query}"), pafs.FileSystem.from_uri(location)[1]
     except Exception as error:  # pyarrow raises several types for an unusable URI
         raise SourceError(f"cannot open {location!r} through pyarrow's filesystems: {error}") from error
 
 
+def _split_query(location: str) -> tuple[str, str]:
+    """A URI without its query options (``?endpoint_override=...``), and the query with its ``?`` ("" if none)."""
+    base, mark, query = location.partition("?")
+    return base, mark + query
+
+
 def _uri_of(location: str, path: str) -> str:
-    """``path`` (inside ``location``'s filesystem) spelt the way ``location`` was."""
-    return f"{location.split('://', 1)[0]}://{quote(path)}" if is_uri(location) else path
+    """``path`` (inside ``location``'s filesystem) spelt the way ``location`` was, query options kept."""
+    return f"{location.split('://', 1)[0]}://{quote(path)}{_split_query(location)[1]}" if is_uri(location) else path
 
 
 def list_inputs(inputs: Sequence[str], extensions: Sequence[str]) -> list[str]:
@@ -101,12 +108,18 @@ def resolve(folder: str | None, name: str) -> str:
     """A file named in a row: absolute paths and URIs as they are, others relative to ``folder``."""
     if is_uri(name) or os.path.isabs(name) or folder is None:
         return name
-    return posixpath.join(folder, quote(name)) if is_uri(folder) else os.path.join(folder, name)
+    if not is_uri(folder):
+        return os.path.join(folder, name)
+    base, query = _split_query(folder)
+    return posixpath.join(base, quote(name)) + query
 
 
 def parent(location: str) -> str:
-    """The folder holding ``location`` (a path or URI)."""
-    return posixpath.dirname(location) if is_uri(location) else os.path.dirname(os.path.abspath(location))
+    """The folder holding ``location`` (a path or URI; a URI keeps its query options)."""
+    if not is_uri(location):
+        return os.path.dirname(os.path.abspath(location))
+    base, query = _split_query(location)
+    return posixpath.dirname(base) + query
 
 
 # --------------------------------------------------------------------------- parquet

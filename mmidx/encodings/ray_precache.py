@@ -1,0 +1,63 @@
+"""``mmidx precache --engine ray``: encoder batches on Ray actors, written by the driver in order.
+
+Each actor opens the dataset (the prefix must be readable where the actors run, as for a Ray
+build), loads the encoder once on its device, and encodes whole batches with the same
+:func:`~mmidx.encodings.precache.encode_batch` a local run uses. The driver receives the batches in
+their order and appends them to its ``.partial`` files, so the streams are byte-identical to a
+local run's and resuming after a killed driver works unchanged. Ray is optional and imported here only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from mmidx.build.ray_engine import import_ray
+from mmidx.dataset import MMIDXDataset
+from mmidx.encodings.precache import Job, RunOptions, Units, encode_batch, load_encoder
+from mmidx.images import ImageTransform
+
+
+class _EncoderActor:
+    """One worker: the dataset opened and the encoder loaded once (at the first batch, so that an error
+    doing it reaches the driver as the task's own exception), then batch after batch."""
+
+    def __init__(self, prefix: str, job: Job, transform: ImageTransform | None, units: Units, device: str):
+        self.prefix, self.job, self.transform, self.units, self.device = prefix, job, transform, units, device
+        self.dataset: MMIDXDataset | None = None
+        self.encoder: Any = None
+
+    def encode(self, b: int) -> tuple[torch.Tensor, str]:
+        if self.encoder is None:
+            self.dataset, self.encoder = MMIDXDataset(self.prefix), load_encoder(self.job.encoder, self.device)
+        return encode_batch(self.dataset, self.job, self.transform, self.units, b, self.encoder, self.device)
+
+
+def ray_batches(prefix: str, job: Job, transform: ImageTransform | None, units: Units, todo: range,
+                run: RunOptions) -> Iterator[tuple[torch.Tensor, str]]:
+    """Batches ``todo`` encoded on ``run.workers`` actors (one GPU each for a CUDA device), in order."""
+    ray = import_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        local = {} if run.ray_address else {"num_cpus": run.workers, "include_dashboard": False}
+        ray.init(address=run.ray_address, log_to_driver=False, configure_logging=False, **local)
+    actors: list[Any] = []
+    try:
+        gpus = 1 if run.device.startswith("cuda") else 0
+        if gpus and ray.cluster_resources().get("GPU", 0) < 1:
+            raise ValueError(f"--device {run.device}: the Ray cluster has no GPU; use --device cpu or a GPU cluster")
+        actor = ray.remote(num_cpus=1, num_gpus=gpus)(_EncoderActor)
+        units_ref = ray.put(units)
+        actors = [actor.remote(prefix, job, transform, units_ref, run.device) for _ in range(max(1, run.workers))]
+        pool = ray.util.ActorPool(actors)
+        try:
+            yield from pool.map(lambda worker, b: worker.encode.remote(b), todo)
+        except ray.exceptions.RayTaskError as error:  # the actor's own exception, not Ray's wrapper
+            raise (error.cause if isinstance(error.cause, BaseException) else error) from None
+    finally:
+        for worker in actors:
+            ray.kill(worker)
+        if started_here:
+            ray.shutdown()
