@@ -15,8 +15,9 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
 
 BAGEL's ``num_used_data`` (one count per dataset), ``shuffle_lines`` and ``shuffle_seed`` choose which
 samples a group uses, with BAGEL's meaning (:mod:`mmidx.subsets`); ``resume_data_status`` is accepted
-and ignored (a note says why); ``encodings: {vae: NAME, text: NAME}`` names the precached encodings
-(``mmidx precache``) whose packs carry ``padded_latent`` / text embeddings; any other key is refused.
+and ignored (a note says why); ``encodings: {vae: NAME, vit: NAME, text: NAME}`` names the precached
+encodings (``mmidx precache``) whose packs carry ``padded_latent``, ``packed_vit_embeddings`` (a frozen
+ViT's outputs) or text embeddings; any other key is refused.
 
 VAE elements use ``image_transform_args``; ViT elements use ``vit_image_transform_args`` when given
 and ``image_transform_args`` otherwise — as BAGEL's ``vlm_sft`` group does.
