@@ -261,7 +261,7 @@ def mutate(files: dict[str, bytes], twin: dict[str, bytes], seed: int, case: int
                 algorithm = fmt.file_hash_algorithm(entry)
                 entry.update({"bytes": len(content), algorithm: fmt.FILE_HASHES[algorithm](content).hexdigest()})
             files["meta"] = fmt.serialize_metadata(meta)
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, StopIteration):  # StopIteration: no checksum left
             edit["resigned"] = False
     return files, edit
 
