@@ -292,6 +292,25 @@ def test_a_truncated_or_corrupted_stream_is_a_format_error_naming_the_file(data,
         EncodingStream.open(prefix, "cut", MMIDXDataset(prefix).checksum)
 
 
+@pytest.mark.parametrize(("key", "value"), [("dtype", {}), ("modality", []), ("store", 1),
+                                            ("transform_args", True), ("transform_args", 2**31), ("transform", 3)])
+def test_an_encoding_json_with_fields_of_the_wrong_type_is_a_format_error(data, tmp_path, key, value):
+    """Re-signed JSONs the fuzzer made (tools/fuzz.py, seed 12000): each field's type is checked before use."""
+    import shutil
+
+    from mmidx.encodings.store import EncodingStream
+    _precache(data, "typed", Job("typed", "encoders:vae_mean", dtype="fp32", batch_size=8))
+    for path in data.glob("t2i.*"):
+        if not path.name.endswith(".lock"):
+            shutil.copy(path, tmp_path / path.name)
+    path = fmt.encoding_path(tmp_path / "t2i", "typed", "json")
+    meta = json.loads(path.read_bytes())
+    meta[key] = value
+    path.write_bytes(fmt.serialize_metadata(meta))
+    with pytest.raises(FormatError, match=f"{path}.*{key}"):
+        EncodingStream.open(tmp_path / "t2i", "typed", MMIDXDataset(tmp_path / "t2i").checksum)
+
+
 def _copy(data, folder, name):
     import shutil
 

@@ -71,8 +71,16 @@ def read_json(path: Path) -> dict[str, Any]:
     if version != fmt.ENCODING_VERSION:
         raise FormatError(f"{path}: encoding format version {version!r}; this mmidx reads "
                           f"{fmt.ENCODING_VERSION} (upgrade mmidx for newer ones)")
-    checks = {"modality": meta.get("modality") in MODALITIES, "store": meta.get("store") in STORES,
-              "dtype": meta.get("dtype") in DTYPES, "dataset": isinstance(meta.get("dataset"), dict),
+    def one_of(key: str, choices: Any) -> bool:
+        return isinstance(meta.get(key), str) and meta[key] in choices
+
+    def optional(key: str, kind: type) -> bool:
+        return meta.get(key) is None or isinstance(meta[key], kind)
+
+    checks = {"modality": one_of("modality", MODALITIES), "store": one_of("store", STORES),
+              "dtype": one_of("dtype", DTYPES), "dataset": isinstance(meta.get("dataset"), dict),
+              "transform": optional("transform", str), "transform_args": optional("transform_args", dict),
+              "img_num_rule": optional("img_num_rule", str),
               "files": isinstance(meta.get("files"), dict) and all(
                   isinstance(meta["files"].get(role), dict) and type(meta["files"][role].get("bytes")) is int
                   for role in ("bin", "idx"))}
