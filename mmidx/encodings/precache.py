@@ -30,7 +30,7 @@ from mmidx import format as fmt
 from mmidx.build.lock import output_lock
 from mmidx.builder import errors_naming
 from mmidx.dataset import MMIDXDataset
-from mmidx.encodings.store import DTYPES, IMG_NUM_RULE, aligned, refuse_remote, write_json, write_table
+from mmidx.encodings.store import DTYPES, IMG_NUM_RULE, aligned, refuse_remote, write_table
 from mmidx.format import FormatError
 from mmidx.images import ImageError, ImageTransform, decode_rgb_pixels
 
@@ -355,7 +355,7 @@ def _commit(prefix: str, job: Job, dataset: MMIDXDataset, transform_args: dict[s
             "shape_rule": SHAPE_RULES["vit" if job.modality == "image" and job.transform == "vit" else job.modality],
             "dataset": {"checksum": dataset.checksum, "samples": len(dataset)},
             "counts": {"records": len(records)}, "files": files}
-    write_json(partial.paths["json"], meta)
+    fmt.write_metadata(partial.paths["json"], meta)  # the canonical form of P.meta.json
     final = {role: fmt.encoding_path(prefix, job.name, role) for role in fmt.ENCODING_ROLES}
     final["json"].unlink(missing_ok=True)  # the old stream stops opening before any of its files is replaced
     for role in fmt.ENCODING_ROLES:

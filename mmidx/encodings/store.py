@@ -6,6 +6,7 @@ views of the mapped ``.bin``; every offset, shape and size a view is made from i
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import mmap
@@ -42,14 +43,6 @@ def write_table(path: Path, records: np.ndarray) -> None:
     with open(path, "wb") as stream:
         stream.write(fmt.ENCODING_MAGIC + struct.pack("<QQ", fmt.ENCODING_VERSION, len(records)))
         stream.write(np.ascontiguousarray(records, fmt.ENCODING_RECORD).tobytes())
-        stream.flush()
-        os.fsync(stream.fileno())
-
-
-def write_json(path: Path, meta: dict[str, Any]) -> None:
-    """Write the stream's metadata, signed and in canonical form, and fsync it."""
-    with open(path, "wb") as stream:
-        stream.write(fmt.serialize_metadata(meta))  # the canonical form of P.meta.json
         stream.flush()
         os.fsync(stream.fileno())
 
@@ -201,13 +194,8 @@ def encoding_names(prefix: str | os.PathLike) -> list[str]:
     """The names of the precached encodings beside the dataset at ``prefix`` (those with a JSON)."""
     path = Path(os.fspath(prefix))
     start, end = f"{path.name}.enc.", ".json"
-    return sorted(entry.name[len(start):-len(end)] for entry in path.parent.glob(f"{glob_escape(path.name)}.enc.*.json")
+    return sorted(entry.name[len(start):-len(end)] for entry in path.parent.glob(f"{glob.escape(path.name)}.enc.*.json")
                   if "." not in entry.name[len(start):-len(end)])
-
-
-def glob_escape(name: str) -> str:
-    """``name`` with glob's special characters bracketed."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 def stream_problems(dataset: Any, name: str) -> list[str]:
