@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from mmidx.build.engines import BuildProgress, failure_names
@@ -48,6 +50,29 @@ def _ray_build_unit(plan: BuildPlan, index: int) -> dict[str, Any]:
         raise
 
 
+@contextmanager
+def ray_cluster(address: str | None, workers: int) -> Iterator[Any]:
+    """The ``ray`` module, joined to the cluster at ``address`` (default: ``RAY_ADDRESS``, else a local
+    one of ``workers`` CPUs and no dashboard) unless Ray is initialised already; shut down if started here."""
+    ray = import_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        local = {} if address else {"num_cpus": workers, "include_dashboard": False}
+        ray.init(address=address, log_to_driver=False, configure_logging=False, **local)
+    try:
+        yield ray
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def task_exception(ray: Any, error: Exception) -> BaseException:
+    """A task's own exception out of Ray's ``RayTaskError`` wrapper (the wrapper when it has none)."""
+    if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, BaseException):
+        return error.cause
+    return error
+
+
 class RayEngine:
     """Units as tasks of the Ray cluster at ``address`` (default: ``RAY_ADDRESS`` or a new local one)."""
 
@@ -56,17 +81,8 @@ class RayEngine:
         self.workers = workers
 
     def run(self, plan: BuildPlan, todo: list[int], progress: BuildProgress) -> dict[int, dict[str, Any]]:
-        ray = import_ray()
-        started_here = not ray.is_initialized()
-        if started_here:
-            # a cluster of its own: the CPUs asked for, and no dashboard taking cycles from the build
-            local = {} if self.address else {"num_cpus": self.workers, "include_dashboard": False}
-            ray.init(address=self.address, log_to_driver=False, configure_logging=False, **local)
-        try:
+        with ray_cluster(self.address, self.workers) as ray:
             return self._run(ray, plan, todo, progress)
-        finally:
-            if started_here:
-                ray.shutdown()
 
     def _run(self, ray: Any, plan: BuildPlan, todo: list[int], progress: BuildProgress) -> dict[int, dict[str, Any]]:
         task = ray.remote(_ray_build_unit).options(num_cpus=1, max_retries=MAX_RETRIES,
@@ -99,4 +115,4 @@ def _result(ray: Any, ref: Any) -> dict[str, Any]:
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as error:
-        raise (error.cause if isinstance(error.cause, BaseException) else error) from None
+        raise task_exception(ray, error) from None

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from mmidx.build.ray_engine import import_ray
+from mmidx.build.ray_engine import ray_cluster, task_exception
 from mmidx.dataset import MMIDXDataset
 from mmidx.encodings.precache import Job, RunOptions, Units, encode_batch, load_encoder
 from mmidx.images import ImageTransform
@@ -38,26 +38,17 @@ class _EncoderActor:
 def ray_batches(prefix: str, job: Job, transform: ImageTransform | None, units: Units, todo: range,
                 run: RunOptions) -> Iterator[tuple[torch.Tensor, str]]:
     """Batches ``todo`` encoded on ``run.workers`` actors (one GPU each for a CUDA device), in order."""
-    ray = import_ray()
-    started_here = not ray.is_initialized()
-    if started_here:
-        local = {} if run.ray_address else {"num_cpus": run.workers, "include_dashboard": False}
-        ray.init(address=run.ray_address, log_to_driver=False, configure_logging=False, **local)
-    actors: list[Any] = []
-    try:
+    with ray_cluster(run.ray_address, run.workers) as ray:
         gpus = 1 if run.device.startswith("cuda") else 0
         if gpus and ray.cluster_resources().get("GPU", 0) < 1:
             raise ValueError(f"--device {run.device}: the Ray cluster has no GPU; use --device cpu or a GPU cluster")
         actor = ray.remote(num_cpus=1, num_gpus=gpus)(_EncoderActor)
         units_ref = ray.put(units)
         actors = [actor.remote(prefix, job, transform, units_ref, run.device) for _ in range(max(1, run.workers))]
-        pool = ray.util.ActorPool(actors)
         try:
-            yield from pool.map(lambda worker, b: worker.encode.remote(b), todo)
-        except ray.exceptions.RayTaskError as error:  # the actor's own exception, not Ray's wrapper
-            raise (error.cause if isinstance(error.cause, BaseException) else error) from None
-    finally:
-        for worker in actors:
-            ray.kill(worker)
-        if started_here:
-            ray.shutdown()
+            yield from ray.util.ActorPool(actors).map(lambda worker, b: worker.encode.remote(b), todo)
+        except ray.exceptions.RayTaskError as error:
+            raise task_exception(ray, error) from None
+        finally:
+            for worker in actors:
+                ray.kill(worker)
