@@ -43,7 +43,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker, for both 
 
 from common import best_of, machine
 
-from mmidx.build import BuildOptions, build_dataset
+from mmidx.ingest import BuildOptions, build_dataset
 from mmidx.sources import SourceOptions
 
 
@@ -138,7 +138,7 @@ def mmidx_build(source: str, inputs: Path, output: Path, workers: int, engine: s
 
 
 def _import_mmidx_build() -> None:
-    import mmidx.build.shard  # noqa: F401
+    import mmidx.ingest.shard  # noqa: F401
 
 
 def engine_rows(args: argparse.Namespace, parquet: Path, work: Path) -> list[tuple]:

@@ -21,7 +21,7 @@ import numpy as np
 from common import best_of, machine
 from PIL import Image
 
-from mmidx.synthetic import photo_jpeg
+from mmidx.toolkit.synthetic import photo_jpeg
 
 FORMATS = {
     "PNG (Pillow default, level 6)": {"format": "PNG"},

@@ -29,16 +29,9 @@ import torch
 from common import best_of, machine
 from PIL import Image
 
-from mmidx.images import (
-    BAGEL_VAE_TRANSFORM,
-    BAGEL_VIT_TRANSFORM,
-    decode_rgb,
-    num_image_tokens,
-    patchify,
-    probe,
-    resize_shape,
-    rgb_pixels,
-)
+from mmidx.images.decode import decode_rgb, probe, rgb_pixels
+from mmidx.images.patches import patchify
+from mmidx.images.transform import BAGEL_VAE_TRANSFORM, BAGEL_VIT_TRANSFORM, num_image_tokens, resize_shape
 
 
 def photo_like_jpeg(size: int = 512, quality: int = 90) -> bytes:

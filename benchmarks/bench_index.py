@@ -23,7 +23,10 @@ from importlib.metadata import version
 
 import numpy as np
 
-from mmidx import index
+from mmidx.index.blend import blending_indices
+from mmidx.index.gpt import build_document_index, build_sample_index, gpt_indices, legacy_shuffle
+from mmidx.index.packer import pack_samples
+from mmidx.index.stream import ViewTable, multimodal_stream, stream_views
 
 warnings.filterwarnings("ignore")  # megatron-core warns about missing Apex / Transformer Engine
 from common import best_of, machine  # noqa: E402
@@ -90,9 +93,9 @@ def _installed(name: str) -> bool:
 def scale_run(num_samples: int, folder: str, whole: bool) -> dict[str, float]:
     """One pack-index build in this (fresh, single-core) process: wall time, peak RSS, cache size,
     and items(k) on the result; ``whole`` times the in-memory whole-array pipeline instead."""
-    from mmidx.cache import cached_build
     from mmidx.config import DataConfig, GroupConfig
-    from mmidx.pack_index import PackIndex, write_pack_index
+    from mmidx.index.cache import cached_build
+    from mmidx.index.pack_index import PackIndex, write_pack_index
 
     rng = np.random.default_rng(0)
     offsets, tokens = [], []
@@ -100,18 +103,18 @@ def scale_run(num_samples: int, folder: str, whole: bool) -> dict[str, float]:
         per_sample = rng.integers(1, views + 1, samples)
         offsets.append(np.concatenate([[0], np.cumsum(per_sample)]))
         tokens.append(np.maximum(rng.normal(mean, 0.3 * mean, per_sample.sum()), 1).astype(np.int64))
-    table = index.ViewTable.of(offsets, tokens)
+    table = ViewTable.of(offsets, tokens)
     config = DataConfig(groups=tuple(GroupConfig(name, (name,), weight)
                                      for (name, *_), weight in zip(SCALE_GROUPS, (0.5, 0.2, 0.3), strict=True)))
     del offsets, tokens
     before = _rss_now()
     start, cpu = time.perf_counter(), time.process_time()
     if whole:
-        groups, samples, epochs = index.multimodal_stream(np.diff(table.group_base), [0.5, 0.2, 0.3], num_samples, 0)
+        groups, samples, epochs = multimodal_stream(np.diff(table.group_base), [0.5, 0.2, 0.3], num_samples, 0)
         sizes = [table.view_offsets[table.group_base[g]:table.group_base[g + 1] + 1] for g in range(3)]
-        views, counts = index.stream_views(groups, samples, epochs, [o - o[0] for o in sizes],
+        views, counts = stream_views(groups, samples, epochs, [o - o[0] for o in sizes],
                                            [table.view_tokens[o[0]:o[-1]] for o in sizes])
-        index.pack_samples(counts, groups, mandatory=[False] * 3)
+        pack_samples(counts, groups, mandatory=[False] * 3)
         return {"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu, "rss": _peak_rss(),
                 "before": before}
     arrays, stats, path, _ = cached_build(folder, {"bench": num_samples},
@@ -208,19 +211,19 @@ def main() -> None:
 
     docs = f"{args.docs / 1e6:g}M docs"
     for epochs in (1, 3):
-        document_index = index.build_document_index(
+        document_index = build_document_index(
             np.arange(args.docs, dtype=np.int32), epochs, np.random.RandomState(SEED), False
         )
         arguments = (sizes, document_index, SEQ_LENGTH, epochs, tokens_per_epoch)
         compare(
             f"sample_idx kernel, {docs}, {epochs} epoch(s)",
-            lambda a=arguments: index.build_sample_index(*a),
+            lambda a=arguments: build_sample_index(*a),
             lambda a=arguments: helpers.build_sample_idx(*a),
         )
     for epochs, num_samples in ((1, None), (3, int(2.9 * samples_per_epoch))):
         compare(
             f"document+sample+shuffle index, {docs}, {epochs} epoch(s)",
-            lambda n=num_samples: index.gpt_indices(sizes, seq_length=SEQ_LENGTH, num_samples=n, seed=SEED),
+            lambda n=num_samples: gpt_indices(sizes, seq_length=SEQ_LENGTH, num_samples=n, seed=SEED),
             lambda n=num_samples: megatron_gpt_indices(sizes, n),
         )
 
@@ -231,7 +234,7 @@ def main() -> None:
 
     compare(
         f"RandomState.shuffle, {docs} int32",
-        lambda: shuffled(index.legacy_shuffle),
+        lambda: shuffled(legacy_shuffle),
         lambda: shuffled(lambda state, array: state.shuffle(array)),
     )
 
@@ -240,20 +243,20 @@ def main() -> None:
         weights = np.random.default_rng(num_datasets).random(num_datasets) + 0.01
         compare(
             f"blending, {samples}, {num_datasets} datasets",
-            lambda w=weights: index.blending_indices(w, args.samples),
+            lambda w=weights: blending_indices(w, args.samples),
             lambda w=weights: megatron_blend(w, args.samples),
         )
 
     # A t2i / edit / vlm mix, ~1100 / ~5000 / ~1500 tokens a sample, with BAGEL's budgets.
     group_sizes, weights = [4_000_000, 1_000_000, 2_000_000], [0.5, 0.2, 0.3]
     stream_time, (groups, _, _) = best_of(
-        lambda: index.multimodal_stream(group_sizes, weights, args.samples, SEED), args.repeat
+        lambda: multimodal_stream(group_sizes, weights, args.samples, SEED), args.repeat
     )
     rows.append((f"multimodal_stream, {samples}, 3 groups", None, stream_time))
     means = np.array([1100, 5000, 1500])
     counts = np.maximum(rng.normal(means[groups], 0.3 * means[groups]), 1).astype(np.int64)
     pack_time, packed = best_of(
-        lambda: index.pack_samples(counts, groups, mandatory=[False] * 3), args.repeat
+        lambda: pack_samples(counts, groups, mandatory=[False] * 3), args.repeat
     )
     rows.append((f"pack_samples, {samples}, BAGEL budgets", None, pack_time))
 

@@ -1,4 +1,4 @@
-"""Cost of mmidx.masks on realistic 32K-token BAGEL packs, against the floors that matter.
+"""Cost of mmidx.pack.masks on realistic 32K-token BAGEL packs, against the floors that matter.
 
 Dense masks are compared with merely allocating and filling tensors of the same shapes and dtype
 (the memory-bound floor of any dense mask); the BlockMask with ``create_block_mask`` of the same
@@ -28,7 +28,7 @@ import torch
 from common import machine
 from torch.nn.attention.flex_attention import create_block_mask
 
-from mmidx.masks import block_mask, dense_masks, mask_predicate
+from mmidx.pack.masks import block_mask, dense_masks, mask_predicate
 
 KINDS = ("t2i", "edit", "vlm")
 

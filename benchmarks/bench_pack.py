@@ -1,6 +1,6 @@
 """Packed batches per second: mmidx vs BAGEL's own PackedDataset, on the same generated files.
 
-Generates (once, under --workdir) a BAGEL-format corpus of 512² JPEGs (``--image-size``; :mod:`mmidx.synthetic`:
+Generates (once, under --workdir) a BAGEL-format corpus of 512² JPEGs (``--image-size``; :mod:`mmidx.toolkit.synthetic`:
 t2i parquet, edit parquet, vlm JSONL + images), builds the mmidx datasets from it, and for t2i,
 edit, vlm and a 1:1:1 mix measures on one thread:
 
@@ -41,11 +41,11 @@ from common import machine
 from PIL import Image
 
 from mmidx.config import DataConfig
-from mmidx.demo import BAGEL_GROUPS
-from mmidx.masks import block_mask, dense_masks
-from mmidx.pack_index import build_pack_index
-from mmidx.packing import PackBuilder
-from mmidx.synthetic import CorpusSpec, write_corpus
+from mmidx.index.pack_index import build_pack_index
+from mmidx.pack.builder import PackBuilder
+from mmidx.pack.masks import block_mask, dense_masks
+from mmidx.toolkit.demo import BAGEL_GROUPS
+from mmidx.toolkit.synthetic import CorpusSpec, write_corpus
 
 MODES = {"t2i": ["t2i_pretrain"], "edit": ["unified_edit"], "vlm": ["vlm_sft"],
          "mix": ["t2i_pretrain", "unified_edit", "vlm_sft"]}
@@ -56,7 +56,7 @@ DROPOUT = {"text": 0.1, "vit": 0.3, "vae": 0.3}
 
 def prepare(workdir: Path, image_size: int = 512) -> tuple[Path, Path]:
     """The raw corpus of ``image_size``² JPEGs and the mmidx datasets built from it (reused when present)."""
-    from mmidx.build import build_from_config
+    from mmidx.ingest import build_from_config
 
     if image_size == 512:
         spec = CorpusSpec(t2i_files=4, t2i_rows=64, edit_files=4, edit_rows=32, vlm_lines=256, vlm_images=64)
@@ -225,7 +225,8 @@ def check_pixels(raw: Path, bagel_src: str, bagel_site: str | None) -> int:
     from data.data_utils import pil_img2rgb  # BAGEL's own, unmodified
     from data.transforms import ImageTransform as BagelTransform
 
-    from mmidx.images import ImageTransform, decode_rgb
+    from mmidx.images.decode import decode_rgb
+    from mmidx.images.transform import ImageTransform
 
     datas = [path.read_bytes() for path in sorted((raw / "vlm" / "images").glob("*.jpg"))[:6]]
     for index, size in enumerate([(300, 700), (1500, 900), (64, 2000), (1100, 97)]):
@@ -278,7 +279,8 @@ def run_latents(datasets: Path, groups: list[str], packs: int, geometry: dict[st
         -> dict[str, float]:
     """Precache the groups' VAE images as moments and as a sample (images/s on this CPU), and (``vit``) their ViT
     images, then flex packs with each against packs with pixels, in the same run."""
-    from mmidx.encodings.precache import Job, precache_dataset
+    from mmidx.encodings.encode import Job
+    from mmidx.encodings.precache import precache_dataset
 
     config, items = _config_and_items(datasets, groups, packs, geometry)
     result: dict[str, float] = _throughput(PackBuilder(config), items, "pixels")

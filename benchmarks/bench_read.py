@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from common import best_of, machine
 
-from mmidx.builder import DatasetBuilder, Element, StoredImage
-from mmidx.dataset import MMIDXDataset
+from mmidx.ingest.writer import DatasetBuilder
+from mmidx.read.dataset import MMIDXDataset
+from mmidx.sources.elements import Element, StoredImage
 
 
 def build_corpus(prefix: Path, documents: int, mean_tokens: int, seed: int = 0) -> None:

@@ -76,8 +76,9 @@ class DelayProxy:
 
 def write_dataset(prefix: Path, samples: int, seed: int = 0) -> None:
     """A t2i-like dataset: a caption and a 160-320 px JPEG per sample (a few MB in all)."""
-    from mmidx.builder import DatasetBuilder, Element, StoredImage
-    from mmidx.synthetic import photo_jpeg
+    from mmidx.ingest.writer import DatasetBuilder
+    from mmidx.sources.elements import Element, StoredImage
+    from mmidx.toolkit.synthetic import photo_jpeg
 
     rng, pick = np.random.default_rng(seed), random.Random(seed)
     special = {"bos_token_id": 1, "eos_token_id": 2, "start_of_image": 3, "end_of_image": 4}
@@ -91,7 +92,7 @@ def write_dataset(prefix: Path, samples: int, seed: int = 0) -> None:
 
 
 def upload(client, prefix: Path, key: str) -> None:
-    from mmidx.dataset import dataset_files
+    from mmidx.read.dataset import dataset_files
 
     for path in dataset_files(prefix):
         client.upload_file(str(path), "bench", key + path.name[len(prefix.name):])
@@ -99,9 +100,9 @@ def upload(client, prefix: Path, key: str) -> None:
 
 def loader_of(prefix: str, packs: int, workers: int, prefetch: bool):
     from mmidx.config import ModelGeometry, config_for
-    from mmidx.loader import PackDataset, PackLoader
-    from mmidx.pack_index import build_pack_index
-    from mmidx.packing import PackBuilder
+    from mmidx.index.pack_index import build_pack_index
+    from mmidx.pack.builder import PackBuilder
+    from mmidx.train.loader import PackDataset, PackLoader
 
     class NaiveDataset(PackDataset):
         """Each read is its own ranged request: what a reader without the known order does."""

@@ -31,7 +31,8 @@ import torch
 from common import machine
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-from mmidx.builder import DatasetBuilder, Element, StoredImage
+from mmidx.ingest.writer import DatasetBuilder
+from mmidx.sources.elements import Element, StoredImage
 
 
 def fsync_files(*paths: str) -> None:

@@ -6,8 +6,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mmidx.bench import machine  # noqa: F401  (the description `mmidx bench` prints too)
-
 
 def best_of(function: Callable[[], Any], repeats: int, *, warmup: bool = False) -> tuple[float, Any]:
     """The fastest wall time, in seconds, of ``repeats`` calls, and the last call's result."""

@@ -3,14 +3,14 @@
 BAGEL encodes ``padded_images`` (every image top-left, zeros to the batch's max size), so GroupNorm
 statistics include the padding; mmidx precaches each image alone. This prints the relative difference
 ||padded - alone|| / ||alone|| of each image's latent (the crop of its own region) for a randomly
-initialised conv + GroupNorm encoder (tests/encoders.py), on the pack shapes of BAGEL's t2i transform.
+initialised conv + GroupNorm encoder (tests/support/encoders.py), on the pack shapes of BAGEL's t2i transform.
 Run from the repository root: ``PYTHONPATH=.:tests python benchmarks/padded_vae_difference.py``.
 """
 
-import encoders
 import torch
+from support import encoders
 
-from mmidx.images import ImageTransform
+from mmidx.images.transform import ImageTransform
 
 
 def main() -> None:

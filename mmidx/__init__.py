@@ -12,20 +12,20 @@ from mmidx.format import FormatError
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "MMIDXDataset": "mmidx.dataset",
-    "Sample": "mmidx.dataset",
-    "DatasetBuilder": "mmidx.builder",
-    "Element": "mmidx.builder",
-    "StoredImage": "mmidx.builder",
-    "merge_datasets": "mmidx.builder",
+    "MMIDXDataset": "mmidx.read.dataset",
+    "Sample": "mmidx.read.dataset",
+    "DatasetBuilder": "mmidx.ingest.writer",
+    "Element": "mmidx.sources.elements",
+    "StoredImage": "mmidx.sources.elements",
+    "merge_datasets": "mmidx.ingest.merge",
     "DataConfig": "mmidx.config",
-    "build_pack_index": "mmidx.pack_index",
-    "PackBuilder": "mmidx.packing",
-    "PackedBatch": "mmidx.packing",
-    "PackDataset": "mmidx.loader",
-    "PackLoader": "mmidx.loader",
-    "GlobalBatchSampler": "mmidx.loader",
-    "GPTTextDataset": "mmidx.gpt",
+    "build_pack_index": "mmidx.index.pack_index",
+    "PackBuilder": "mmidx.pack.builder",
+    "PackedBatch": "mmidx.pack.batch",
+    "PackDataset": "mmidx.train.loader",
+    "PackLoader": "mmidx.train.loader",
+    "GlobalBatchSampler": "mmidx.train.loader",
+    "GPTTextDataset": "mmidx.train.gpt",
 }
 
 __all__ = ["FormatError", "__version__", *_EXPORTS]

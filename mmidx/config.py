@@ -14,7 +14,7 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
     dropout: {text: 0.1, vit: 0.3, vae: 0.3}                          # optional
 
 BAGEL's ``num_used_data`` (one count per dataset), ``shuffle_lines`` and ``shuffle_seed`` choose which
-samples a group uses, with BAGEL's meaning (:mod:`mmidx.subsets`); ``resume_data_status`` is accepted
+samples a group uses, with BAGEL's meaning (:mod:`mmidx.index.subsets`); ``resume_data_status`` is accepted
 and ignored (a note says why); ``encodings: {vae: NAME, vit: NAME, text: NAME}`` names the precached
 encodings (``mmidx precache``) whose packs carry ``padded_latent``, ``packed_vit_embeddings`` (a frozen
 ViT's outputs) or text embeddings; any other key is refused.
@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from mmidx.images import ImageTransform
+from mmidx.images.transform import ImageTransform
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ def config_for(paths: list[str], **overrides: Any) -> DataConfig:
         config = DataConfig.from_yaml(paths[0])
         return DataConfig(**{**{f: getattr(config, f) for f in ("groups", "packing", "dropout", "geometry", "seed")},
                              **overrides})
-    from mmidx.dataset import MMIDXDataset
+    from mmidx.read.dataset import MMIDXDataset
 
     groups = []
     for number, prefix in enumerate(paths):

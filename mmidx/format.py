@@ -194,6 +194,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from mmidx.errors import MMIDXError
+
 FORMAT_NAME = "mmidx"
 FORMAT_VERSION = 1
 # File checksums, by the name the metadata records them under. Builders write xxh3_128: about 10x
@@ -283,7 +285,7 @@ ENCODING_RECORD = np.dtype([("item", "<i8"), ("img_num", "<i4"), ("ndim", "<i4")
                             ("offset", "<i8"), ("nbytes", "<i8")])
 
 
-class FormatError(ValueError):
+class FormatError(MMIDXError, ValueError):
     """A dataset file is missing, truncated, corrupted or inconsistent with the other files."""
 
 

@@ -19,6 +19,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from mmidx.errors import MMIDXError
+
 BAGEL_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>")
 
 # Strings whose encodings must agree between the batch path and ``tokenizer.encode``.
@@ -26,7 +28,7 @@ _AGREEMENT_PROBES = ("", " ", "Hello world", "  two  spaces\n\ttab", "ünïcöd�
                      "<|vision_start|><|vision_end|>", "1234567890 3.14")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(MMIDXError, ValueError):
     """The tokenizer cannot be loaded or does not behave as a dataset build needs."""
 
 

@@ -15,7 +15,7 @@ warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory):
     """The quick demo (build, index, packs) in a relative folder, as the README's command runs it."""
-    from mmidx.demo import run
+    from mmidx.toolkit.demo import run
 
     folder = tmp_path_factory.mktemp("cwd")
     steps = []  # each step's line, and whether the datasets existed when it was told
@@ -55,7 +55,7 @@ def s3(tmp_path_factory):
         @staticmethod
         def upload(prefix, uri):
             """Put every file of the local dataset ``prefix`` at ``uri`` (s3://mmidx/...)."""
-            from mmidx.dataset import dataset_files
+            from mmidx.read.dataset import dataset_files
 
             key = uri.removeprefix("s3://mmidx/")
             for path in dataset_files(prefix):

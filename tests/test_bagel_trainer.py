@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from test_packing_reference import GEOMETRY, SPECIAL, build_groups
+from support.packing import GEOMETRY, SPECIAL, build_groups
 
-from mmidx.bagel import LOADER_STATE_NAME, trainer_loader
-from mmidx.packing import PackedBatch
+from mmidx.pack.batch import PackedBatch
+from mmidx.train.bagel import LOADER_STATE_NAME, trainer_loader
 
 # Bagel.forward's parameters (modeling/bagel/bagel.py): everything the trainer passes as **data
 FORWARD_PARAMETERS = {

@@ -7,7 +7,7 @@ import zlib
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fixtures_sources import build, encode, image_bytes, texts_of, write_jsonl, write_parquet
+from support.sources import build, encode, image_bytes, texts_of, write_jsonl, write_parquet
 
 from mmidx import cli
 
@@ -171,7 +171,7 @@ def test_the_report_file_holds_counts_reasons_and_examples(tmp_path):
 
 def _cli_build(tmp_path, bad, *extra):
     path = write_jsonl(tmp_path / "docs.jsonl", [{"text": "" if i < bad else f"doc {i}"} for i in range(10)])
-    from fixtures_sources import tokenizer_dir
+    from support.sources import tokenizer_dir
 
     return cli.main(["build", "--source", "text", "--input", path, "--tokenizer", tokenizer_dir(),
                      "--output", str(tmp_path / "out"), "--quiet", *extra])

@@ -6,10 +6,10 @@ import os
 import pyarrow as pa
 import pytest
 import yaml
-from fixtures_sources import image_bytes, tokenizer_dir, write_jsonl, write_mp4, write_parquet
+from support.sources import image_bytes, tokenizer_dir, write_jsonl, write_mp4, write_parquet
 
 from mmidx import cli
-from mmidx.dataset import MMIDXDataset
+from mmidx.read.dataset import MMIDXDataset
 
 BAGEL_CONFIG = """
 t2i_pretrain:

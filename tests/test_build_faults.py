@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from build_cases import same_dataset_files
-from fixtures_sources import image_bytes, tokenizer_dir, write_jsonl, write_parquet, write_t2i_parquet
+from support.build_cases import same_dataset_files
+from support.sources import image_bytes, tokenizer_dir, write_jsonl, write_parquet, write_t2i_parquet
 
-import mmidx.builder
+import mmidx.ingest.writer
 from mmidx import cli
-from mmidx.build.lock import output_lock
-from mmidx.dataset import MMIDXDataset
 from mmidx.format import FormatError
+from mmidx.io.lock import output_lock
+from mmidx.read.dataset import MMIDXDataset
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_a_full_disk_ends_in_one_line_naming_the_file(t2i_input, tmp_path, capsy
             return io.BufferedWriter(_FullDisk(path, 1000), buffer_size=max(buffering, 1 << 16))
         return real_open(path, mode, buffering, **kwargs)
 
-    monkeypatch.setattr(mmidx.builder, "open", disk_open, raising=False)
+    monkeypatch.setattr(mmidx.ingest.writer, "open", disk_open, raising=False)
     code = _build([t2i_input], tmp_path / "out")
     _assert_clean_failure(code, capsys, tmp_path, tmp_path / "out", "No space left on device", ".partial")
 

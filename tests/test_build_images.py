@@ -5,8 +5,8 @@ import json
 
 import pyarrow as pa
 import pytest
-from fixtures_sources import build, decoded, image_bytes, write_parquet
 from PIL import Image
+from support.sources import build, decoded, image_bytes, write_parquet
 
 
 def _build_images(tmp_path, images, **options):

@@ -9,11 +9,11 @@ import time
 
 import pyarrow as pa
 import pytest
-from fixtures_sources import build, image_bytes, tokenizer_dir, write_parquet
+from support.sources import build, image_bytes, tokenizer_dir, write_parquet
 
-import mmidx.build.merge
-from mmidx.dataset import MMIDXDataset
+import mmidx.ingest.merge
 from mmidx.format import FormatError, file_path
+from mmidx.read.dataset import MMIDXDataset
 
 DATA_FILES = ("bin", "idx", "images", "plan")
 
@@ -67,7 +67,7 @@ def test_a_finished_build_is_not_rebuilt_and_leaves_no_shards(inputs, tmp_path):
 def test_a_crash_in_the_merge_leaves_no_dataset_and_the_rerun_reuses_every_shard(inputs, serial, tmp_path,
                                                                                    monkeypatch):
     with monkeypatch.context() as patch:
-        patch.setattr(mmidx.build.merge, "merge_datasets", _crashing_merge)
+        patch.setattr(mmidx.ingest.merge, "merge_datasets", _crashing_merge)
         with pytest.raises(OSError, match="disk full"):
             build("t2i", inputs, tmp_path / "out", views=2, rows_per_shard=4)
     with pytest.raises(FormatError):
@@ -80,7 +80,7 @@ def test_a_crash_in_the_merge_leaves_no_dataset_and_the_rerun_reuses_every_shard
 def test_shards_of_a_changed_input_are_rebuilt(inputs, tmp_path, monkeypatch):
     copies = [_t2i_file(tmp_path / "a.parquet", 24, seed=1), _t2i_file(tmp_path / "b.parquet", 10, seed=2)]
     with monkeypatch.context() as patch:
-        patch.setattr(mmidx.build.merge, "merge_datasets", _crashing_merge)
+        patch.setattr(mmidx.ingest.merge, "merge_datasets", _crashing_merge)
         with pytest.raises(OSError, match="disk full"):
             build("t2i", copies, tmp_path / "out", rows_per_shard=4)
     time.sleep(0.01)
@@ -91,7 +91,7 @@ def test_shards_of_a_changed_input_are_rebuilt(inputs, tmp_path, monkeypatch):
 
 
 def test_progress_shows_rows_images_and_tokens_per_second(inputs, tmp_path, capsys):
-    from mmidx.build import BuildOptions, build_dataset
+    from mmidx.ingest import BuildOptions, build_dataset
     from mmidx.sources import SourceOptions
 
     build_dataset(BuildOptions("t2i", tuple(inputs), tokenizer_dir(), str(tmp_path / "out"),

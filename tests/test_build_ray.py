@@ -12,11 +12,11 @@ import threading
 import time
 
 import pytest
-from build_cases import build_command, same_dataset_files
-from fixtures_sources import image_bytes, tokenizer_dir, write_jsonl, write_t2i_parquet
+from support.build_cases import build_command, same_dataset_files
+from support.sources import image_bytes, tokenizer_dir, write_jsonl, write_t2i_parquet
 
 from mmidx import cli
-from mmidx.build import BuildOptions, build_dataset, report_path
+from mmidx.ingest import BuildOptions, build_dataset, report_path
 from mmidx.sources import SourceOptions
 
 ray = pytest.importorskip("ray")
@@ -120,21 +120,22 @@ def test_a_killed_ray_driver_is_resumed_from_every_finished_shard(cluster, many_
 
 def test_a_ray_precache_writes_the_streams_of_a_local_one(cluster, tmp_path):
     """Encoder actors on the cluster, batches written by the driver in order: byte-identical streams."""
-    from test_precache import VAE, make_datasets
+    from support.precache import VAE, make_datasets
 
     from mmidx import format as fmt
-    from mmidx.encodings.precache import Job, precache_dataset
+    from mmidx.encodings.encode import Job
+    from mmidx.encodings.precache import precache_dataset
 
     make_datasets(tmp_path)
     prefix = str(tmp_path / "edit")
     streams, records = {}, {}
     for engine in ("local", "ray"):
-        job = Job(f"v_{engine}", "encoders:vae", batch_size=1)
+        job = Job(f"v_{engine}", "support.encoders:vae", batch_size=1)
         meta = precache_dataset(prefix, job, VAE, progress=False, engine=engine, workers=2, ray_address=cluster)
         records[engine] = meta["counts"]["records"]
         streams[engine] = {role: fmt.encoding_path(prefix, job.name, role).read_bytes() for role in ("bin", "idx")}
     assert records == {"local": 8, "ray": 8}  # 4 samples x 2 VAE images, one batch each
     assert streams["ray"] == streams["local"]
     with pytest.raises(ValueError, match="cannot import it"):  # the actor's own error, not Ray's wrapper
-        precache_dataset(prefix, Job("v_bad", "encoders:missing"), VAE, progress=False, engine="ray",
+        precache_dataset(prefix, Job("v_bad", "support.encoders:missing"), VAE, progress=False, engine="ray",
                          ray_address=cluster)

@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from build_cases import build_command, same_dataset_files
+from support.build_cases import build_command, same_dataset_files
 
 from mmidx import cli
-from mmidx.build import report_path
-from mmidx.dataset import MMIDXDataset
+from mmidx.ingest import report_path
+from mmidx.read.dataset import MMIDXDataset
 
 
 def _counts(report):
@@ -71,7 +71,7 @@ def test_merge_of_whole_datasets_concatenates_them_and_refuses_mixed_kinds(tmp_p
 
 
 def test_the_library_never_imports_the_command_line_and_ray_only_when_asked_for():
-    code = ("import sys, mmidx.build, mmidx.demo; "
+    code = ("import sys, mmidx.ingest, mmidx.toolkit.demo; "
             "assert 'mmidx.cli' not in sys.modules and 'ray' not in sys.modules, sorted(sys.modules)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)

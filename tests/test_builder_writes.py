@@ -5,26 +5,28 @@ import pickle
 
 import numpy as np
 import pytest
-from helpers import assert_sample_equal, build, small_dataset
+from support.helpers import assert_sample_equal, build, small_dataset
 
-from mmidx import builder as builder_module
 from mmidx import format as fmt
-from mmidx.builder import DatasetBuilder, Element, StoredImage
-from mmidx.checks import verify
-from mmidx.dataset import MMIDXDataset
+from mmidx.ingest import writer as writer_module
+from mmidx.ingest.writer import DatasetBuilder
+from mmidx.io import libc
+from mmidx.read.checks import verify
+from mmidx.read.dataset import MMIDXDataset
+from mmidx.sources.elements import Element, StoredImage
 
 
 def test_write_behind_covers_every_byte_once_and_changes_no_byte(tmp_path, monkeypatch):
     samples = small_dataset(tmp_path / "default", seed=5, count=6)  # a few KiB: no write-behind at 16 MiB
     started = []
-    real = builder_module._start_writeback
+    real = libc.start_writeback
 
     def spy(fd, offset, length):
         started.append((fd, offset, length))
         return real(fd, offset, length)
 
-    monkeypatch.setattr(builder_module._HashingWriter, "WRITE_BEHIND", 100)
-    monkeypatch.setattr(builder_module, "_start_writeback", spy)
+    monkeypatch.setattr(writer_module._HashingWriter, "WRITE_BEHIND", 100)
+    monkeypatch.setattr(libc, "start_writeback", spy)
     build(tmp_path / "behind", samples)
     assert len(started) > 4
     by_file = {}

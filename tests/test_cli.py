@@ -2,7 +2,7 @@
 
 import json
 
-from helpers import small_dataset
+from support.helpers import small_dataset
 
 from mmidx.cli import main
 

@@ -9,11 +9,13 @@ on the last kept one; packs where both ends are kept stay equal to the BAGEL ref
 import numpy as np
 import pytest
 import torch
-from test_packing_reference import GEOMETRY, SPECIAL, VAE, _encoded, assert_same, reference_batch
+from support.packing import GEOMETRY, SPECIAL, VAE, _encoded, assert_same, reference_batch
 
-from mmidx.builder import DatasetBuilder, Element
 from mmidx.config import DataConfig
-from mmidx.packing import PackBuilder, PackItem, sample_randomness
+from mmidx.index.pack_index import PackItem
+from mmidx.ingest.writer import DatasetBuilder
+from mmidx.pack.builder import PackBuilder, sample_randomness
+from mmidx.sources.elements import Element
 
 FRAMES = 4
 DROPOUT = {"text": 0.0, "vit": 0.0, "vae": 0.5}

@@ -5,12 +5,12 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import small_dataset
+from support.helpers import small_dataset
 
 from mmidx import format as fmt
-from mmidx.checks import verify
-from mmidx.dataset import MMIDXDataset
 from mmidx.format import FormatError
+from mmidx.read.checks import verify
+from mmidx.read.dataset import MMIDXDataset
 
 ROLES = ("idx", "bin", "images", "plan", "meta")
 

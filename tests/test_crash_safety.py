@@ -8,12 +8,13 @@ import textwrap
 import time
 
 import pytest
-from helpers import assert_sample_equal, small_dataset
+from support.helpers import assert_sample_equal, small_dataset
 
-import mmidx.builder
-from mmidx.builder import DatasetBuilder
-from mmidx.dataset import MMIDXDataset
+import mmidx.ingest.writer
 from mmidx.format import FormatError
+from mmidx.ingest.writer import DatasetBuilder
+from mmidx.read.dataset import MMIDXDataset
+from mmidx.sources.elements import Element
 
 
 def _fail_after(count):
@@ -30,7 +31,7 @@ def _fail_after(count):
 
 @pytest.mark.parametrize("renames_before_crash", range(5))
 def test_a_crash_between_renames_leaves_nothing_that_opens(tmp_path, monkeypatch, renames_before_crash):
-    monkeypatch.setattr(mmidx.builder.os, "replace", _fail_after(renames_before_crash))
+    monkeypatch.setattr(mmidx.ingest.writer.os, "replace", _fail_after(renames_before_crash))
     with pytest.raises(OSError, match="simulated crash"):
         small_dataset(tmp_path / "ds")
     with pytest.raises(FormatError):
@@ -41,7 +42,7 @@ def test_a_crash_between_renames_leaves_nothing_that_opens(tmp_path, monkeypatch
 
 def test_a_crash_while_rebuilding_does_not_leave_old_and_new_files_mixed(tmp_path, monkeypatch):
     small_dataset(tmp_path / "ds", seed=1)
-    monkeypatch.setattr(mmidx.builder.os, "replace", _fail_after(2))
+    monkeypatch.setattr(mmidx.ingest.writer.os, "replace", _fail_after(2))
     with pytest.raises(OSError):
         small_dataset(tmp_path / "ds", seed=2, count=5)
     with pytest.raises(FormatError):
@@ -50,14 +51,14 @@ def test_a_crash_while_rebuilding_does_not_leave_old_and_new_files_mixed(tmp_pat
 
 def test_an_exception_inside_the_builder_removes_partial_files(tmp_path):
     with pytest.raises(RuntimeError), DatasetBuilder(tmp_path / "ds", vocab_size=10) as builder:
-        builder.add_sample([[1]], [], [[mmidx.builder.Element("text", 0)]])
+        builder.add_sample([[1]], [], [[Element("text", 0)]])
         raise RuntimeError("source failed")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_kill_9_mid_build_then_rebuild(tmp_path):
     script = textwrap.dedent(f"""
-        from mmidx.builder import DatasetBuilder, Element
+        from mmidx.ingest.writer import DatasetBuilder, Element
         with DatasetBuilder({str(tmp_path / "ds")!r}, vocab_size=100) as builder:
             for i in range(10**9):
                 builder.add_sample([[1, 2, 3]], [], [[Element("text", 0)]])

@@ -4,10 +4,11 @@ import argparse
 import json
 
 import pytest
-from fixtures_sources import build, write_jsonl
+from support.sources import build, write_jsonl
 
-from mmidx.cli import build_parser, dataset_prefix, main
-from mmidx.demo import STEPS, format_summary
+from mmidx.cli import build_parser, main
+from mmidx.cli.common import dataset_prefix
+from mmidx.toolkit.demo import STEPS, format_summary
 
 
 def test_demo_builds_indexes_and_packs_every_group(demo):

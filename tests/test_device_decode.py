@@ -4,12 +4,11 @@ import pickle
 
 import pytest
 import torch
-from test_pack_index import config_of
-from test_packing_reference import build_groups
+from support.packing import build_groups, config_of
 
-from mmidx.loader import PackDataset, PackLoader
-from mmidx.pack_index import build_pack_index
-from mmidx.packing import PackBuilder
+from mmidx.index.pack_index import build_pack_index
+from mmidx.pack.builder import PackBuilder
+from mmidx.train.loader import PackDataset, PackLoader
 
 IMAGE_KEYS = ("padded_images", "packed_vit_tokens")
 

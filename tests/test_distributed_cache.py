@@ -6,8 +6,8 @@ import os
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import mmidx.cache
-from mmidx.cache import cached_arrays
+import mmidx.index.cache
+from mmidx.index.cache import cached_arrays
 
 
 def _rank(rank: int, world: int, store: str, cache: str, results: str) -> None:
@@ -37,4 +37,4 @@ def test_only_rank_0_builds_and_every_rank_reads_the_same_arrays(tmp_path):
     assert {r["stats"]["built_by"] for r in reports} == {0}
     assert len({r["folder"] for r in reports}) == 1 and {r["sum"] for r in reports} == {7 * 999 * 1000 // 2}
     assert not any(".partial" in name.name for name in (tmp_path / "cache").iterdir())
-    assert mmidx.cache.description_key({"kind": "test", "size": 1000}) in reports[0]["folder"]
+    assert mmidx.index.cache.description_key({"kind": "test", "size": 1000}) in reports[0]["folder"]

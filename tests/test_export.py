@@ -5,7 +5,8 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from fixtures_sources import (
+from support.cases import CAPTIONS, CASES, FILES, IMAGES
+from support.sources import (
     build,
     image_bytes,
     loaded_tokenizer,
@@ -15,11 +16,9 @@ from fixtures_sources import (
     write_t2i_parquet,
     write_tar,
 )
-from test_sources_t2i import CAPTIONS, IMAGES
-from test_sources_vlm import CASES, FILES
 
 from mmidx.cli import main
-from mmidx.export import export
+from mmidx.toolkit.export import export
 
 VIEWS = 3
 

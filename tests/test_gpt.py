@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from mmidx.builder import DatasetBuilder
-from mmidx.gpt import GPTTextDataset
+from mmidx.ingest.writer import DatasetBuilder
+from mmidx.train.gpt import GPTTextDataset
 
 
 class Tokenizer:

@@ -3,12 +3,11 @@
 import re
 
 import pytest
-from bagel_reference import resized_size
-from test_pack_index import config_of
-from test_packing_reference import GEOMETRY, VAE, build_groups
+from support.bagel_reference import resized_size
+from support.packing import GEOMETRY, VAE, build_groups, config_of
 
-from mmidx.dataset import MMIDXDataset
-from mmidx.pack_index import build_pack_index
+from mmidx.index.pack_index import build_pack_index
+from mmidx.read.dataset import MMIDXDataset
 
 
 @pytest.fixture(scope="module")

@@ -11,19 +11,18 @@ import textwrap
 import numpy as np
 import pytest
 import xxhash
-from helpers import png_bytes, small_dataset
-from test_pack_index import config_of
-from test_packing_reference import build_groups
+from support.helpers import png_bytes, small_dataset
+from support.packing import build_groups, config_of
 
 from mmidx import format as fmt
-from mmidx.builder import DatasetBuilder
-from mmidx.checks import verify
 from mmidx.cli import main
-from mmidx.dataset import MMIDXDataset
 from mmidx.format import FormatError
-from mmidx.gpt import GPTTextDataset
-from mmidx.pack_index import build_pack_index
-from mmidx.packing import PackBuilder
+from mmidx.index.pack_index import build_pack_index
+from mmidx.ingest.writer import DatasetBuilder
+from mmidx.pack.builder import PackBuilder
+from mmidx.read.checks import verify
+from mmidx.read.dataset import MMIDXDataset
+from mmidx.train.gpt import GPTTextDataset
 
 
 @pytest.fixture
@@ -60,7 +59,7 @@ def test_a_wild_sequence_pointer_is_a_format_error_not_a_segfault(prefix, pointe
     _overwrite(fmt.file_path(prefix, "idx"), header.pointers_offset + 8,
                (pointer % 2**64).to_bytes(8, "little"))
     script = textwrap.dedent(f"""
-        from mmidx.dataset import MMIDXDataset
+        from mmidx.read.dataset import MMIDXDataset
         from mmidx.format import FormatError
         ds = MMIDXDataset({str(prefix)!r})
         for read in (lambda: ds[0].texts[1], lambda: ds.gather([0, 1, 2]), lambda: ds.get_tokens(1, 0, 1)):
@@ -291,7 +290,7 @@ def test_verify_probes_every_image_header_against_the_image_table(prefix):
 def test_verify_decode_decodes_every_image(tmp_path):
     data = bytearray(png_bytes(64, 48))
     data[-20] ^= 0xFF  # inside the compressed pixels: the header still probes
-    from mmidx.builder import Element, StoredImage
+    from mmidx.sources.elements import Element, StoredImage
 
     with DatasetBuilder(tmp_path / "d", vocab_size=100) as builder:
         builder.add_sample([[1]], [StoredImage(bytes(data), 64, 48, "PNG", "RGB")], [[Element("vae_image", 0)]])

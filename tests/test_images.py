@@ -17,55 +17,36 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
+from support.images import encode, noise, palette_image, torchvision_steps
 
 from mmidx.format import IMAGE_DTYPE, IMAGE_FORMATS, IMAGE_MODES
-from mmidx.images import (
+from mmidx.images.decode import (
+    ImageError,
+    ImageInfo,
+    decode_rgb,
+    downsize_and_reencode,
+    probe,
+    rgb_pixels,
+    to_rgb,
+    verify_decodable,
+)
+from mmidx.images.device import decode_jpeg_batch
+from mmidx.images.patches import patchify, position_ids_extrapolate, position_ids_interpolate
+from mmidx.images.transform import (
     BAGEL_MAX_PIXELS,
     BAGEL_VAE_TRANSFORM,
     BAGEL_VIT_TRANSFORM,
     BAGEL_VLM_TRANSFORM,
-    ImageError,
-    ImageInfo,
     ImageTransform,
-    decode_jpeg_batch,
-    decode_rgb,
-    downsize_and_reencode,
     num_image_tokens,
-    patchify,
-    position_ids_extrapolate,
-    position_ids_interpolate,
-    probe,
     resize_shape,
     resize_shapes,
-    rgb_pixels,
-    to_rgb,
-    verify_decodable,
 )
 
 PRESETS = {"vae": BAGEL_VAE_TRANSFORM, "vit": BAGEL_VIT_TRANSFORM, "vlm": BAGEL_VLM_TRANSFORM}
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def encode(image: Image.Image, fmt: str, **options) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **options)
-    return buffer.getvalue()
-
-
-def noise(mode: str, width: int, height: int, seed: int = 0) -> Image.Image:
-    """A random image of ``mode`` (random pixels make truncation and resizing visible)."""
-    channels = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "CMYK": 4}[mode]
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, channels), dtype=np.uint8)
-    return Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels, mode)
-
-
-def palette_image(width: int, height: int, transparency: int | None) -> Image.Image:
-    image = noise("RGB", width, height).convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
-    if transparency is not None:
-        image.info["transparency"] = transparency
-    return image
 
 
 def png_header(width: int, height: int) -> bytes:
@@ -95,14 +76,6 @@ def reference_resize(width, height, *, max_size, min_size, stride, max_pixels, i
 def preset_kwargs(transform: ImageTransform) -> dict[str, int]:
     return {"max_size": transform.max_image_size, "min_size": transform.min_image_size,
             "stride": transform.image_stride, "max_pixels": transform.max_pixels}
-
-
-def torchvision_steps(image: Image.Image, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)) -> torch.Tensor:
-    """torchvision's ToTensor then Normalize on an RGB PIL image, step by step in float32."""
-    tensor = torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous().to(torch.float32).div(255)
-    mean_t = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
-    std_t = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
-    return tensor.sub_(mean_t).div_(std_t)
 
 
 # --------------------------------------------------------------------------- probe

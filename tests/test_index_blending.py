@@ -5,12 +5,8 @@ import numpy as np
 import pytest
 from megatron.core.datasets.utils import normalize
 
-from mmidx.index import (
-    blending_indices,
-    exhaustive_blending_indices,
-    multimodal_stream,
-    stream_views,
-)
+from mmidx.index.blend import blending_indices, exhaustive_blending_indices
+from mmidx.index.stream import multimodal_stream, stream_views
 
 
 def megatron_blend(weights: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:

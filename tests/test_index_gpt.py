@@ -11,13 +11,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatase
 from megatron.core.datasets.utils import Split
 
 from mmidx import _index
-from mmidx.index import (
-    build_document_index,
-    build_sample_index,
-    build_shuffle_index,
-    gpt_indices,
-    legacy_shuffle,
-)
+from mmidx.index.gpt import build_document_index, build_sample_index, build_shuffle_index, gpt_indices, legacy_shuffle
 
 
 def assert_same_state(a: np.random.RandomState, b: np.random.RandomState) -> None:

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmidx.index import PackingResult, pack_samples
+from mmidx.index.packer import PackingResult, pack_samples
 
 SETTINGS = settings(max_examples=100, deadline=None)
 

@@ -3,7 +3,7 @@
 import numpy as np
 
 from mmidx import format as fmt
-from mmidx.dataset import MMIDXDataset
+from mmidx.read.dataset import MMIDXDataset
 
 
 def test_last_sequence_of_an_8_gib_sparse_bin(tmp_path):

@@ -2,12 +2,11 @@
 
 import pytest
 import torch
-from test_pack_index import config_of
-from test_packing_reference import build_groups
+from support.packing import build_groups, config_of
 
-from mmidx.loader import GlobalBatchSampler, PackDataset, PackLoader
-from mmidx.pack_index import build_pack_index
-from mmidx.packing import PackBuilder
+from mmidx.index.pack_index import build_pack_index
+from mmidx.pack.builder import PackBuilder
+from mmidx.train.loader import GlobalBatchSampler, PackDataset, PackLoader
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Specification of ``mmidx.masks``: BAGEL's attention rule as dense masks, a mask_mod and a BlockMask.
+"""Specification of ``mmidx.pack.masks``: BAGEL's attention rule as dense masks, a mask_mod and a BlockMask.
 
 Every check compares against ``naive_sample_mask``, written here from the three steps of the rule
 and nothing else. The CPU tests cover all of the code; the one CUDA test only checks that the same
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from mmidx.masks import block_mask, dense_masks, mask_predicate
+from mmidx.pack.masks import block_mask, dense_masks, mask_predicate
 
 MODES = ("causal", "full", "noise")
 HYPOTHESIS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])

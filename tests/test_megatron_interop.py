@@ -4,10 +4,10 @@ import megatron.core.datasets.indexed_dataset as megatron
 import numpy as np
 import pytest
 import torch
-from helpers import build, small_dataset
+from support.helpers import build, small_dataset
 
-from mmidx.builder import DatasetBuilder
-from mmidx.dataset import MMIDXDataset
+from mmidx.ingest.writer import DatasetBuilder
+from mmidx.read.dataset import MMIDXDataset
 
 DTYPES = [(np.uint16, 1000), (np.int32, 152064)]
 

@@ -4,27 +4,19 @@ import json
 
 import numpy as np
 import pytest
-from test_packing_reference import GEOMETRY, build_groups
+from support.packing import PACKING, build_groups, config_of
 
-from mmidx.config import DataConfig
-from mmidx.dataset import MMIDXDataset
 from mmidx.format import FormatError
-from mmidx.index import multimodal_stream, pack_samples, stream_views
-from mmidx.pack_index import build_pack_index, view_table, view_token_counts
-from mmidx.packing import PackBuilder, PackItem
-
-PACKING = {"max_num_tokens": 3000, "expected_num_tokens": 2000, "max_num_tokens_per_sample": 2500,
-           "prefer_buffer_before": 1000, "max_buffer_size": 4}
+from mmidx.index.pack_index import PackItem, build_pack_index, view_table, view_token_counts
+from mmidx.index.packer import pack_samples
+from mmidx.index.stream import multimodal_stream, stream_views
+from mmidx.pack.builder import PackBuilder
+from mmidx.read.dataset import MMIDXDataset
 
 
 @pytest.fixture(scope="module")
 def groups(tmp_path_factory):
     return build_groups(tmp_path_factory.mktemp("index"))
-
-
-def config_of(groups, **overrides):
-    return DataConfig.from_dict({"groups": groups, "geometry": GEOMETRY, "packing": PACKING,
-                                 "dropout": {"text": 0.0, "vit": 0.0, "vae": 0.0}, **overrides})
 
 
 def test_view_sizes_equal_the_length_of_the_packed_sample(groups):
@@ -106,12 +98,12 @@ def test_cache_holds_narrow_arrays_described_in_its_index(groups, tmp_path):
 
 
 def test_a_build_that_fails_leaves_nothing_that_loads(groups, tmp_path, monkeypatch):
-    import mmidx.pack_index
+    import mmidx.index.pack_index
 
     def fail(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(mmidx.pack_index, "write_pack_index", fail)
+    monkeypatch.setattr(mmidx.index.pack_index, "write_pack_index", fail)
     with pytest.raises(KeyboardInterrupt):
         build_pack_index(config_of(groups), num_samples=40, cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []

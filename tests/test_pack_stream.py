@@ -4,7 +4,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmidx.index import PackStream, ViewTable, multimodal_stream, pack_samples, stream_views
+from mmidx.index.pack_stream import PackStream
+from mmidx.index.packer import pack_samples
+from mmidx.index.stream import ViewTable, multimodal_stream, stream_views
 
 
 def whole_array(offsets, tokens, weights, mandatory, num_samples, seed, budgets):

@@ -13,23 +13,18 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageFile
-from test_images import encode, noise, palette_image, torchvision_steps
-from test_packing_reference import GEOMETRY, build_groups
+from support.images import encode, noise, palette_image, torchvision_steps
+from support.packing import GEOMETRY, build_groups
 
-import mmidx.images
+import mmidx.images.transform
 from mmidx import _pixels
 from mmidx.config import DataConfig
-from mmidx.images import (
-    BAGEL_VAE_TRANSFORM,
-    BAGEL_VIT_TRANSFORM,
-    ImageError,
-    ImageTransform,
-    decode_rgb,
-    decode_rgb_pixels,
-    patchify,
-    rgb_pixels,
-)
-from mmidx.packing import PackBuilder, PackItem, _batch_buffer
+from mmidx.images.decode import ImageError, decode_rgb, decode_rgb_pixels, rgb_pixels
+from mmidx.images.patches import patchify
+from mmidx.images.transform import BAGEL_VAE_TRANSFORM, BAGEL_VIT_TRANSFORM, ImageTransform
+from mmidx.index.pack_index import PackItem
+from mmidx.pack.buffers import _batch_buffer
+from mmidx.pack.builder import PackBuilder
 
 IMAGENET = ImageTransform(518, 224, 14, image_mean=(0.485, 0.456, 0.406), image_std=(0.229, 0.224, 0.225))
 TRANSFORMS = [BAGEL_VAE_TRANSFORM, IMAGENET]
@@ -117,7 +112,7 @@ def test_every_mode_bagel_converts_equals_pil(image, fmt, options, transform):
 def test_before_pillow_13_the_horizontal_pass_always_runs_first(monkeypatch):
     """Older Pillows resize horizontally then vertically; each single-direction resize is the same in every
     version, so composing two of them is the reference for the order the kernel follows there."""
-    monkeypatch.setattr(mmidx.images, "_PILLOW_VERTICAL_FIRST", False)
+    monkeypatch.setattr(mmidx.images.transform, "_PILLOW_VERTICAL_FIRST", False)
     rng = np.random.default_rng(12)
     for _ in range(200):
         width, height, new_width, new_height = (int(v) for v in rng.integers(1, 60, 4))

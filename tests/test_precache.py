@@ -8,57 +8,31 @@ import subprocess
 import sys
 from pathlib import Path
 
-import encoders
 import numpy as np
 import pytest
 import torch
+from support import encoders
+from support.precache import SIZES, SPECIAL, VAE, _noise_png, make_datasets
 
 from mmidx import format as fmt
-from mmidx.builder import DatasetBuilder, Element, StoredImage
 from mmidx.config import DataConfig, DropoutConfig, GroupConfig
-from mmidx.dataset import MMIDXDataset
-from mmidx.encodings.precache import Job, precache_dataset
+from mmidx.encodings.encode import Job
+from mmidx.encodings.precache import precache_dataset
 from mmidx.format import FormatError
-from mmidx.images import ImageTransform
-from mmidx.packing import PackBuilder, PackItem
+from mmidx.images.transform import ImageTransform
+from mmidx.index.pack_index import PackItem
+from mmidx.ingest.writer import DatasetBuilder
+from mmidx.pack.builder import PackBuilder
+from mmidx.read.dataset import MMIDXDataset
+from mmidx.sources.elements import Element
 
 TESTS = Path(__file__).parent
-VAE = ImageTransform(max_image_size=64, min_image_size=32, image_stride=16)
 VIT = ImageTransform(max_image_size=56, min_image_size=28, image_stride=14)
-SPECIAL = {"bos_token_id": 1, "eos_token_id": 2, "start_of_image": 3, "end_of_image": 4}
-SIZES = [(64, 48), (40, 70), (64, 48), (33, 33), (90, 40), (48, 64)]
-
-
-def _noise_png(width, height, seed):
-    import io
-
-    from PIL import Image
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    stream = io.BytesIO()
-    Image.fromarray(pixels).save(stream, format="PNG")
-    return StoredImage(stream.getvalue(), width, height, "PNG", "RGB")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return make_datasets(tmp_path_factory.mktemp("precache"))
-
-
-def make_datasets(folder):
-    """A t2i dataset (caption, noised image) and an edit dataset (clean image, vit image, text, noised image)."""
-    with DatasetBuilder(folder / "t2i", vocab_size=1000, special_tokens=SPECIAL) as builder:
-        for i, (width, height) in enumerate(SIZES):
-            builder.add_sample([list(range(5, 9 + i))], [_noise_png(width, height, i)],
-                               [[Element("text", 0, enable_cfg=True), Element("vae_image", 0, loss=True)]])
-        builder.finalize()
-    with DatasetBuilder(folder / "edit", vocab_size=1000, special_tokens=SPECIAL) as builder:
-        for i in range(4):
-            images = [_noise_png(*SIZES[i], 10 + i), _noise_png(*SIZES[i + 1], 20 + i)]
-            builder.add_sample([list(range(10, 14 + i))], images, [[
-                Element("vae_image", 0, enable_cfg=True), Element("vit_image", 0, enable_cfg=True),
-                Element("text", 0, loss=True), Element("vae_image", 1, loss=True, img_num=2)]])
-        builder.finalize()
-    return folder
 
 
 def _config(folder, **group):
@@ -68,7 +42,7 @@ def _config(folder, **group):
 
 
 def _precache(folder, name, job=None, **options):
-    job = job or Job(name, "encoders:vae", dtype="fp32", batch_size=2)
+    job = job or Job(name, "support.encoders:vae", dtype="fp32", batch_size=2)
     return [precache_dataset(str(folder / d), job, VAE, progress=False, **options) for d in ("t2i", "edit")]
 
 
@@ -78,7 +52,7 @@ def _packs(builder, folder):
 
 
 def test_stored_latents_are_the_encoder_on_the_packs_own_pixels(data):
-    _precache(data, "mean", Job("mean", "encoders:vae", store="mean", dtype="fp32", batch_size=2))
+    _precache(data, "mean", Job("mean", "support.encoders:vae", store="mean", dtype="fp32", batch_size=2))
     pixel_builder = PackBuilder(_config(data), special_tokens=SPECIAL)
     latent_builder = PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"vae": "mean"})
     model = encoders.vae()
@@ -99,7 +73,7 @@ def test_stored_latents_are_the_encoder_on_the_packs_own_pixels(data):
 
 
 def test_records_round_trip_exactly_and_packs_carry_them(data, monkeypatch):
-    metas = _precache(data, "bf", Job("bf", "encoders:vae_mean", dtype="bf16", batch_size=4))
+    metas = _precache(data, "bf", Job("bf", "support.encoders:vae_mean", dtype="bf16", batch_size=4))
     assert [meta["store"] for meta in metas] == ["tensor", "tensor"]
     builder = PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"vae": "bf"})
     pack = builder.build(0, [PackItem(0, 0, 1, 0), PackItem(1, 0, 2, 0)])
@@ -111,12 +85,12 @@ def test_records_round_trip_exactly_and_packs_carry_them(data, monkeypatch):
         assert torch.equal(pack.padded_latent[slot, :, :h, :w], value.float())
     with pytest.raises(FormatError, match="no record"):
         sample.encoding("bf", 1, 1)  # that image is used with img_num 2 only
-    import mmidx.packing
+    import mmidx.pack.pixels
 
     def no_decoding(data):
         raise AssertionError("an image was decoded")
 
-    monkeypatch.setattr(mmidx.packing, "decode_rgb_pixels", no_decoding)
+    monkeypatch.setattr(mmidx.pack.pixels, "decode_rgb_pixels", no_decoding)
     t2i = builder.build(1, [PackItem(0, 0, s, 0) for s in range(len(SIZES))])  # VAE images only: none decoded
     assert len(t2i.padded_latent) == len(SIZES)
     no_dropout = PackBuilder(dataclasses.replace(_config(data), dropout=DropoutConfig(0, 0, 0)),
@@ -126,7 +100,7 @@ def test_records_round_trip_exactly_and_packs_carry_them(data, monkeypatch):
 
 
 def test_moments_are_sampled_per_pack_and_batches_stay_a_function_of_the_pack(data):
-    _precache(data, "mom", Job("mom", "encoders:vae", dtype="fp32", batch_size=3))
+    _precache(data, "mom", Job("mom", "support.encoders:vae", dtype="fp32", batch_size=3))
     builder = PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"vae": "mom"})
     items = [PackItem(0, 0, 0, 0), PackItem(0, 0, 2, 0)]  # the same image size twice
     first, again, other = builder.build(5, items), builder.build(5, items), builder.build(6, items)
@@ -140,9 +114,9 @@ def test_moments_are_sampled_per_pack_and_batches_stay_a_function_of_the_pack(da
 
 
 def test_vit_encodings_are_the_encoder_on_the_packs_own_vit_pixels_in_token_order(data):
-    job = Job("vitenc", "encoders:vit", transform="vit", dtype="fp32", batch_size=2)
+    job = Job("vitenc", "support.encoders:vit", transform="vit", dtype="fp32", batch_size=2)
     precache_dataset(str(data / "edit"), job, VIT, progress=False)
-    _precache(data, "mean2", Job("mean2", "encoders:vae", store="mean", dtype="fp32", batch_size=2))
+    _precache(data, "mean2", Job("mean2", "support.encoders:vae", store="mean", dtype="fp32", batch_size=2))
     config = _config(data)
     uses = [(("vae", "mean2"),), (("vae", "mean2"), ("vit", "vitenc"))]
     config = dataclasses.replace(config, groups=tuple(dataclasses.replace(group, encodings=use)
@@ -175,7 +149,7 @@ def test_vit_encodings_are_the_encoder_on_the_packs_own_vit_pixels_in_token_orde
         config.groups[1], encodings=(("vit", "mean2"),))))
     with pytest.raises(ValueError, match="vit needs image encodings of the vit transform"):
         PackBuilder(wrong, special_tokens=SPECIAL)
-    precache_dataset(str(data / "edit"), Job("vit8", "encoders:vae_mean", transform="vit", dtype="fp32"), VIT,
+    precache_dataset(str(data / "edit"), Job("vit8", "support.encoders:vae_mean", transform="vit", dtype="fp32"), VIT,
                      progress=False)  # patches of 8 pixels, not the config's 14
     coarse = dataclasses.replace(no_dropout, groups=(config.groups[0], dataclasses.replace(
         config.groups[1], encodings=(("vit", "vit8"),))))
@@ -195,7 +169,7 @@ def _vit_grids(batch, side):
 
 
 def test_text_embeddings_are_packed_per_token_with_their_indexes(data):
-    job = Job("txt", "encoders:text", modality="text", dtype="fp32", batch_size=2)
+    job = Job("txt", "support.encoders:text", modality="text", dtype="fp32", batch_size=2)
     _precache(data, "txt", job)
     builder = PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"text": "txt"})
     pack = builder.build(0, [PackItem(1, 0, 1, 0), PackItem(0, 0, 3, 0)])
@@ -214,7 +188,8 @@ def test_a_text_dataset_gets_one_embedding_per_sequence(tmp_path):
         for i in range(3):
             builder.add_document([list(range(3, 6 + i)), [7, 8]])
         builder.finalize()
-    (meta,) = precache(str(tmp_path / "t"), Job("tx", "encoders:text", modality="text", dtype="fp32"), progress=False)
+    (meta,) = precache(str(tmp_path / "t"), Job("tx", "support.encoders:text", modality="text", dtype="fp32"),
+                       progress=False)
     assert (meta["counts"]["records"], meta["transform"], meta["store"]) == (6, None, "tensor")
     sample = MMIDXDataset(tmp_path / "t")[2]
     with torch.no_grad():
@@ -229,13 +204,14 @@ def _run(folder, *extra, env=None):
         "max_image_size": VAE.max_image_size, "min_image_size": VAE.min_image_size,
         "image_stride": VAE.image_stride}}}}))
     return subprocess.run([sys.executable, "-m", "mmidx.cli", "precache", str(config), "--encoder",
-                           "encoders:vae", "--name", "k9", "--batch-size", "1", "--quiet", "--workers", "2", *extra],
+                           "support.encoders:vae", "--name", "k9", "--batch-size", "1", "--quiet", "--workers", "2",
+                           *extra],
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]),
                                **(env or {})}, capture_output=True, text=True, timeout=120)
 
 
 def test_kill_9_during_precache_then_rerun_is_byte_identical(data):
-    job = Job("k9", "encoders:vae", batch_size=1)  # what the command line below asks for
+    job = Job("k9", "support.encoders:vae", batch_size=1)  # what the command line below asks for
     precache_dataset(str(data / "t2i"), job, VAE, progress=False, workers=2)  # the uninterrupted run
     expected = {role: fmt.encoding_path(data / "t2i", "k9", role).read_bytes() for role in fmt.ENCODING_ROLES}
     for role in fmt.ENCODING_ROLES:
@@ -258,7 +234,7 @@ def test_kill_9_during_precache_then_rerun_is_byte_identical(data):
 
 
 def test_streams_from_other_inputs_are_refused_naming_the_difference(data, tmp_path):
-    _precache(data, "ref", Job("ref", "encoders:vae_mean", dtype="fp16", batch_size=8))
+    _precache(data, "ref", Job("ref", "support.encoders:vae_mean", dtype="fp16", batch_size=8))
     other = ImageTransform(max_image_size=48, min_image_size=32, image_stride=16)
     config = DataConfig(groups=(GroupConfig("t2i", (str(data / "t2i"),), image_transform=other,
                                             encodings=(("vae", "ref"),)),))
@@ -280,8 +256,8 @@ def test_streams_from_other_inputs_are_refused_naming_the_difference(data, tmp_p
 def test_a_truncated_or_corrupted_stream_is_a_format_error_naming_the_file(data, tmp_path, role):
     import shutil
 
-    from mmidx.encodings.store import EncodingStream
-    _precache(data, "cut", Job("cut", "encoders:vae_mean", dtype="fp32", batch_size=8))
+    from mmidx.read.encoding_streams import EncodingStream
+    _precache(data, "cut", Job("cut", "support.encoders:vae_mean", dtype="fp32", batch_size=8))
     prefix = tmp_path / "t2i"
     for path in data.glob("t2i.*"):
         if not path.name.endswith(".lock"):
@@ -298,8 +274,8 @@ def test_an_encoding_json_with_fields_of_the_wrong_type_is_a_format_error(data, 
     """Re-signed JSONs the fuzzer made (tools/fuzz.py, seed 12000): each field's type is checked before use."""
     import shutil
 
-    from mmidx.encodings.store import EncodingStream
-    _precache(data, "typed", Job("typed", "encoders:vae_mean", dtype="fp32", batch_size=8))
+    from mmidx.read.encoding_streams import EncodingStream
+    _precache(data, "typed", Job("typed", "support.encoders:vae_mean", dtype="fp32", batch_size=8))
     for path in data.glob("t2i.*"):
         if not path.name.endswith(".lock"):
             shutil.copy(path, tmp_path / path.name)
@@ -322,10 +298,10 @@ def _copy(data, folder, name):
 
 
 def test_verify_and_inspect_know_encodings(data, tmp_path, capsys):
-    from mmidx.checks import summary, verify
     from mmidx.cli import main
+    from mmidx.read.checks import summary, verify
 
-    _precache(data, "vi", Job("vi", "encoders:vae_mean", dtype="fp16", batch_size=8, weights_version="v1"))
+    _precache(data, "vi", Job("vi", "support.encoders:vae_mean", dtype="fp16", batch_size=8, weights_version="v1"))
     folder = _copy(data, tmp_path, "vi")
     assert verify(folder / "edit") == []
     info = summary(MMIDXDataset(folder / "edit"))["encodings"]
@@ -354,7 +330,8 @@ def test_bench_reports_latents_against_pixels_from_a_data_yaml(data, tmp_path, c
             "packing": {"expected_num_tokens": 200, "max_num_tokens": 400, "max_num_tokens_per_sample": 200,
                         "prefer_buffer_before": 100, "max_buffer_size": 4}}
     (folder / "data.yaml").write_text(yaml.safe_dump(spec))
-    assert main(["precache", str(folder / "data.yaml"), "--encoder", "encoders:vae", "--name", "b", "--quiet"]) == 0
+    assert main(["precache", str(folder / "data.yaml"), "--encoder", "support.encoders:vae", "--name", "b",
+                 "--quiet"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert sorted(line.split(" of ")[0] for line in lines) == ["b: 6 image encodings (moments, bf16)",
                                                                "b: 8 image encodings (moments, bf16)"]
@@ -365,7 +342,7 @@ def test_bench_reports_latents_against_pixels_from_a_data_yaml(data, tmp_path, c
     assert "tokens/s with latents" in out
     spec["groups"]["t2i"]["encodings"] = spec["groups"]["edit"]["encodings"] = {"vae": "b"}
     (folder / "data.yaml").write_text(yaml.safe_dump(spec))
-    from mmidx.bagel import trainer_loader  # BAGEL's trainer gets padded_latent from the YAML's encodings
+    from mmidx.train.bagel import trainer_loader
 
     loader = trainer_loader(folder / "data.yaml", special_tokens=SPECIAL, expected_num_tokens=200, max_num_tokens=400,
                             max_num_tokens_per_sample=200, prefer_buffer_before=100, max_buffer_size=4)
@@ -375,9 +352,9 @@ def test_bench_reports_latents_against_pixels_from_a_data_yaml(data, tmp_path, c
 
 
 def test_a_second_precache_of_the_same_stream_is_refused_while_one_runs(data):
-    from mmidx.build.lock import output_lock
-    from mmidx.build.plan import BuildError
+    from mmidx.io.lock import OutputLockedError, output_lock
 
-    with output_lock(f"{data / 't2i'}.enc.busy", "precache"), pytest.raises(BuildError, match="another precache"):
-        precache_dataset(str(data / "t2i"), Job("busy", "encoders:vae"), VAE, progress=False)
+    with (output_lock(f"{data / 't2i'}.enc.busy", "precache"),
+          pytest.raises(OutputLockedError, match="another precache")):
+        precache_dataset(str(data / "t2i"), Job("busy", "support.encoders:vae"), VAE, progress=False)
     assert not list(data.glob("t2i.enc.busy.*"))  # nothing written

@@ -14,7 +14,7 @@ blocks before it wrote, as a reader's shell would. The conventions the README fo
 * the Quick start's two commands install packages and run this suite: CI runs them (``.ci/run``).
 
 The shell's ``mmidx`` runs ``mmidx.cli.main`` in a child forked from one process that imported it
-(:mod:`cli_server`), so that each command does not spend seconds importing torch.
+(:mod:`support.cli_server`), so that each command does not spend seconds importing torch.
 
 Any other fence fails :func:`test_every_block_is_run_or_marked_for_reading`, so a new block either runs
 here or says why it cannot.
@@ -33,11 +33,11 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-import cli_server
 import numpy as np
 import pyarrow as pa
 import yaml
-from fixtures_sources import WORDS, image_bytes, qwen_dir, write_jsonl, write_parquet, write_t2i_parquet
+from support import cli_server
+from support.sources import WORDS, image_bytes, qwen_dir, write_jsonl, write_parquet, write_t2i_parquet
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN, READ = ("bash", "python"), ("text", "diff")
@@ -119,11 +119,11 @@ def test_the_names_the_readme_imports_exist():
 def test_the_trainer_diff_calls_trainer_loader_as_it_is_defined():
     """The diff against BAGEL's trainer is read, not run (it needs BAGEL): its new side imports what mmidx has
     and calls ``trainer_loader`` with arguments its signature takes."""
-    from mmidx.bagel import trainer_loader
+    from mmidx.train.bagel import trainer_loader
 
     (diff,) = [block for block in readme_blocks() if block.language == "diff"]
     new_side = [line[1:] for line in diff.code.splitlines() if line[:1] in ("+", " ")]
-    assert "from mmidx.bagel import trainer_loader" in new_side
+    assert "from mmidx.train.bagel import trainer_loader" in new_side
     start = next(number for number, line in enumerate(new_side) if "= trainer_loader(" in line)
     end = next(number for number in range(start, len(new_side)) if new_side[number].strip() == ")")
     (statement,) = ast.parse(textwrap.dedent("\n".join(new_side[start:end + 1]))).body
@@ -201,7 +201,7 @@ def test_the_option_check_catches_a_misspelt_option():
 
 def write_readme_inputs(folder: Path) -> None:
     """What a reader's folder holds before the README's commands, tiny: the files and folders they name."""
-    from mmidx.demo import BAGEL_GROUPS
+    from mmidx.toolkit.demo import BAGEL_GROUPS
 
     rng = np.random.default_rng(0)
 

@@ -8,16 +8,15 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_pack_index import config_of
-from test_packing_reference import build_groups
+from support.packing import build_groups, config_of
 
-from mmidx.builder import DatasetBuilder
-from mmidx.dataset import MMIDXDataset
-from mmidx.gpt import GPTTextDataset
-from mmidx.loader import PackDataset, PackLoader
-from mmidx.pack_index import build_pack_index
-from mmidx.packing import PackBuilder
-from mmidx.storage import StorageError
+from mmidx.index.pack_index import build_pack_index
+from mmidx.ingest.writer import DatasetBuilder
+from mmidx.io.storage import StorageError
+from mmidx.pack.builder import PackBuilder
+from mmidx.read.dataset import MMIDXDataset
+from mmidx.train.gpt import GPTTextDataset
+from mmidx.train.loader import PackDataset, PackLoader
 
 
 @pytest.fixture(scope="module")
@@ -154,9 +153,9 @@ def test_an_object_shorter_than_the_metadata_says_is_refused(stored, s3):
 
 
 def test_build_to_s3_uploads_index_and_metadata_last_and_a_rerun_reuses_it(s3, tmp_path, monkeypatch):
-    from fixtures_sources import build, write_jsonl
+    from support.sources import build, write_jsonl
 
-    from mmidx import storage
+    from mmidx.io import storage
 
     path = write_jsonl(tmp_path / "docs.jsonl", [{"text": f"document number {i} " * (i + 1)} for i in range(12)])
     local, _ = build("text", [path], tmp_path / "local")
@@ -187,10 +186,10 @@ def test_build_to_s3_uploads_index_and_metadata_last_and_a_rerun_reuses_it(s3, t
 
 
 def test_fetch_inspect_and_verify_take_uris(s3, tmp_path, capsys):
-    from helpers import small_dataset
+    from support.helpers import small_dataset
 
-    from mmidx.checks import _verify_images as verify_images
     from mmidx.cli import main
+    from mmidx.read.checks import _verify_images as verify_images
 
     small_dataset(tmp_path / "vlm")  # real PNGs, which verify probes
     original, uri = str(tmp_path / "vlm"), s3.upload(tmp_path / "vlm", "s3://mmidx/verified/vlm")
@@ -224,7 +223,7 @@ def test_megatron_reads_an_mmidx_token_stream_from_s3_through_its_s3_config(stor
 
 
 def test_a_small_file_that_differs_from_its_checksum_is_refused_and_not_cached(s3, tmp_path):
-    from helpers import small_dataset
+    from support.helpers import small_dataset
 
     prefix = tmp_path / "t2i"
     small_dataset(prefix, seed=7)  # never opened before: nothing of it is in the cache
@@ -244,7 +243,7 @@ def test_a_small_file_that_differs_from_its_checksum_is_refused_and_not_cached(s
 @given(st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 400)), max_size=30), st.integers(0, 300),
        st.integers(1, 1500))
 def test_coalesced_ranges_cover_every_range_sorted_and_bounded(pairs, gap, max_chunk):
-    from mmidx.prefetch import coalesce
+    from mmidx.read.prefetch import coalesce
 
     ranges = [(start, start + length) for start, length in pairs]
     merged = coalesce(ranges, gap, max_chunk)
@@ -258,7 +257,7 @@ def test_coalesced_ranges_cover_every_range_sorted_and_bounded(pairs, gap, max_c
 
 
 def test_transient_failures_are_retried_a_bounded_number_of_times(monkeypatch):
-    from mmidx import storage
+    from mmidx.io import storage
 
     monkeypatch.setattr(storage, "BACKOFF_S", 0.0)
     calls = []
@@ -284,7 +283,7 @@ def test_transient_failures_are_retried_a_bounded_number_of_times(monkeypatch):
 
 
 def test_build_inputs_in_s3_keep_their_query_options(s3, tmp_path, monkeypatch):
-    from fixtures_sources import build, write_jsonl
+    from support.sources import build, write_jsonl
 
     from mmidx.sources.inputs import parent, resolve
 
@@ -305,10 +304,10 @@ def test_a_build_to_s3_rerun_on_another_machine_reuses_the_shards_it_uploaded(s3
     import os
     import shutil
 
-    from fixtures_sources import build, write_jsonl
+    from support.sources import build, write_jsonl
 
-    from mmidx import storage
-    from mmidx.build.remote import scratch_prefix
+    from mmidx.ingest.remote import scratch_prefix
+    from mmidx.io import storage
 
     path = write_jsonl(tmp_path / "docs.jsonl", [{"text": f"document number {i} " * (i + 1)} for i in range(12)])
     size = os.path.getsize(path) // 3 + 1  # three units of JSONL byte ranges

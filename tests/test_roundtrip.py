@@ -6,12 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_sample_equal, build, raw_samples, small_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.helpers import assert_sample_equal, build, raw_samples, small_dataset
 
-from mmidx.builder import DatasetBuilder, Element, merge_datasets
-from mmidx.dataset import MMIDXDataset
+from mmidx.ingest.merge import merge_datasets
+from mmidx.ingest.writer import DatasetBuilder
+from mmidx.read.dataset import MMIDXDataset
+from mmidx.sources.elements import Element
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -143,11 +145,11 @@ def test_dataloader_workers_read_the_same_samples(tmp_path):
 
 def test_bookkeeping_batches_of_any_size_write_the_same_bytes(tmp_path, monkeypatch):
     """The builder's index arrays are collected in batches; a batch boundary inside a sample changes nothing."""
-    from mmidx import builder as builder_module
     from mmidx import format as fmt
+    from mmidx.ingest import writer as writer_module
 
     samples = small_dataset(tmp_path / "default", seed=4, count=9)
-    monkeypatch.setattr(builder_module._Growable, "BATCH", 3)
+    monkeypatch.setattr(writer_module._Growable, "BATCH", 3)
     build(tmp_path / "batched", samples)
     for role in ("idx", "bin", "images", "plan"):
         batched, default = (fmt.file_path(tmp_path / name, role).read_bytes() for name in ("batched", "default"))

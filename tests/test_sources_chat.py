@@ -1,7 +1,7 @@
 """chat: FastChat conversations as text-only plans, loss on assistant turns, extra keys first without loss."""
 
 import pytest
-from fixtures_sources import build, encode, write_jsonl
+from support.sources import build, encode, write_jsonl
 
 VICUNA = {"id": 0, "conversations": [
     {"from": "human", "value": "What is up?"}, {"from": "gpt", "value": "Hello! How can I help you today?"},

@@ -2,7 +2,7 @@
 
 import pyarrow as pa
 import pytest
-from fixtures_sources import build, encode, image_bytes, texts_of, write_parquet
+from support.sources import build, encode, image_bytes, texts_of, write_parquet
 
 from mmidx.sources import SourceContext, SourceOptions
 

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from fixtures_sources import build, encode, image_bytes, write_jsonl
+from support.sources import build, encode, image_bytes, write_jsonl
 
-from mmidx.build import BuildError
+from mmidx.ingest import BuildError
 from mmidx.sources import SourceError
 
 

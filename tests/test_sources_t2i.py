@@ -4,15 +4,10 @@ import io
 from collections import Counter
 
 import pytest
-from fixtures_sources import build, encode, image_bytes, texts_of, write_t2i_parquet
 from PIL import Image
+from support.cases import CAPTIONS, IMAGES
+from support.sources import build, encode, image_bytes, texts_of, write_t2i_parquet
 
-# (width, height, mode, format) of each row's image: several sizes, modes and formats.
-IMAGES = [(64, 48, "RGB", "JPEG"), (33, 70, "RGBA", "PNG"), (50, 50, "P", "PNG"), (40, 24, "CMYK", "JPEG"),
-          (24, 40, "L", "JPEG"), (80, 20, "RGB", "WEBP"), (31, 17, "RGBA", "WEBP")]
-CAPTIONS = [{"0": "a cat on a mat", "1": "a small cat", "2": "red cat photo"}, {"short": "sky", "long": "blue sky"},
-            {}, {"0": "one caption only"}, {"a": "dog", "b": "dog", "c": "large dog"}, {"0": "tree", "1": "house"},
-            {"0": "river", "1": "mountain", "2": "sunset", "3": "car"}]
 VIEWS = 5
 
 
@@ -112,7 +107,7 @@ def test_a_file_uri_input_builds_the_same_samples(t2i, tmp_path):
 
 
 def test_metadata_records_tokenizer_special_tokens_and_build_options(t2i):
-    from fixtures_sources import loaded_tokenizer
+    from support.sources import loaded_tokenizer
 
     dataset = t2i[0]
     tokenizer = loaded_tokenizer()

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from fixtures_sources import build, qwen_dir, write_jsonl
+from support.sources import build, qwen_dir, write_jsonl
 
 from mmidx.format import file_path
 
@@ -79,7 +79,7 @@ def test_a_file_uri_input_gives_the_same_tokens(text, tmp_path):
 
 
 def test_text_key_names_the_field(tmp_path):
-    from fixtures_sources import loaded_tokenizer
+    from support.sources import loaded_tokenizer
 
     path = write_jsonl(tmp_path / "d.jsonl", [{"content": "hello there", "text": "not this"}])
     dataset, _ = build("text", [path], tmp_path / "out", text_key="content")

@@ -4,48 +4,10 @@ import itertools
 
 import numpy as np
 import pytest
-from fixtures_sources import build, decoded, encode, image_bytes, pyav_frames, write_jsonl, write_mp4
+from support.cases import CASES, FILES
+from support.sources import build, decoded, encode, pyav_frames, write_jsonl, write_mp4
 
 MIN_FRAMES, MAX_FRAMES, VIEWS = 8, 12, 4
-
-
-def T(text, loss=0):
-    return ("text", text, loss)
-
-
-def I(k):  # noqa: E743
-    return ("image", k)
-
-
-# (row, expected elements): texts by their string, images by their position in the row's image list.
-CASES = [
-    ({"image": ["a.png", "b.png"], "conversations": [{"from": "human", "value": "Compare <image> and <image>"},
-                                                     {"from": "gpt", "value": "Mountains."}]},
-     [T("Compare"), I(0), T("and"), I(1), T("Mountains.", 1)]),
-    ({"image": "a.png", "conversations": [{"from": "human", "value": "<image>\nWhat is shown?"},
-                                          {"from": "gpt", "value": "A cat."}]},
-     [I(0), T("What is shown?"), T("A cat.", 1)]),
-    ({"image": "a.png", "conversations": [{"from": "human", "value": "<image> first <image> second"},
-                                          {"from": "gpt", "value": "ok"}]},
-     [I(0), T("first"), T("second"), T("ok", 1)]),
-    ({"conversations": [{"from": "human", "value": " Hello there \n"}, {"from": "gpt", "value": "Hi"}]},
-     [T(" Hello there \n"), T("Hi", 1)]),
-    ({"image": ["c.jpg", "a.png", "b.png"], "conversations": [{"from": "human", "value": "Look: <image>"},
-                                                              {"from": "gpt", "value": "Seen."}]},
-     [T("Look:"), I(0), T("Seen.", 1)]),
-    ({"image": "b.png", "conversations": [{"from": "system", "value": "ignored by BAGEL"},
-                                          {"from": "human", "value": "<image>Describe"}, {"from": "gpt", "value": "A"},
-                                          {"from": "human", "value": "More?"}, {"from": "gpt", "value": "B"}]},
-     [I(0), T("Describe"), T("A", 1), T("More?"), T("B", 1)]),
-    ({"image": "a.png", "conversations": [{"from": "human", "value": "<image> q"}, {"from": "gpt", "value": ""},
-                                          {"from": "gpt", "value": "answer"}]},
-     [I(0), T("q"), T("answer", 1)]),
-    ({"image": ["a.png", "c.jpg"], "conversations": [{"from": "human", "value": "<image><image>"},
-                                                     {"from": "gpt", "value": "two"}]},
-     [I(0), I(1), T("two", 1)]),
-]
-FILES = {"a.png": image_bytes(40, 30, "RGBA", "PNG", seed=1), "b.png": image_bytes(30, 60, "P", "PNG", seed=2),
-         "c.jpg": image_bytes(50, 50, "RGB", "JPEG", seed=3)}
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from fixtures_sources import build, encode, image_bytes, texts_of, write_tar
+from support.sources import build, encode, image_bytes, texts_of, write_tar
 
 JPEG, PNG, WEBP = image_bytes(40, 30, seed=1), image_bytes(30, 20, "RGBA", "PNG", seed=2), \
     image_bytes(24, 24, "RGB", "WEBP", seed=3)

@@ -5,11 +5,11 @@ import random
 
 import pyarrow as pa
 import pytest
-from fixtures_sources import build, image_bytes, write_jsonl, write_parquet
+from support.sources import build, image_bytes, write_jsonl, write_parquet
 
 from mmidx.config import DataConfig, data_yaml_group
-from mmidx.dataset import MMIDXDataset
-from mmidx.pack_index import build_pack_index
+from mmidx.index.pack_index import build_pack_index
+from mmidx.read.dataset import MMIDXDataset
 
 VLM = {"image_stride": 14, "max_image_size": 140, "min_image_size": 56}
 VAE = {"image_stride": 16, "max_image_size": 64, "min_image_size": 32}

@@ -4,7 +4,7 @@ import pickle
 
 import numpy as np
 import pytest
-from fixtures_sources import loaded_tokenizer, qwen_dir, tokenizer_dir, train_tokenizer
+from support.sources import loaded_tokenizer, qwen_dir, tokenizer_dir, train_tokenizer
 from transformers import AutoTokenizer
 
 from mmidx.format import token_dtype_for_vocab

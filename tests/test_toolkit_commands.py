@@ -12,18 +12,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures_sources import build, write_jsonl
 from PIL import Image
-from test_sources_vlm import CASES, FILES
+from support.cases import CASES, FILES
+from support.sources import build, write_jsonl
 
 import mmidx
-from mmidx.bench import STAGE_LABELS, STAGES, StageClock, bench_packs, format_report
 from mmidx.cli import main
-from mmidx.masks import dense_masks, mask_predicate
-from mmidx.packing import PackBuilder
-from mmidx.sample_view import describe_sample
-from mmidx.show import COLOURS, LEFT, LINE, PALETTE, TOP_LABELS, _mask_panel, _positions, render, split_scaled_edges
-from mmidx.show import token_kinds as kinds_of
+from mmidx.pack.builder import PackBuilder
+from mmidx.pack.masks import dense_masks, mask_predicate
+from mmidx.toolkit.bench import STAGE_LABELS, STAGES, StageClock, bench_packs, format_report
+from mmidx.toolkit.sample import describe_sample
+from mmidx.toolkit.show import (
+    COLOURS,
+    LEFT,
+    LINE,
+    PALETTE,
+    TOP_LABELS,
+    _mask_panel,
+    _positions,
+    render,
+    split_scaled_edges,
+)
+from mmidx.toolkit.show import token_kinds as kinds_of
 
 
 def test_stage_clock_counts_nested_stages_once():
@@ -119,7 +129,7 @@ def test_sample_lists_elements_decodes_texts_and_writes_images(vlm, tmp_path, ca
 
 def test_sample_shows_extra_json_and_frame_deltas(demo):
     prefix = next(r.data["output"] for r in demo["reports"] if r.data["source"] == "vlm")
-    from mmidx.dataset import MMIDXDataset
+    from mmidx.read.dataset import MMIDXDataset
 
     dataset = MMIDXDataset(prefix)
     video = next(i for i in range(len(dataset)) if "video" in dataset[i].extra)
@@ -173,7 +183,7 @@ def test_show_labels_samples_and_crops_padding_of_a_small_pack(demo, tmp_path):
 
 
 def test_a_narrow_picture_shortens_the_padding_note_rather_than_cutting_the_header(demo):
-    from mmidx.show import _font, header
+    from mmidx.toolkit.show import _font, header
 
     bold, head = _font(14), "pack 0: 12,345 tokens in 2 samples, 9 splits"
     full = header(head, 24_000, 12_345, True, bold, 1000)
@@ -237,10 +247,10 @@ BAD_INPUTS = [
     (["merge", "{tmp}/merged", "/nonexistent/shards"], 1),
     (["merge", "{file}/merged", "{prefix}"], 1),
     (["merge", "{tmp}/merged"], 2),
-    (["precache", "/nonexistent/prefix", "--encoder", "encoders:vae", "--name", "x"], 1),
+    (["precache", "/nonexistent/prefix", "--encoder", "support.encoders:vae", "--name", "x"], 1),
     (["precache", "{prefix}", "--encoder", "no_such_module:vae", "--name", "x"], 1),
-    (["precache", "{prefix}", "--encoder", "encoders:vae", "--name", "not/a/name"], 1),
-    (["precache", "{prefix}", "--encoder", "encoders:vae", "--name", "x", "--dtype", "fp8"], 2),
+    (["precache", "{prefix}", "--encoder", "support.encoders:vae", "--name", "not/a/name"], 1),
+    (["precache", "{prefix}", "--encoder", "support.encoders:vae", "--name", "x", "--dtype", "fp8"], 2),
     (["demo", "--workdir", "{file}/demo"], 1),
     (["demo", "--quick", "yes"], 2),
     # object storage (moto's S3 server; {closed}: a local port nothing listens on, {short}: a dataset
@@ -253,7 +263,7 @@ BAD_INPUTS = [
     (["fetch", "s3://mmidx/missing/vlm", "{tmp}/copy"], 1),
     (["fetch", "{short}", "{tmp}/copy"], 1),
     (["fetch", "{short}"], 2),
-    (["precache", "{short}", "--encoder", "encoders:vae", "--name", "x"], 1),
+    (["precache", "{short}", "--encoder", "support.encoders:vae", "--name", "x"], 1),
     (["build", "--config", "{data}", "--dataset-info", "{data}", "--output-dir", "s3://mmidx/configs",
       "--tokenizer", "{tok}"], 1),
 ]

@@ -9,8 +9,8 @@ import random
 import av
 import numpy as np
 import pytest
-from fixtures_sources import build, decoded, image_bytes, pyav_frames, write_jsonl
 from PIL import Image
+from support.sources import build, decoded, image_bytes, pyav_frames, write_jsonl
 
 from mmidx.format import FormatError
 from mmidx.sources import SourceContext, SourceOptions, media

@@ -66,7 +66,7 @@ def _image(rng: np.random.Generator, mode: str, fmt_name: str, width: int, heigh
 
     from PIL import Image
 
-    from mmidx.builder import StoredImage
+    from mmidx.sources.elements import StoredImage
 
     pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
     image = Image.fromarray(pixels, "RGB").convert(mode)
@@ -77,7 +77,8 @@ def _image(rng: np.random.Generator, mode: str, fmt_name: str, width: int, heigh
 
 def build_base(folder: Path, kind: str, seed: int) -> Path:
     """A small dataset of ``kind``; the twin (seed + 1) has the same shape, other tokens and pixels."""
-    from mmidx.builder import DatasetBuilder, Element
+    from mmidx.ingest.writer import DatasetBuilder
+    from mmidx.sources.elements import Element
 
     rng = np.random.default_rng(0)  # the shape: the same for a dataset and its twin
     content = np.random.default_rng(seed)  # the content
@@ -126,8 +127,9 @@ def build_base(folder: Path, kind: str, seed: int) -> Path:
     if kind in ("t2i", "edit"):  # VAE moments of an average-pooling "encoder", 8x down
         import torch
 
-        from mmidx.encodings.precache import Job, precache_dataset
-        from mmidx.images import ImageTransform
+        from mmidx.encodings.encode import Job
+        from mmidx.encodings.precache import precache_dataset
+        from mmidx.images.transform import ImageTransform
 
         def encoder(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             mean = torch.nn.functional.avg_pool2d(images, 8)
@@ -282,12 +284,12 @@ def read_everything(prefix: Path) -> str:
     """A digest of everything a training job reads from the dataset at ``prefix``."""
     import torch
 
-    from mmidx import masks
     from mmidx.config import DataConfig
-    from mmidx.dataset import MMIDXDataset
-    from mmidx.gpt import GPTTextDataset
-    from mmidx.pack_index import build_pack_index
-    from mmidx.packing import PackBuilder
+    from mmidx.index.pack_index import build_pack_index
+    from mmidx.pack import masks
+    from mmidx.pack.builder import PackBuilder
+    from mmidx.read.dataset import MMIDXDataset
+    from mmidx.train.gpt import GPTTextDataset
 
     digest = hashlib.sha256()
 
@@ -354,8 +356,8 @@ def _names_the_files(error: BaseException, prefix: Path) -> bool:
 
 def run_case(prefix: Path, files: dict[str, bytes], edit: dict, reference: str) -> dict:
     """Outcome of one mutated dataset (in the worker process)."""
-    from mmidx.checks import verify
     from mmidx.format import FormatError
+    from mmidx.read.checks import verify
 
     write_files(prefix, files)
     result: dict[str, Any] = {"case": edit["case"]}

@@ -21,8 +21,8 @@ import torch
 
 from mmidx import format as fmt
 from mmidx.config import DataConfig, GroupConfig
-from mmidx.encodings.store import IMG_NUM_RULE, EncodingStream, open_stream
 from mmidx.format import FormatError
+from mmidx.read.encoding_streams import IMG_NUM_RULE, EncodingStream, open_stream
 
 USES = {"vae": ("image", "vae"), "vit": ("image", "vit"), "text": ("text", None)}  # what each use's stream holds
 

@@ -2,7 +2,7 @@
 
 Each actor opens the dataset (the prefix must be readable where the actors run, as for a Ray
 build), loads the encoder once on its device, and encodes whole batches with the same
-:func:`~mmidx.encodings.precache.encode_batch` a local run uses. The driver receives the batches in
+:func:`~mmidx.encodings.encode.encode_batch` a local run uses. The driver receives the batches in
 their order and appends them to its ``.partial`` files, so the streams are byte-identical to a
 local run's and resuming after a killed driver works unchanged. Ray is optional and imported here only.
 """
@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from mmidx.build.ray_engine import ray_cluster, task_exception
-from mmidx.dataset import MMIDXDataset
-from mmidx.encodings.precache import Job, RunOptions, Units, encode_batch, load_encoder
-from mmidx.images import ImageTransform
+from mmidx.encodings.encode import Job, RunOptions, Units, encode_batch, load_encoder
+from mmidx.images.transform import ImageTransform
+from mmidx.io.ray_cluster import ray_cluster, task_exception
+from mmidx.read.dataset import MMIDXDataset
 
 
 class _EncoderActor:

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from mmidx.builder import Element, StoredImage
+from mmidx.errors import MMIDXError
+from mmidx.sources.elements import Element, StoredImage
 
 SOURCE_NAMES = ("t2i", "edit", "vlm", "chat", "text", "prompts", "wds")
 
@@ -76,7 +77,7 @@ class SourceOptions:
     seed: int = 0
     image_root: str | None = None
     max_image_size: int | None = None
-    max_image_pixels: int | None = None  # None: mmidx.images.DEFAULT_MAX_PIXELS
+    max_image_pixels: int | None = None  # None: mmidx.images.decode.DEFAULT_MAX_PIXELS
     min_frames: int = 8
     max_frames: int = 12
     frame_quality: int | None = None  # None: video frames stored losslessly (WebP); 1..100: JPEG quality
@@ -162,7 +163,7 @@ class Skip:
     detail: str
 
 
-class Skipped(Exception):
+class Skipped(MMIDXError):
     """Raised while building a row to skip it with a counted reason."""
 
     def __init__(self, reason: str, detail: str):
@@ -176,7 +177,7 @@ class Skipped(Exception):
         return Skip(row, self.reason, self.detail)
 
 
-class SourceError(ValueError):
+class SourceError(MMIDXError, ValueError):
     """Input that breaks a source's contract as a whole (not one bad row): the build stops."""
 
 

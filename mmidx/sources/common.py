@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from mmidx.builder import Element, StoredImage
 from mmidx.sources import Skip, Skipped, SourceContext, SourceSample
+from mmidx.sources.elements import Element, StoredImage
 
 
 class TextTable:

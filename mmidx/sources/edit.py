@@ -29,9 +29,9 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 
-from mmidx.builder import Element
 from mmidx.sources import Skip, Skipped, SourceContext, SourceOptions, SourceSample, WorkUnit
 from mmidx.sources.common import TextTable, assemble, samples_of
+from mmidx.sources.elements import Element
 from mmidx.sources.inputs import list_inputs, parquet_units, read_parquet
 from mmidx.sources.media import ingest_image
 

@@ -2,15 +2,15 @@
 
 Every image a source stores passes :func:`ingest_image`:
 
-1. ``mmidx.images.probe`` reads the header only (width, height, format, mode, transparency);
+1. ``mmidx.images.decode.probe`` reads the header only (width, height, format, mode, transparency);
    images above ``max_image_pixels`` (decompression bombs) are refused before any pixel is decoded.
 2. The image must decode, so that a truncated or corrupt file fails here and not in a training
    job. JPEGs are decoded in PIL's draft mode (libjpeg's DCT scaling to 1/8 of each side), which
    still reads every entropy-coded byte and fails on truncated data, at about half the cost of a
    full decode (measured: 1.2 ms vs 1.9 ms for a 512² JPEG, 4.8 ms vs 10 ms at 1024²); other
-   formats are decoded fully by ``mmidx.images.verify_decodable``.
+   formats are decoded fully by ``mmidx.images.decode.verify_decodable``.
 3. With ``max_image_size`` set, an image whose long edge exceeds it is resized and re-encoded by
-   ``mmidx.images.downsize_and_reencode`` (that full decode is the check of step 2), and the new
+   ``mmidx.images.decode.downsize_and_reencode`` (that full decode is the check of step 2), and the new
    bytes are probed again, so stored sizes always describe stored bytes.
 
 Video (BAGEL's ``FrameSampler`` with decord, ``data/video_utils.py``): a view draws
@@ -38,9 +38,9 @@ import numpy as np
 import pyarrow.fs as pafs
 from PIL import Image, ImageFile
 
-from mmidx import images
-from mmidx.builder import StoredImage
+from mmidx.images import decode as images
 from mmidx.sources import Skipped, SourceContext, SourceOptions, pil_pixel_limit
+from mmidx.sources.elements import StoredImage
 from mmidx.sources.inputs import filesystem, is_uri, read_bytes, resolve
 
 _DRAFT_FORMATS = ("JPEG", "MPO")
@@ -65,7 +65,7 @@ def _check_decodes(data: bytes, info: images.ImageInfo, max_pixels: int) -> None
 def ingest_image(data: bytes, context: SourceContext) -> StoredImage:
     """Probe, check and (optionally) downsize encoded image bytes; raise :class:`Skipped` if unusable.
 
-    The pixel limit is ``--max-image-pixels`` (default ``mmidx.images.DEFAULT_MAX_PIXELS``), checked
+    The pixel limit is ``--max-image-pixels`` (default ``mmidx.images.decode.DEFAULT_MAX_PIXELS``), checked
     here on the probed size; images beyond PIL's own limit are refused by PIL while probing.
     """
     max_size = context.options.max_image_size

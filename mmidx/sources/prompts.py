@@ -33,9 +33,9 @@ import posixpath
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mmidx.builder import Element
 from mmidx.sources import Skip, Skipped, SourceContext, SourceError, SourceOptions, SourceSample, WorkUnit
 from mmidx.sources.common import TextTable, assemble, samples_of
+from mmidx.sources.elements import Element
 from mmidx.sources.inputs import file_identity, list_inputs, parent, read_bytes, read_jsonl, read_lines, resolve
 from mmidx.sources.media import ingest_image_file
 

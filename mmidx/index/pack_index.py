@@ -1,0 +1,280 @@
+"""The multimodal pack index of a data config: which samples (and views) make pack k.
+
+Built once per job from the datasets' index arrays alone, never decoding an image:
+
+1. every view's exact packed size (BAGEL's ``num_tokens + 2 × len(plan)``): text lengths from the
+   token index, image token counts from the probed sizes and the group's transforms;
+2. the blended, shuffled stream of (group, sample, epoch) (:func:`mmidx.index.stream.multimodal_stream`):
+   epoch e of a sample reads its view ``e mod views`` (recorded per packed item);
+3. packs of whole samples within the budgets (:func:`mmidx.index.packer.pack_samples`).
+
+Steps 2 and 3 run a chunk of the stream at a time (:class:`mmidx.index.pack_stream.PackStream`), each chunk's
+packs appended to the cache files as they close, so memory is bounded by the chunk size, not by
+``num_samples``. The cache (:mod:`mmidx.index.cache`) keeps only what a reader needs: which samples make
+each pack and which view each reads, a few bytes per sample; it is keyed by a hash of the config,
+the requested size and every dataset's checksum, and mapped in O(1); under ``torch.distributed``
+rank 0 builds it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from tqdm import tqdm
+
+from mmidx import _packing
+from mmidx import format as fmt
+from mmidx.config import DataConfig, GroupConfig, ModelGeometry
+from mmidx.images.transform import ImageTransform, num_image_tokens
+from mmidx.index.cache import ArraySink, cached_build
+from mmidx.index.pack_stream import PackStream
+from mmidx.index.stream import ViewTable
+from mmidx.index.subsets import selected_views, used_samples
+from mmidx.read.dataset import MMIDXDataset
+
+INDEX_VERSION = 2
+
+
+def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
+                      geometry: ModelGeometry) -> tuple[np.ndarray, np.ndarray]:
+    """(view_offsets, view_tokens): the views of sample s are ``view_tokens[view_offsets[s]:view_offsets[s+1]]``.
+
+    Each view's size counts every element's tokens plus its two framing tokens, as BAGEL's packer
+    estimates a sample (``num_tokens + 2 * len(sequence_plan)``); it is exact when nothing is dropped.
+    """
+    dataset.check_structure()  # everything below indexes with the index arrays
+    tokens = dataset.tokens
+    lengths = tokens.sequence_lengths.astype(np.int64)
+    documents = tokens.document_indices
+    plan = dataset.plan
+    if plan is None:  # text datasets: one view, one loss-bearing text element per sequence
+        cumulative = np.concatenate([[0], np.cumsum(lengths + 2)])
+        return np.arange(len(dataset) + 1, dtype=np.int64), np.diff(cumulative[documents])
+    elements = plan["elements"]
+    view_offsets = plan["sample_view_offsets"].astype(np.int64)
+    element_offsets = plan["view_element_offsets"].astype(np.int64)
+    sample_of_element = dataset.element_samples()
+    counts = np.full(len(elements), 2, dtype=np.int64)
+    kind = elements["kind"]
+    payload = elements["payload"].astype(np.int64)
+    is_text = kind == fmt.TEXT
+    counts[is_text] += lengths[documents[sample_of_element[is_text]] + payload[is_text]]
+    images = plan["sample_image_offsets"][sample_of_element] + payload
+    info = plan["image_info"]
+    for code, transform, patch, limit in (
+            (fmt.VAE_IMAGE, group.vae_transform, geometry.vae_image_downsample, "max_latent_size"),
+            (fmt.VIT_IMAGE, group.vit_transform, geometry.vit_patch_size, "max_num_patch_per_side")):
+        selected = kind == code
+        if not selected.any():
+            continue
+        if transform is None:
+            raise ValueError(f"group {group.name!r}: {dataset.prefix} has {fmt.KIND_NAMES[code]} elements but "
+                             "the group has no image_transform_args")
+        number = images[selected]
+        counts[selected] += num_image_tokens(info["width"][number], info["height"][number], transform,
+                                             img_nums=elements["img_num"][selected], patch_size=patch)
+        if not geometry.interpolate_pos:
+            _check_grids(dataset, group, np.flatnonzero(selected), transform, patch, limit,
+                         getattr(geometry, limit))
+    cumulative = np.concatenate([[0], np.cumsum(counts)])
+    return view_offsets, np.diff(cumulative[element_offsets])
+
+
+def _check_grids(dataset: MMIDXDataset, group: GroupConfig, selected: np.ndarray, transform: ImageTransform,
+                 patch: int, limit_name: str, limit: int) -> None:
+    """Refuse the index when an image element's patch grid is wider or taller than the model's position
+    table (BAGEL's extrapolated ids would collide), naming the largest such image and the value it needs."""
+    plan = dataset.plan
+    elements = plan["elements"][selected]
+    samples = dataset.element_samples()[selected]
+    number = plan["sample_image_offsets"][samples] + elements["payload"]
+    info = plan["image_info"][number]
+    widths, heights = transform.output_shapes(info["width"], info["height"], elements["img_num"])
+    sides = np.maximum(heights // patch, widths // patch)
+    if len(sides) == 0 or sides.max() <= limit:
+        return
+    worst = int(np.argmax(sides))
+    sample, image = int(samples[worst]), int(elements["payload"][worst])
+    source, row = dataset[sample].origin
+    where = f" ({source} row {row})" if source is not None else ""
+    raise ValueError(
+        f"group {group.name!r}, dataset {dataset.prefix}: image {image} of sample {sample}{where}, "
+        f"{int(info['width'][worst])}x{int(info['height'][worst])} stored, becomes a "
+        f"{int(heights[worst]) // patch}x{int(widths[worst]) // patch} grid of {patch}-pixel patches, more than "
+        f"{limit_name}={limit}; set {limit_name} to at least {int(sides.max())} or lower the group's max_image_size")
+
+
+def _unsigned(bound: int) -> np.dtype:
+    """The narrowest unsigned dtype holding every value up to ``bound``."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if bound <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    return np.dtype(np.uint64)
+
+
+@dataclass
+class PackIndex:
+    """Loaded (memory-mapped) pack index: ``len()`` packs, ``items(k)`` → the samples of pack k.
+
+    Pack k is items ``pack_offsets[k]:pack_offsets[k + 1]`` of ``samples`` (numbered across every
+    dataset of every group, in config order) and ``views`` (absent when every sample has one view).
+    """
+
+    config: DataConfig
+    arrays: dict[str, np.ndarray]
+    stats: dict[str, Any]
+    dataset_starts: np.ndarray  # first sample number of each dataset, then the total
+    path: Path | None = None
+    reused: bool = False
+    selections: list[list[np.ndarray | None]] | None = None  # per group and dataset: used samples (None: all)
+
+    def __post_init__(self) -> None:
+        sizes = [len(g.datasets) for g in self.config.groups]
+        self.dataset_starts = np.ascontiguousarray(self.dataset_starts, dtype=np.int64)
+        self._group = np.repeat(np.arange(len(sizes)), sizes).astype(np.int64)
+        self._dataset = np.concatenate([np.arange(n) for n in sizes]).astype(np.int64)
+        if len(self._group) != len(self.dataset_starts) - 1:
+            raise ValueError("dataset_starts needs one entry per dataset of the config, then the total")
+        # Raw little-endian bytes of each array (dtypes are narrow and differ from index to index).
+        raw: list[Any] = []
+        for name in ("pack_offsets", "samples", "views"):
+            array = self.arrays.get(name)
+            if array is None:
+                raw += [np.zeros(1, np.uint8), 0]
+                continue
+            dtype = array.dtype.newbyteorder("<")
+            if array.dtype.kind != "u" or array.ndim != 1 or array.dtype != dtype:
+                raise fmt.FormatError(f"{self.path}: {name} is {array.dtype} of {array.ndim} dimensions, expected "
+                                      "little-endian unsigned integers in one dimension")
+            raw += [np.asarray(array).view(np.uint8) if array.size else np.zeros(1, np.uint8), array.dtype.itemsize]
+        self._reader = _packing.PackReader(*raw, self.dataset_starts, self._group, self._dataset, PackItem)
+
+    def __len__(self) -> int:
+        return len(self.arrays["pack_offsets"]) - 1
+
+    def items(self, pack: int) -> list[PackItem]:
+        """The samples of pack ``pack`` in packing order, each with the view its epoch reads."""
+        if not 0 <= pack < len(self):
+            raise IndexError(f"pack {pack} out of range for {len(self)} packs")
+        items = self._reader.items(pack)
+        if isinstance(items, str):
+            raise fmt.FormatError(f"{self.path}: {items}; delete the cache entry to rebuild it")
+        if self.selections is not None:  # the stream numbers a dataset's used samples: map them back
+            items = [item if (chosen := self.selections[item.group][item.dataset]) is None
+                     else item._replace(sample=int(chosen[item.sample])) for item in items]
+        return items
+
+
+def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
+                     cache_dir: str | os.PathLike | None = None, progress: bool = True,
+                     chunk_size: int = 1 << 20) -> PackIndex:
+    """Build (or load from ``cache_dir``) the pack index of ``config``.
+
+    ``num_samples``: stream length (samples drawn across all groups and epochs); default: the
+    total number of samples of all groups, i.e. about one epoch. Cached arrays are reused only if
+    the config, the size and every dataset are unchanged. The stream is packed ``chunk_size``
+    samples at a time (memory is bounded by it); ``progress`` shows a bar on stderr for builds
+    longer than 2 s and a line when a cache entry is reused (``PackIndex.reused`` says it too).
+    """
+    datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
+    selections = [[used_samples(d, group, k) for k, d in enumerate(group_datasets)]
+                  for group, group_datasets in zip(config.groups, datasets, strict=True)]
+    sizes = [[len(d) if s is None else len(s) for d, s in zip(group, selected, strict=True)]
+             for group, selected in zip(datasets, selections, strict=True)]
+    group_sizes = [sum(group) for group in sizes]
+    if min(group_sizes) == 0:
+        empty = {g.name: g.datasets for g, n in zip(config.groups, group_sizes, strict=True) if n == 0}
+        raise ValueError(f"groups {empty} have no samples")
+    num_samples = sum(group_sizes) if num_samples is None else int(num_samples)
+    if num_samples < 0:
+        raise ValueError(f"num_samples must be non-negative, got {num_samples}")
+    dataset_starts = np.concatenate([[0], np.cumsum([n for group in sizes for n in group])]).astype(np.int64)
+    checksums = [[d.checksum for d in group] for group in datasets]
+    description = {"kind": "pack_index", "version": INDEX_VERSION, "config": config.describe(),
+                   "num_samples": num_samples, "datasets": checksums}
+
+    def build(sink: ArraySink) -> dict[str, Any]:
+        return write_pack_index(sink, view_table(config, datasets, selections), config, num_samples,
+                                chunk_size=chunk_size, progress=progress)
+
+    arrays, stats, folder, reused = cached_build(cache_dir, description, build)
+    if progress and reused:  # a build says so with its progress bar
+        print(f"mmidx: pack index reused from {folder}", file=sys.stderr)
+    used = selections if any(s is not None for group in selections for s in group) else None
+    return PackIndex(config, arrays, stats, dataset_starts, folder, reused, used)
+
+
+def view_table(config: DataConfig, datasets: list[list[MMIDXDataset]],
+               selections: list[list[np.ndarray | None]] | None = None) -> ViewTable:
+    """Every view's packed size, all groups' datasets end to end (in config order), counting only
+    each dataset's used samples (``selections`` per group and dataset; None: all)."""
+    if selections is None:
+        selections = [[None] * len(group) for group in datasets]
+    view_offsets, view_tokens = [], []
+    for group, group_datasets, group_selections in zip(config.groups, datasets, selections, strict=True):
+        offsets_parts, token_parts, base = [np.zeros(1, np.int64)], [], 0
+        for dataset, selection in zip(group_datasets, group_selections, strict=True):
+            offsets, tokens = view_token_counts(dataset, group, config.geometry)
+            if selection is not None:
+                offsets, tokens = selected_views(offsets, tokens, selection)
+            offsets_parts.append(offsets[1:] + base)
+            token_parts.append(tokens)
+            base += int(offsets[-1])
+        view_offsets.append(np.concatenate(offsets_parts))
+        view_tokens.append(np.concatenate(token_parts))
+    return ViewTable.of(view_offsets, view_tokens)
+
+
+def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_samples: int, *,
+                     chunk_size: int = 1 << 20, progress: bool = False) -> dict[str, Any]:
+    """Pack ``num_samples`` of the blended stream over ``table`` and append the packs to ``sink``
+    (``pack_offsets``, ``samples`` and, with more than one view to a sample, ``views``, each in
+    the narrowest unsigned dtype for this table and size); returns the stats."""
+    start = time.perf_counter()
+    packing = config.packing
+    stream = PackStream(table, [g.weight for g in config.groups], num_samples, config.seed,
+                        mandatory=[g.is_mandatory for g in config.groups], max_num_tokens=packing.max_num_tokens,
+                        expected_num_tokens=packing.expected_num_tokens,
+                        max_num_tokens_per_sample=packing.max_num_tokens_per_sample,
+                        prefer_buffer_before=packing.prefer_buffer_before, max_buffer_size=packing.max_buffer_size,
+                        chunk_size=chunk_size)
+    sink.declare("pack_offsets", _unsigned(num_samples))
+    sink.declare("samples", _unsigned(int(table.group_base[-1]) - 1))
+    keep_views = table.max_views > 1
+    if keep_views:
+        sink.declare("views", _unsigned(table.max_views - 1))
+    sink.append("pack_offsets", np.zeros(1, np.int64))
+    items = packs = tokens = 0
+    with tqdm(total=num_samples, unit=" samples", unit_scale=True, delay=2, file=sys.stderr,
+              disable=not progress, desc="building pack index") as bar:
+        for chunk in stream:
+            sink.append("pack_offsets", chunk.pack_ends + items)
+            sink.append("samples", chunk.samples)
+            if keep_views:
+                sink.append("views", chunk.views)
+            items += len(chunk.samples)
+            packs += len(chunk.pack_ends)
+            tokens += chunk.tokens
+            bar.update(chunk.stream_position - bar.n)
+            if packs:
+                fill = tokens / packs / packing.max_num_tokens
+                bar.set_postfix(packs=f"{packs:,}", fill=f"{fill:.3f}", refresh=False)
+    return {**stream.stats, "samples": num_samples,
+            "groups": {g.name: n for g, n in zip(config.groups, stream.group_counts, strict=True)},
+            "tokens": tokens, "build_seconds": round(time.perf_counter() - start, 3)}
+
+
+class PackItem(NamedTuple):
+    """One sample of a pack: which group, dataset, sample and view (a named tuple, which the pack
+    index's kernel makes without a Python call per item: ``items(k)`` is a few µs)."""
+
+    group: int
+    dataset: int
+    sample: int
+    view: int

@@ -1,0 +1,376 @@
+"""Datasets in object storage: ``MMIDXDataset("s3://bucket/path/prefix")`` and any URI pyarrow opens.
+
+The small files (``.meta.json``, ``.idx``, ``.plan``) are downloaded once into a local cache folder
+named by the metadata's ``meta_sha256``, checked against the checksums the metadata records, and
+mapped as local files are. ``.bin`` and ``.images`` stay in storage: :class:`RemoteFile` is the byte
+source the readers use instead of a map (``source[a:b]`` is exactly bytes [a, b), or a
+:class:`StorageError`), serving reads from chunks fetched ahead of need (:mod:`mmidx.read.prefetch`) or,
+failing that, from one ranged request. Query options of a URI (``?endpoint_override=...``) are kept
+on every file of the dataset; ``AWS_ENDPOINT_URL`` and the usual AWS variables apply too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pyarrow.fs as pafs
+
+from mmidx import format as fmt
+from mmidx.format import FormatError
+
+RETRIES = 4  # attempts of a transient failure (connection reset, throttling, 5xx) before it is an error
+BACKOFF_S = 0.2  # doubled after each failed attempt
+FETCH_THREADS = 8  # ranged requests in flight per process
+_T = TypeVar("_T")
+
+
+class StorageError(FormatError):
+    """Object storage cannot serve a file of a dataset: the message names the URI and what to do."""
+
+
+def is_remote(prefix: str | os.PathLike) -> bool:
+    """Whether ``prefix`` names a dataset in object storage (a URI other than ``file://``)."""
+    prefix = os.fspath(prefix)
+    return "://" in prefix and not prefix.startswith("file://")
+
+
+def file_uri(prefix: str, role: str) -> str:
+    """The URI of the file playing ``role`` (a key of ``format.SUFFIXES``), query options kept."""
+    return join(prefix, fmt.SUFFIXES[role], separator="")
+
+
+def join(location: str, name: str, separator: str = "/") -> str:
+    """``location`` + ``separator`` + ``name``, with a URI's query (``?endpoint_override=...``) kept at the end."""
+    base, mark, query = location.partition("?")
+    return f"{base.rstrip('/') if separator else base}{separator}{name}{mark}{query}"
+
+
+def cache_root() -> Path:
+    """Where the small files of remote datasets are cached: ``$MMIDX_CACHE_DIR`` or ``~/.cache/mmidx``."""
+    return Path(os.environ.get("MMIDX_CACHE_DIR") or Path.home() / ".cache" / "mmidx") / "remote"
+
+
+_filesystems: dict[tuple[int, str], pafs.FileSystem] = {}
+CONNECT_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 60.0
+
+
+def _configured(fs: pafs.FileSystem) -> pafs.FileSystem:
+    """An S3 filesystem made to fail fast and leave retries to :func:`retrying` (one attempt per call,
+    bounded timeouts), and to write small objects in one PUT; other filesystems as they are."""
+    if not isinstance(fs, pafs.S3FileSystem):
+        return fs
+    options = fs.__reduce__()[1][0]  # the options from_uri resolved (query, AWS variables)
+    options["connect_timeout"] = CONNECT_TIMEOUT_S if options["connect_timeout"] < 0 else options["connect_timeout"]
+    options["request_timeout"] = REQUEST_TIMEOUT_S if options["request_timeout"] < 0 else options["request_timeout"]
+    return pafs.S3FileSystem(**{**options, "allow_delayed_open": True},
+                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem holding ``uri`` (one per bucket and query, per process) and the path in it."""
+    try:
+        scheme, rest = uri.split("://", 1)
+        bucket, _, query = rest.partition("?")
+        key = (os.getpid(), f"{scheme}://{bucket.split('/', 1)[0]}?{query}")
+        if key not in _filesystems:
+            _filesystems[key] = _configured(pafs.FileSystem.from_uri(key[1].rstrip("?"))[0])
+        return _filesystems[key], pafs.FileSystem.from_uri(uri)[1]
+    except (ValueError, OSError) as error:  # pyarrow: ArrowInvalid (a ValueError) for a URI it cannot use
+        raise StorageError(f"{uri}: not a URI pyarrow's filesystems can open ({error}): check its scheme "
+                           "and query options") from error
+
+
+def _explain(uri: str, error: Exception) -> StorageError:
+    """One line naming ``uri``, what went wrong and what to do, for a failed storage call."""
+    text = " ".join(str(error).split())
+    if isinstance(error, FileNotFoundError):
+        fs, path = filesystem(uri)
+        bucket = path.split("/", 1)[0]
+        try:
+            missing_bucket = fs.get_file_info(bucket).type == pafs.FileType.NotFound
+        except OSError:
+            missing_bucket = False
+        if missing_bucket:
+            return StorageError(f"{uri}: bucket {bucket!r} does not exist (or these credentials cannot see it): "
+                                "check the URI")
+        return StorageError(f"{uri}: no such object: check the prefix, or build/upload the dataset there")
+    if any(word in text for word in ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                                     "403")):
+        return StorageError(f"{uri}: access denied: check the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY "
+                            "or AWS_PROFILE) and the bucket's permissions")
+    if any(word in text for word in ("NETWORK_CONNECTION", "curlCode", "Could not connect", "Connection refused")):
+        return StorageError(f"{uri}: cannot reach the storage endpoint ({text[:200]}): check AWS_ENDPOINT_URL or "
+                            "the URI's endpoint_override, and the network")
+    return StorageError(f"{uri}: storage request failed ({text[:300]})")
+
+
+def _transient(error: Exception) -> bool:
+    """Worth another attempt: anything but a missing object or refused credentials."""
+    return not isinstance(error, FileNotFoundError) and "ACCESS_DENIED" not in str(error) \
+        and "InvalidAccessKeyId" not in str(error)
+
+
+def retrying(uri: str, call: Callable[[], _T]) -> _T:
+    """``call()``, retried with exponential backoff (``RETRIES`` attempts) while it fails transiently;
+    a failure that persists is a :class:`StorageError` naming ``uri``."""
+    for attempt in range(RETRIES):
+        try:
+            return call()
+        except OSError as error:
+            if not _transient(error) or attempt == RETRIES - 1:
+                raise _explain(uri, error) from None
+            time.sleep(BACKOFF_S * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def object_size(uri: str) -> int:
+    """The size in bytes of the object at ``uri``."""
+    fs, path = filesystem(uri)
+
+    def size() -> int:
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(path)
+        return info.size
+
+    return retrying(uri, size)
+
+
+def download(uri: str, target: Path) -> None:
+    """Copy the object at ``uri`` to ``target`` (written beside it, then renamed: never half a file)."""
+    fs, path = filesystem(uri)
+    partial = target.with_name(target.name + f".partial{os.getpid()}")
+
+    def copy() -> None:
+        with fs.open_input_stream(path) as source, open(partial, "wb") as sink:
+            shutil.copyfileobj(source, sink, 8 << 20)
+
+    try:
+        retrying(uri, copy)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def upload(source: Path, uri: str) -> None:
+    """Copy the local file ``source`` to the object ``uri`` (an object appears whole or not at all)."""
+    fs, path = filesystem(uri)
+
+    def copy() -> None:
+        with open(source, "rb") as stream, fs.open_output_stream(path) as sink:
+            shutil.copyfileobj(stream, sink, 8 << 20)
+
+    retrying(uri, copy)
+
+
+def list_objects(uri: str) -> list[str]:
+    """Paths, relative to the folder ``uri``, of every object under it (none when it does not exist)."""
+    fs, path = filesystem(uri)
+    infos = retrying(uri, lambda: fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True)))
+    return sorted(info.path[len(path.rstrip("/")) + 1:] for info in infos if info.type == pafs.FileType.File)
+
+
+def delete_folder(uri: str) -> None:
+    """Delete every object under the folder ``uri`` (nothing when it does not exist)."""
+    fs, path = filesystem(uri)
+    for name in list_objects(uri):
+        retrying(uri, lambda name=name: fs.delete_file(f"{path.rstrip('/')}/{name}"))
+
+
+def cached_small_files(prefix: str) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Metadata of the remote dataset ``prefix`` and local copies of its small files, each checked
+    against the checksum the metadata records (downloaded once; later opens find them in the cache)."""
+    meta_uri = file_uri(prefix, "meta")
+    scratch = cache_root() / "incoming"
+    scratch.mkdir(parents=True, exist_ok=True)
+    fresh = scratch / f"{os.getpid()}.{threading.get_ident()}.meta.json"
+    try:
+        download(meta_uri, fresh)
+        try:
+            meta = fmt.read_metadata(fresh)
+        except FormatError as error:  # named as the user named it
+            raise StorageError(str(error).replace(str(fresh), meta_uri)) from None
+        folder = cache_root() / meta["meta_sha256"]
+        folder.mkdir(parents=True, exist_ok=True)
+        os.replace(fresh, folder / "dataset.meta.json")
+    finally:
+        fresh.unlink(missing_ok=True)
+    paths = {"meta": folder / "dataset.meta.json"}
+    for role in ("idx", "plan"):
+        if role not in meta["files"]:
+            continue
+        entry, local = meta["files"][role], folder / f"dataset{fmt.SUFFIXES[role]}"
+        if not local.exists():  # a cached copy was checked before it was renamed into place
+            unverified = local.with_name(f"{local.name}.{os.getpid()}.{threading.get_ident()}.unverified")
+            try:
+                download(file_uri(prefix, role), unverified)
+                algorithm = fmt.file_hash_algorithm(entry)
+                if unverified.stat().st_size != entry["bytes"] or \
+                        fmt.hash_file(unverified, algorithm) != entry[algorithm]:
+                    raise StorageError(f"{file_uri(prefix, role)}: its {algorithm} checksum or size differs from "
+                                       "the metadata: the object was replaced or corrupted; re-upload the dataset")
+                os.replace(unverified, local)
+            finally:
+                unverified.unlink(missing_ok=True)
+        paths[role] = local
+    return meta, paths
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def fetch_pool() -> ThreadPoolExecutor:
+    """This process's pool of ranged requests (a forked worker makes its own)."""
+    pid = os.getpid()
+    if pid not in _pools:
+        _pools[pid] = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="mmidx-fetch")
+    return _pools[pid]
+
+
+class RemoteFile:
+    """A dataset file in object storage read by byte range: ``len()`` is its size, ``source[a:b]`` the
+    bytes [a, b) as a memoryview, exactly that many or a :class:`StorageError`.
+
+    Chunks fetched ahead (:meth:`fetch`, tagged by pack) serve the reads they cover until they are
+    :meth:`release`-d; other reads are one ranged request each. ``requests`` counts requests made,
+    ``misses`` the reads no fetched chunk served.
+    """
+
+    def __init__(self, uri: str, size: int):
+        self.uri, self.size = uri, size
+        self.requests = self.misses = 0
+        self._fs, self._path = filesystem(uri)
+        self._handle: Any = None
+        self._lock = threading.Lock()
+        self._chunks: dict[Any, list[tuple[int, int, Future]]] = {}
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RemoteFile, (self.uri, self.size)
+
+    def _read(self, start: int, stop: int) -> bytes:
+        def read() -> bytes:
+            if self._handle is None:
+                self._handle = self._fs.open_input_file(self._path)
+            return self._handle.read_at(stop - start, start)
+
+        with self._lock:
+            self.requests += 1
+        data = retrying(self.uri, read)
+        if len(data) != stop - start:
+            raise StorageError(f"{self.uri}: object shorter than the metadata says (bytes [{start}, {stop}) "
+                               f"asked, {len(data)} came): re-upload the dataset")
+        return data
+
+    def __getitem__(self, key: slice) -> memoryview:
+        start, stop, step = key.indices(self.size)
+        if step != 1 or key.start is None or key.stop is None or stop < start:
+            raise IndexError(f"{self.uri}: read by slices [a:b] inside [0, {self.size}], not {key}")
+        if start == stop:
+            return memoryview(b"")
+        with self._lock:
+            chunk = next((chunk for chunks in self._chunks.values() for chunk in chunks
+                          if chunk[0] <= start and stop <= chunk[1]), None)
+        if chunk is None:
+            self.misses += 1
+            return memoryview(self._read(start, stop))
+        return memoryview(chunk[2].result())[start - chunk[0]:stop - chunk[0]]
+
+    def fetch(self, tag: Any, ranges: list[tuple[int, int]]) -> int:
+        """Start fetching ``ranges`` (inside the file) for ``tag``; the bytes asked."""
+        pool = fetch_pool()
+        futures = [(start, stop, pool.submit(self._read, start, stop)) for start, stop in ranges]
+        with self._lock:
+            self._chunks.setdefault(tag, []).extend(futures)
+        return sum(stop - start for start, stop in ranges)
+
+    def release(self, tag: Any) -> None:
+        """Drop the chunks fetched for ``tag`` (a failed fetch is raised by the read that needs it)."""
+        with self._lock:
+            self._chunks.pop(tag, None)
+
+    def fetched(self, tag: Any) -> bool:
+        """Whether chunks were fetched for ``tag`` and not released."""
+        with self._lock:
+            return tag in self._chunks
+
+
+def data_file(prefix: str, role: str, meta: dict[str, Any]) -> RemoteFile:
+    """The data file ``role`` ("bin", "images") of the remote dataset ``prefix``, checked to hold
+    exactly the bytes its metadata records."""
+    uri, expected = file_uri(prefix, role), meta["files"][role]["bytes"]
+    size = object_size(uri)
+    if size < expected:
+        raise StorageError(f"{uri}: object shorter than the metadata says ({size} bytes, {expected} recorded): "
+                           "the upload did not finish; re-upload the dataset")
+    if size > expected:
+        raise StorageError(f"{uri}: {size} bytes, the metadata records {expected}: the object was replaced; "
+                           "re-upload the dataset")
+    return RemoteFile(uri, size)
+
+
+# Files in the order a copy writes them: data first, the index and metadata last, so that a copy
+# stopped at any point never leaves a dataset that opens (a reader needs both).
+UPLOAD_ORDER = ("bin", "images", "plan", "idx", "meta")
+FETCH_ORDER = ("bin", "images", "plan", "meta", "idx")  # locally a text .idx/.bin pair opens without metadata
+
+
+def upload_dataset(local_prefix: str | os.PathLike, prefix: str) -> bool:
+    """Copy the local dataset ``local_prefix`` to the remote ``prefix``; False when the same dataset
+    (the same metadata) is there already. A dataset being replaced loses its metadata and index first."""
+    local_meta = fmt.file_path(local_prefix, "meta")
+    fs, meta_path = filesystem(file_uri(prefix, "meta"))
+    try:
+        remote_meta = retrying(file_uri(prefix, "meta"), lambda: fs.open_input_stream(meta_path).read())
+    except StorageError:
+        remote_meta = None
+    if remote_meta == local_meta.read_bytes():
+        return False
+    roles = [role for role in UPLOAD_ORDER if fmt.file_path(local_prefix, role).exists()]
+    for role in ("meta", "idx"):  # what makes the old dataset open goes first
+        uri = file_uri(prefix, role)
+        fs, path = filesystem(uri)
+        if fs.get_file_info(path).type != pafs.FileType.NotFound:
+            retrying(uri, lambda fs=fs, path=path: fs.delete_file(path))
+    for role in roles:
+        upload(fmt.file_path(local_prefix, role), file_uri(prefix, role))
+    return True
+
+
+def fetch_dataset(prefix: str, folder: str | os.PathLike) -> Path:
+    """Copy the remote dataset ``prefix`` into ``folder`` (named as it is there); the local prefix.
+
+    Each file is written whole or not at all, the metadata and index last; verify the copy
+    (:func:`mmidx.read.checks.verify`) before use."""
+    meta, _ = cached_small_files(prefix)  # checks the metadata (and the small files) first
+    name = prefix.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
+    local = Path(folder) / name
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for role in FETCH_ORDER:
+        if role in meta["files"] or role == "meta":
+            download(file_uri(prefix, role), fmt.file_path(local, role))
+    return local
+
+
+def hash_object(uri: str, algorithm: str) -> str:
+    """Hex checksum (a key of ``format.FILE_HASHES``) of the object at ``uri``, streamed."""
+    fs, path = filesystem(uri)
+
+    def digest() -> str:
+        state = fmt.FILE_HASHES[algorithm]()
+        with fs.open_input_stream(path) as stream:
+            while chunk := stream.read(8 << 20):
+                state.update(chunk)
+        return state.hexdigest()
+
+    return retrying(uri, digest)

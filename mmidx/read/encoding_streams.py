@@ -1,0 +1,235 @@
+"""Read and write precached encoding streams (``P.enc.NAME.*``, specified in :mod:`mmidx.format`).
+
+A stream is opened once per process and read by (item, img_num) in O(log n) with zero-copy torch
+views of the mapped ``.bin``; every offset, shape and size a view is made from is checked first.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmidx import format as fmt
+from mmidx.format import FormatError
+from mmidx.io.storage import is_remote
+
+ENCODING_FORMAT = "mmidx-encoding"
+# --dtype names → (torch dtype, the JSON's name); bf16 is stored as its raw 16 bits.
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+STORES = ("moments", "mean", "sample", "tensor")
+MODALITIES = ("image", "text")
+ALIGNMENT = 64
+MAX_DIM = 2**31 - 1
+IMG_NUM_RULE = "BAGEL: max_pixels // img_num"
+
+
+def aligned(offset: int) -> int:
+    """``offset`` rounded up to the records' alignment."""
+    return -(-offset // ALIGNMENT) * ALIGNMENT
+
+
+def write_table(path: Path, records: np.ndarray) -> None:
+    """Write the ``.idx`` table (records sorted by (item, img_num)) and fsync it."""
+    with open(path, "wb") as stream:
+        stream.write(fmt.ENCODING_MAGIC + struct.pack("<QQ", fmt.ENCODING_VERSION, len(records)))
+        stream.write(np.ascontiguousarray(records, fmt.ENCODING_RECORD).tobytes())
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The stream's metadata, refused unless it parses, checks itself, is canonical and has the fields readers use."""
+    try:
+        raw = path.read_bytes()
+        meta = json.loads(raw.decode("utf-8"))
+    except OSError as error:
+        raise FormatError(f"{path}: cannot read the encoding metadata ({error.strerror})") from error
+    except (ValueError, RecursionError) as error:
+        raise FormatError(f"{path}: the encoding metadata is not valid JSON ({error}): corrupted") from error
+    if not isinstance(meta, dict) or meta.get("format") != ENCODING_FORMAT:
+        raise FormatError(f"{path}: not mmidx encoding metadata (no \"format\": \"{ENCODING_FORMAT}\")")
+    if fmt.sign_metadata(meta)["meta_sha256"] != meta.get("meta_sha256") or raw != fmt.serialize_metadata(meta):
+        raise FormatError(f"{path}: the encoding metadata fails its own checksum or was edited: corrupted")
+    version = meta.get("format_version")
+    if version != fmt.ENCODING_VERSION:
+        raise FormatError(f"{path}: encoding format version {version!r}; this mmidx reads "
+                          f"{fmt.ENCODING_VERSION} (upgrade mmidx for newer ones)")
+    def one_of(key: str, choices: Any) -> bool:
+        return isinstance(meta.get(key), str) and meta[key] in choices
+
+    def optional(key: str, kind: type) -> bool:
+        return meta.get(key) is None or isinstance(meta[key], kind)
+
+    checks = {"modality": one_of("modality", MODALITIES), "store": one_of("store", STORES),
+              "dtype": one_of("dtype", DTYPES), "dataset": isinstance(meta.get("dataset"), dict),
+              "transform": optional("transform", str), "transform_args": optional("transform_args", dict),
+              "img_num_rule": optional("img_num_rule", str),
+              "files": isinstance(meta.get("files"), dict) and all(
+                  isinstance(meta["files"].get(role), dict) and type(meta["files"][role].get("bytes")) is int
+                  for role in ("bin", "idx"))}
+    bad = [name for name, ok in checks.items() if not ok]
+    if bad:
+        raise FormatError(f"{path}: encoding metadata fields {bad} are missing or malformed: corrupted")
+    return meta
+
+
+def _map(path: Path, expected: int) -> mmap.mmap | bytes:
+    """``path`` mapped copy-on-write (torch views need a writable buffer; nothing is ever written back)."""
+    try:
+        with open(path, "rb") as stream:
+            size = os.fstat(stream.fileno()).st_size
+            if size != expected:
+                raise FormatError(f"{path}: {size} bytes, its metadata says {expected}: truncated or replaced")
+            return mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_COPY) if size else b""
+    except OSError as error:
+        raise FormatError(f"{path}: cannot open ({error.strerror}): the encoding is incomplete") from error
+
+
+def refuse_remote(prefix: str) -> None:
+    """Precached encodings live beside a dataset on a local or shared filesystem; say so for a URI."""
+    if is_remote(prefix):
+        raise FormatError(f"{prefix}: precached encodings are written and read beside datasets on a local or "
+                          f"shared filesystem, not in object storage: fetch it (mmidx fetch {prefix} DIR) and "
+                          "precache the copy")
+
+
+@dataclass
+class EncodingStream:
+    """One opened stream: its metadata, record table and mapped values."""
+
+    prefix: str
+    name: str
+    meta: dict[str, Any]
+    records: np.ndarray
+    keys: np.ndarray  # item * 2**32 + img_num, sorted: what lookups search
+    values: Any
+
+    @classmethod
+    def open(cls, prefix: str | os.PathLike, name: str, dataset_checksum: str | None = None) -> EncodingStream:
+        """Open ``P.enc.NAME``; refuse it if any file is inconsistent or (given) it was computed from other data."""
+        prefix = os.fspath(prefix)
+        refuse_remote(prefix)
+        json_path, idx_path, bin_path = (fmt.encoding_path(prefix, name, role) for role in ("json", "idx", "bin"))
+        if not json_path.exists():
+            raise FormatError(f"{json_path}: missing: no precached encoding {name!r} for {prefix} "
+                              f"(run `mmidx precache {prefix} --name {name} ...`)")
+        meta = read_json(json_path)
+        recorded = meta["dataset"].get("checksum")
+        if dataset_checksum is not None and recorded != dataset_checksum:
+            raise FormatError(f"{json_path}: computed from another version of {prefix} (dataset checksum "
+                              f"{recorded!r}, the dataset's is {dataset_checksum!r}): precache it again")
+        table = _map(idx_path, meta["files"]["idx"]["bytes"])
+        size = len(table)
+        if size < fmt.ENCODING_HEADER_SIZE or bytes(table[:8]) != fmt.ENCODING_MAGIC:
+            raise FormatError(f"{idx_path}: not an mmidx encoding table (magic or size): corrupted")
+        version, count = struct.unpack_from("<QQ", table, 8)
+        if version != fmt.ENCODING_VERSION:
+            raise FormatError(f"{idx_path}: encoding table version {version}; this mmidx reads {fmt.ENCODING_VERSION}")
+        if count != (size - fmt.ENCODING_HEADER_SIZE) / fmt.ENCODING_RECORD.itemsize:
+            raise FormatError(f"{idx_path}: {count} records do not fill the file ({size} bytes): truncated or "
+                              "corrupted")
+        records = np.frombuffer(table, fmt.ENCODING_RECORD, count, fmt.ENCODING_HEADER_SIZE)
+        where = f"{idx_path}: "
+        img_num = records["img_num"].astype(np.int64)
+        if count and (records["item"].min() < 0 or img_num.min() < 0 or records["item"].max() >= 2**31):
+            raise FormatError(where + "a record names a negative or impossible item or img_num: corrupted")
+        keys = records["item"] * 2**32 + img_num
+        if count and np.any(np.diff(keys) <= 0):
+            raise FormatError(where + "records are not sorted by (item, img_num), each once: corrupted")
+        return cls(prefix, name, meta, records, keys, _map(bin_path, meta["files"]["bin"]["bytes"]))
+
+    def __post_init__(self) -> None:
+        self.dtype: torch.dtype = DTYPES[self.meta["dtype"]]
+        self.itemsize = torch.empty(0, dtype=self.dtype).element_size()
+
+    def find(self, item: int, img_num: int) -> int | None:
+        """The record number of (item, img_num), or None."""
+        key = item * 2**32 + img_num
+        position = int(np.searchsorted(self.keys, key))
+        return position if position < len(self.keys) and int(self.keys[position]) == key else None
+
+    def tensor(self, item: int, img_num: int = 1) -> torch.Tensor:
+        """The stored value of (item, img_num) as a zero-copy tensor (moments: (2, C, h, w) = mean, log-variance)."""
+        number = self.find(item, img_num)
+        if number is None:
+            raise FormatError(f"{fmt.encoding_path(self.prefix, self.name, 'idx')}: no record for item {item} "
+                              f"with img_num {img_num}: the encoding does not cover this data; precache it again")
+        return self.view(number)
+
+    def view(self, number: int) -> torch.Tensor:
+        """Record ``number``'s value, after checking its offset, shape and size against the ``.bin``."""
+        _, _, ndim, dims, offset, nbytes = self.records[number].item()  # one tuple: faster than field reads
+        shape = tuple(int(n) for n in dims[: max(0, min(ndim, 4))])
+        itemsize = self.itemsize
+        if not 1 <= ndim <= 4 or min(shape) < 0 or max(shape) > MAX_DIM or nbytes != math.prod(shape) * itemsize \
+                or offset < 0 or offset % ALIGNMENT or offset > len(self.values) - nbytes:
+            raise FormatError(f"{fmt.encoding_path(self.prefix, self.name, 'idx')}: record {number} (shape {shape}, "
+                              f"{nbytes} bytes at {offset}) does not fit {self.name}.bin "
+                              f"({len(self.values)} bytes): corrupted")
+        if nbytes == 0:
+            return torch.zeros(shape, dtype=self.dtype)
+        return torch.frombuffer(self.values, dtype=self.dtype, count=nbytes // itemsize, offset=offset).view(shape)
+
+
+def open_stream(dataset: Any, name: str) -> EncodingStream:
+    """The stream ``name`` of ``dataset`` (an :class:`~mmidx.read.dataset.MMIDXDataset`), opened once per opening
+    of the dataset (and so in each worker process)."""
+    opened = dataset._files.encodings
+    if name not in opened:
+        opened[name] = EncodingStream.open(dataset.prefix, name, dataset.checksum)
+    return opened[name]
+
+
+def encoding_names(prefix: str | os.PathLike) -> list[str]:
+    """The names of the precached encodings beside the dataset at ``prefix`` (those with a JSON)."""
+    path = Path(os.fspath(prefix))
+    start, end = f"{path.name}.enc.", ".json"
+    return sorted(entry.name[len(start):-len(end)] for entry in path.parent.glob(f"{glob.escape(path.name)}.enc.*.json")
+                  if "." not in entry.name[len(start):-len(end)])
+
+
+def stream_problems(dataset: Any, name: str) -> list[str]:
+    """Every problem of the stream ``name`` of ``dataset``: checksums of both files, and every record's bounds."""
+    try:
+        stream = EncodingStream.open(dataset.prefix, name, dataset.checksum)
+    except FormatError as error:
+        return [str(error)]
+    problems = []
+    for role in ("bin", "idx"):
+        path = fmt.encoding_path(dataset.prefix, name, role)
+        entry = stream.meta["files"][role]
+        algorithm = next((a for a in fmt.FILE_HASHES if a in entry), None)
+        if algorithm is None or fmt.hash_file(path, algorithm) != entry[algorithm]:
+            problems.append(f"{path}: checksum differs from {path.name[:-len(role)]}json: modified or corrupted")
+    records, itemsize = stream.records, stream.itemsize
+    ndim = records["ndim"].astype(np.int64)
+    dims = np.where(np.arange(4) < ndim[:, None], records["shape"].astype(np.int64), 1)
+    ends = records["offset"].astype(np.float64) + records["nbytes"]  # float: a corrupted pair cannot wrap around
+    bad = (ndim < 1) | (ndim > 4) | np.any(dims < 0, axis=1) | (records["offset"] < 0) | \
+        (records["offset"] % ALIGNMENT != 0) | (records["nbytes"] < 0) | (ends > len(stream.values))
+    sizes = np.prod(np.clip(dims, 0, MAX_DIM).astype(np.float64), axis=1) * itemsize  # float: no overflow
+    bad |= sizes != records["nbytes"]
+    if np.any(bad):
+        problems.append(f"{fmt.encoding_path(dataset.prefix, name, 'idx')}: {int(np.count_nonzero(bad))} records "
+                        f"(first: {int(np.flatnonzero(bad)[0])}) do not fit their shape or the .bin: corrupted")
+    return problems
+
+
+def describe(dataset: Any, name: str) -> dict[str, Any]:
+    """What ``mmidx inspect`` shows of a stream: what it holds and how it was made."""
+    stream = EncodingStream.open(dataset.prefix, name, dataset.checksum)
+    meta = stream.meta
+    return {"name": name, "modality": meta["modality"], "transform": meta.get("transform"),
+            "encoder": meta.get("encoder"), "weights_version": meta.get("weights_version"), "store": meta["store"],
+            "dtype": meta["dtype"], "records": len(stream.records),
+            "bytes": meta["files"]["bin"]["bytes"] + meta["files"]["idx"]["bytes"]}

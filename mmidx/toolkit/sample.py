@@ -1,0 +1,140 @@
+"""``mmidx sample``: one sample as a person reads it.
+
+Every element of a view in order (kind, loss, cfg, split flags, frame delta, packed token count),
+its texts decoded with the tokenizer the dataset was built with, its images (written to a folder
+when asked, with their size and format), where it came from (source file and row) and its extra
+JSON. Token counts are what the pack index counts for the element: its tokens plus the two framing
+tokens, images at the size BAGEL's transform for the dataset's source type gives them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmidx import format as fmt
+from mmidx.config import config_for
+from mmidx.images.transform import num_image_tokens
+from mmidx.read.dataset import MMIDXDataset
+
+EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif",
+              "MPO": "jpg", "JPEG2000": "jp2"}
+
+
+def dataset_tokenizer(dataset: MMIDXDataset) -> tuple[Any, str | None]:
+    """(tokenizer or None, why not): the tokenizer recorded in the metadata, if it loads and is the same one."""
+    from mmidx.tokenizer import Tokenizer, TokenizerError
+
+    identity = dataset.tokenizer
+    if not identity:
+        return None, "the dataset records no tokenizer"
+    try:
+        tokenizer = Tokenizer(identity["name_or_path"])
+    except (TokenizerError, OSError, ValueError) as error:
+        return None, f"tokenizer {identity['name_or_path']!r} does not load ({str(error).splitlines()[0][:120]})"
+    if tokenizer.sha256 != identity.get("sha256"):
+        return None, f"the tokenizer at {identity['name_or_path']!r} is not the one the dataset was built with"
+    return tokenizer, None
+
+
+def describe_sample(prefix: str | os.PathLike, index: int, *, view: int = 0,
+                    output_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Plain data describing sample ``index`` (view ``view``); its images are written under ``output_dir`` if given."""
+    dataset = MMIDXDataset(prefix)
+    if not 0 <= index < len(dataset):
+        raise ValueError(f"{dataset.prefix}: sample {index} out of range: the dataset has {len(dataset):,} samples")
+    sample = dataset[index]
+    if not 0 <= view < sample.num_views:
+        raise ValueError(f"{dataset.prefix}: view {view} out of range: sample {index} has {sample.num_views} "
+                         f"view{'s' if sample.num_views != 1 else ''}")
+    tokenizer, no_tokenizer = dataset_tokenizer(dataset)
+    config = config_for([dataset.prefix])  # BAGEL's transforms for the dataset's source type
+    group, geometry = config.groups[0], config.geometry
+    images = []
+    folder = Path(output_dir) if output_dir is not None else None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+    for j, image in enumerate(sample.images):
+        entry = {"image": j, "width": image.width, "height": image.height, "format": image.format,
+                 "mode": image.mode, "bytes": len(image.data)}
+        if folder is not None:
+            path = folder / f"sample{index}_image{j}.{EXTENSIONS.get(image.format, 'bin')}"
+            path.write_bytes(image.data)
+            entry["file"] = str(path)
+        images.append(entry)
+    elements = []
+    for record, plan in zip(sample.elements(view), sample.sequence_plan(view), strict=True):
+        element = {key: plan[key] for key in ("type", "loss", "enable_cfg", "special_token_loss",
+                                              "special_token_label", "split_start", "split_end", "img_num")}
+        element["frame_delta"] = plan.get("frame_delta")
+        payload = int(record["payload"])
+        if record["kind"] == fmt.TEXT:
+            ids = sample.text(payload)
+            element.update(text=payload, tokens=len(ids) + 2, token_ids=ids.tolist(),
+                           decoded=tokenizer.decode(ids) if tokenizer is not None else None)
+        else:
+            vae = record["kind"] == fmt.VAE_IMAGE
+            transform = group.vae_transform if vae else group.vit_transform
+            patch = geometry.vae_image_downsample if vae else geometry.vit_patch_size
+            image = sample.image(payload)
+            element["image"] = payload
+            element["tokens"] = None if transform is None else int(num_image_tokens(
+                np.array([image.width]), np.array([image.height]), transform, img_nums=np.array([plan["img_num"]]),
+                patch_size=patch)[0]) + 2
+        elements.append(element)
+    source, row = sample.origin
+    counted = [e["tokens"] for e in elements]
+    return {"dataset": dataset.prefix, "sample": index, "samples": len(dataset), "view": view,
+            "views": sample.num_views, "source": ((dataset.metadata or {}).get("build") or {}).get("source"),
+            "origin": {"file": source, "row": row} if source is not None else None,
+            "tokens": None if None in counted else sum(counted), "elements": elements, "images": images,
+            "extra": sample.extra, "tokenizer_note": no_tokenizer}
+
+
+def _flags(element: dict[str, Any]) -> str:
+    names = [name for name in ("loss", "enable_cfg", "special_token_loss") if element[name]]
+    if element["split_start"]:
+        names.append("split_start")
+    if element["split_end"]:
+        names.append("split_end")
+    if element["frame_delta"] is not None:
+        names.append(f"frame_delta {element['frame_delta']}")
+    if element["special_token_label"] is not None:
+        names.append(f"label {element['special_token_label']}")
+    if element["img_num"] != 1:
+        names.append(f"img_num {element['img_num']}")
+    return ", ".join(names) or "-"
+
+
+def format_sample(info: dict[str, Any]) -> str:
+    """The human-readable form of :func:`describe_sample`."""
+    plural = "s" if info["views"] != 1 else ""
+    lines = [f"{info['dataset']}: sample {info['sample']:,} of {info['samples']:,}, view {info['view']} of "
+             f"{info['views']} view{plural}" + (f" ({info['source']} source)" if info["source"] else "")]
+    origin = info["origin"]
+    lines.append(f"  origin    {origin['file']} row {origin['row']}" if origin else "  origin    not recorded")
+    total = f"{info['tokens']:,}" if info["tokens"] is not None else "unknown (no transform for an image kind)"
+    lines.append(f"  tokens    {total} when packed (elements with their framing tokens)")
+    if info["tokenizer_note"]:
+        lines.append(f"  texts     shown as token ids: {info['tokenizer_note']}")
+    lines.append(f"  {'#':>3}  {'kind':<10} {'tokens':>7}  flags")
+    for number, element in enumerate(info["elements"]):
+        tokens = f"{element['tokens']:,}" if element["tokens"] is not None else "?"
+        lines.append(f"  {number:>3}  {element['type']:<10} {tokens:>7}  {_flags(element)}")
+        if element["type"] == "text":
+            text = element["decoded"] if element["decoded"] is not None else str(element["token_ids"])
+            lines += [f"{'':>8}│ {line}" for line in text.splitlines() or [""]]
+        else:
+            image = info["images"][element["image"]]
+            lines.append(f"{'':>8}│ image {element['image']}: {image['width']}x{image['height']} {image['format']}")
+    for image in info["images"]:
+        where = f"  → {image['file']}" if "file" in image else ""
+        lines.append(f"  image {image['image']}  {image['width']}x{image['height']} {image['format']} {image['mode']}, "
+                     f"{image['bytes']:,} bytes{where}")
+    if info["extra"]:
+        lines.append(f"  extra     {json.dumps(info['extra'], ensure_ascii=False)}")
+    return "\n".join(lines)

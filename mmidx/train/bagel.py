@@ -1,0 +1,94 @@
+"""A drop-in for the data side of BAGEL's trainer (``train/pretrain_unified_navit.py``).
+
+BAGEL's loop does ``data = data.cuda(device).to_dict()``, pops ``batch_data_indexes`` and records
+``data_status[entry["dataset_name"]][entry["worker_id"]] = entry["data_indexes"]`` for every entry;
+``data_status`` is saved with each checkpoint and handed back to the data pipeline on resume.
+:func:`trainer_loader` takes the arguments BAGEL gives its ``PackedDataset`` and returns a loader
+whose batches satisfy that loop unchanged. mmidx's own resume state (``loader.state_dict()``, the
+packs consumed) rides along as one more entry of ``batch_data_indexes`` under the dataset name
+:data:`LOADER_STATE_NAME`, so the trainer's bookkeeping saves it beside BAGEL's per-sample entries
+and :meth:`TrainerLoader.load_state_dict` reads it back from ``data_status``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from mmidx.config import DataConfig, DropoutConfig, ModelGeometry, PackingConfig
+from mmidx.index.pack_index import build_pack_index
+from mmidx.pack.batch import PackedBatch
+from mmidx.pack.builder import SPECIAL_TOKEN_NAMES, PackBuilder
+from mmidx.train.loader import PackDataset, PackLoader
+
+LOADER_STATE_NAME = "mmidx"
+
+
+class TrainerLoader(PackLoader):
+    """A :class:`PackLoader` whose batches also carry the loader's resume state (see the module docstring)."""
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        for batch in super().__iter__():
+            batch.batch_data_indexes = [*batch.batch_data_indexes, {
+                "dataset_name": LOADER_STATE_NAME, "worker_id": 0, "data_indexes": self.state_dict()}]
+            yield batch
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``loader.state_dict()`` or from one rank's BAGEL ``data_status`` that holds it."""
+        if LOADER_STATE_NAME in state:
+            state = state[LOADER_STATE_NAME][0]
+        elif "packs_consumed" not in state:
+            raise ValueError(f"data_status has no {LOADER_STATE_NAME!r} entry (datasets {sorted(state)}): it was "
+                             "saved by BAGEL's own loader; pass data_status=None to start mmidx's data afresh")
+        super().load_state_dict(state)
+
+
+def trainer_loader(config_file: str | os.PathLike, dataset_config: Any = None, *, local_rank: int = 0,
+                   world_size: int = 1, num_workers: int = 0, expected_num_tokens: int = 32768,
+                   max_num_tokens_per_sample: int = 16384, max_num_tokens: int = 36864,
+                   prefer_buffer_before: int = 16384, max_buffer_size: int = 50, interpolate_pos: bool = False,
+                   use_flex: bool = False, data_status: Mapping[str, Any] | None = None,
+                   special_tokens: Mapping[str, int] | None = None, data_seed: int | None = None,
+                   num_samples: int | None = None, cache_dir: str | os.PathLike | None = None,
+                   prefetch_factor: int | None = None, pin_memory: bool | None = None) -> TrainerLoader:
+    """The loader that replaces BAGEL's ``PackedDataset`` + ``DataLoader`` in its trainer.
+
+    ``config_file``: mmidx's ``data.yaml`` (``mmidx build --config`` writes it). ``dataset_config``:
+    BAGEL's ``DataConfig`` object after the trainer set it up; its dropout probabilities and model
+    geometry replace the YAML's, as they do in BAGEL. The keywords are ``PackedDataset``'s, plus
+    ``data_seed`` (BAGEL's ``set_epoch`` seed), ``num_samples`` (stream length; default about one
+    epoch), ``cache_dir`` (where the pack index is cached). Each rank takes one pack per micro-step.
+    """
+    config = DataConfig.from_yaml(config_file)
+    geometry = replace(config.geometry, interpolate_pos=interpolate_pos)
+    dropout = config.dropout
+    if dataset_config is not None:
+        dropout = DropoutConfig(text=dataset_config.text_cond_dropout_prob, vit=dataset_config.vit_cond_dropout_prob,
+                                vae=dataset_config.vae_cond_dropout_prob)
+        geometry = ModelGeometry(vit_patch_size=dataset_config.vit_patch_size,
+                                 max_num_patch_per_side=dataset_config.max_num_patch_per_side,
+                                 vae_image_downsample=dataset_config.vae_image_downsample,
+                                 max_latent_size=dataset_config.max_latent_size, interpolate_pos=interpolate_pos)
+    packing = PackingConfig(expected_num_tokens=expected_num_tokens, max_num_tokens=max_num_tokens,
+                            max_num_tokens_per_sample=max_num_tokens_per_sample,
+                            prefer_buffer_before=prefer_buffer_before, max_buffer_size=max_buffer_size)
+    config = replace(config, packing=packing, dropout=dropout, geometry=geometry,
+                     seed=config.seed if data_seed is None else data_seed)
+    builder = PackBuilder(config, use_flex=use_flex)
+    if special_tokens is not None:
+        differ = {name: (special_tokens[name], builder.special_tokens[name])
+                  for name in SPECIAL_TOKEN_NAMES if special_tokens.get(name) != builder.special_tokens[name]}
+        if differ:
+            raise ValueError(f"the trainer's special token ids differ from the datasets' (trainer, datasets): "
+                             f"{differ}; build the datasets with the trainer's tokenizer")
+    index = build_pack_index(config, num_samples=num_samples, cache_dir=cache_dir)
+    loader = TrainerLoader(PackDataset(index, builder), global_batch_size=world_size, rank=local_rank,
+                           world_size=world_size, num_workers=num_workers, prefetch_factor=prefetch_factor,
+                           pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory)
+    if data_status is not None:
+        loader.load_state_dict(data_status)
+    return loader

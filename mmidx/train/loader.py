@@ -1,0 +1,158 @@
+"""torch integration: a map-style dataset of packs, a rank-aware sampler, and a resumable loader.
+
+Order is a pure function of (config, seed, pack number): pack k is the same batch in any process,
+worker or run. A *global batch* is ``global_batch_size`` consecutive packs; rank r of world w takes
+the r-th contiguous share of each, so the union of the ranks' packs of a global batch is the
+single-rank global batch whatever w is. Resume state is one integer: the packs consumed so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from mmidx.index.pack_index import PackItem
+from mmidx.pack.batch import PackedBatch
+from mmidx.pack.builder import PackBuilder
+from mmidx.read.prefetch import PackPrefetcher, WorkerSchedule
+
+
+class PackDataset(torch.utils.data.Dataset):
+    """Pack k → :class:`PackedBatch` (CPU tensors, split metadata instead of masks).
+
+    ``packs`` is anything with ``len()`` and ``items(k) -> list[PackItem]``
+    (a :class:`~mmidx.index.pack_index.PackIndex`).
+    ``upcoming`` (set by :class:`PackLoader`): pack k -> the packs this worker builds next, whose bytes
+    are fetched ahead from datasets in object storage (:mod:`mmidx.read.prefetch`).
+    """
+
+    def __init__(self, packs: Any, builder: PackBuilder):
+        self.packs = packs
+        self.builder = builder
+        self.upcoming: Callable[[int], list[int]] | None = None
+        self._prefetcher: PackPrefetcher | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_prefetcher": None}  # each worker fetches for itself
+
+    def __len__(self) -> int:
+        return len(self.packs)
+
+    def __getitem__(self, index: int) -> PackedBatch:
+        items: Sequence[PackItem] = self.packs.items(index)
+        if not any(dataset.remote_files for group in self.builder.datasets for dataset in group):
+            return self.builder.build(index, items)
+        if self._prefetcher is None:
+            self._prefetcher = PackPrefetcher(self.packs, self.builder.datasets)
+        self._prefetcher.before(index, self.upcoming(index) if self.upcoming else [])
+        try:
+            return self.builder.build(index, items)
+        finally:
+            self._prefetcher.after(index)
+
+
+class GlobalBatchSampler(torch.utils.data.Sampler[int]):
+    """Pack numbers for one rank: its contiguous share of every global batch, from ``start`` on.
+
+    ``global_batch_size`` packs make one global batch; each rank takes ``global_batch_size //
+    world_size`` of them per global batch (its micro-batches, one pack each, as BAGEL trains).
+    ``start`` counts micro-steps already taken by every rank (packs consumed // world_size).
+    Incomplete trailing global batches are dropped.
+    """
+
+    def __init__(self, num_packs: int, *, global_batch_size: int, rank: int = 0, world_size: int = 1,
+                 start: int = 0):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        if global_batch_size % world_size:
+            raise ValueError(f"global_batch_size {global_batch_size} must be a multiple of the world size "
+                             f"{world_size}, so every rank gets the same share")
+        self.num_packs = num_packs
+        self.global_batch_size = global_batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.start = start
+
+    @property
+    def per_rank(self) -> int:
+        return self.global_batch_size // self.world_size
+
+    def __len__(self) -> int:
+        return max(0, (self.num_packs // self.global_batch_size) * self.per_rank - self.start)
+
+    def pack_of_step(self, step: int) -> int:
+        """The pack this rank trains on at micro-step ``step``."""
+        global_batch, position = divmod(step, self.per_rank)
+        return global_batch * self.global_batch_size + self.rank * self.per_rank + position
+
+    def step_of_pack(self, pack: int) -> int | None:
+        """The micro-step at which this rank trains on ``pack`` (None: another rank's pack)."""
+        global_batch, offset = divmod(pack, self.global_batch_size)
+        position = offset - self.rank * self.per_rank
+        return global_batch * self.per_rank + position if 0 <= position < self.per_rank else None
+
+    def __iter__(self) -> Iterator[int]:
+        for step in range(self.start, self.start + len(self)):
+            yield self.pack_of_step(step)
+
+
+def collate_pack(batch: list[PackedBatch]) -> PackedBatch:
+    """DataLoader collate for one pack per micro-batch (BAGEL's batch_size=1)."""
+    if len(batch) != 1:
+        raise ValueError(f"a micro-batch is one pack; use DataLoader(batch_size=1), got {len(batch)}")
+    return batch[0]
+
+
+class PackLoader:
+    """Iterate one rank's packed batches through a DataLoader; ``state_dict()`` is the packs consumed.
+
+    Counts only batches actually handed to the caller (not those prefetched by workers), so
+    ``load_state_dict(state_dict())`` in a new process resumes exactly after the last batch used.
+    ``device``: when given, batches are moved there (``non_blocking`` from pinned memory).
+    """
+
+    def __init__(self, dataset: PackDataset, *, global_batch_size: int, rank: int = 0, world_size: int = 1,
+                 num_workers: int = 0, pin_memory: bool = False, prefetch_factor: int | None = None,
+                 device: torch.device | str | None = None):
+        self.dataset = dataset
+        self.global_batch_size = global_batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.prefetch_factor = prefetch_factor
+        self.device = device
+        self.steps_consumed = 0
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"packs_consumed": n}``: global packs consumed (every rank's micro-steps × world size)."""
+        return {"packs_consumed": self.steps_consumed * self.world_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        consumed = int(state["packs_consumed"])
+        if consumed % self.world_size:
+            raise ValueError(f"{consumed} packs consumed is not a whole number of micro-steps for world size "
+                             f"{self.world_size}")
+        self.steps_consumed = consumed // self.world_size
+
+    def sampler(self) -> GlobalBatchSampler:
+        return GlobalBatchSampler(len(self.dataset), global_batch_size=self.global_batch_size, rank=self.rank,
+                                  world_size=self.world_size, start=self.steps_consumed)
+
+    def __len__(self) -> int:
+        return len(self.sampler())
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        extra = {"prefetch_factor": self.prefetch_factor} if self.num_workers and self.prefetch_factor else {}
+        sampler = self.sampler()
+        self.dataset.upcoming = WorkerSchedule(sampler, self.num_workers)
+        loader = torch.utils.data.DataLoader(
+            self.dataset, batch_size=1, sampler=sampler, collate_fn=collate_pack,
+            num_workers=self.num_workers, pin_memory=self.pin_memory, **extra)
+        for batch in loader:
+            if self.device is not None:
+                batch = batch.to(self.device, non_blocking=self.pin_memory)
+            self.steps_consumed += 1  # counted when handed out: a caller may stop right after using it
+            yield batch
