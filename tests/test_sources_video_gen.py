@@ -19,7 +19,18 @@ from mmidx.cli import main
 from mmidx.config import DataConfig
 from mmidx.dataset import MMIDXDataset
 from mmidx.packing import PackBuilder, PackItem, sample_randomness
-from mmidx.show import BOUNDARY_COLOUR, COLOURS, LEFT, LINE, LOSS_BAR, STRIP, TOP_LABELS, render, split_labels
+from mmidx.show import (
+    BOUNDARY_COLOUR,
+    COLOURS,
+    LEFT,
+    LINE,
+    LOSS_BAR,
+    STRIP,
+    TOP_LABELS,
+    render,
+    split_labels,
+    split_scaled_edges,
+)
 from mmidx.show import token_kinds as kinds_of
 from mmidx.sources.grouping import split_integer_exp_decay
 
@@ -376,8 +387,6 @@ def test_show_draws_each_group_as_its_own_labelled_split_with_its_noise_level(cl
     pixels = np.asarray(render(batch, width=width, zoom_sample=1))
     size = width - LEFT - 10
     zoom_top = (2 * LINE + 10 + TOP_LABELS + STRIP + LOSS_BAR + 2 + size + 8 + LINE * 3 + 8 + 3 * LINE)
-    from mmidx.show import split_scaled_edges
-
     edges = split_scaled_edges(batch.split_lens[1], size, 24)
     strip_row, panel_top = zoom_top + TOP_LABELS + STRIP // 2, zoom_top + TOP_LABELS + STRIP + LOSS_BAR + 2
     for edge in edges[1:-1]:  # a boundary between every two splits, groups included
