@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from bagel_reference import pack as reference_pack
-from fixtures_sources import decoded, image_bytes, pyav_frames, tokenizer_dir, write_jsonl, write_mp4
+from fixtures_sources import build, decoded, image_bytes, pyav_frames, tokenizer_dir, write_jsonl, write_mp4
 from support.bagel_video import add_video, composition_probability
 from support.bagel_video import split_integer_exp_decay as bagel_split
 
@@ -396,3 +396,13 @@ def test_show_draws_each_group_as_its_own_labelled_split_with_its_noise_level(cl
     # the second group's rows see the first group (noised colour); the first group's rows do not see the second
     assert tuple(pixels[panel_top + middle[3], LEFT + middle[2]]) == noised_colour
     assert tuple(pixels[panel_top + middle[2], LEFT + middle[3]]) == (255, 255, 255)
+
+
+def test_middle_sampling_gives_interval_middles_and_their_spacing_as_frame_delta(clips, tmp_path):
+    path = write_jsonl(tmp_path / "middle.jsonl", GOOD_ROWS[:1])
+    dataset, _ = build("video_gen", [path], tmp_path / "middle", image_root=str(clips["folder"] / "clips"),
+                       views=2, min_frames=5, max_frames=5, frame_sample="middle", grouping=False)
+    middles = [(a + b - 1) // 2 for a, b in itertools.pairwise(range(0, 31, 6))]  # 30 frames, 5 intervals of 6
+    for view in range(2):
+        assert frame_numbers(dataset[0], view) == middles == [2, 8, 14, 20, 26]
+        assert bagel_keys(dataset[0].sequence_plan(view)) == [dict(TEXT), *add_video(middles, True, False)]
