@@ -2,9 +2,10 @@
 
 Every ```bash and ```python block of README.md runs, in the README's order, in one sandbox folder that
 holds, tiny, the inputs the blocks name (a ``Qwen2-7B/`` tokenizer folder, t2i parquet under
-``data/t2i/``, ``edits.parquet``, ``llava.jsonl`` with its ``images/``, ``corpus.jsonl``, a BAGEL data
-config ``bagel.yaml`` and its ``info.yaml``) beside the demo's ``mmidx-demo/``: each block sees what the
-blocks before it wrote, as a reader's shell would. The conventions the README follows:
+``data/t2i/``, ``edits.parquet``, ``llava.jsonl`` with its ``images/``, ``clips.jsonl`` with its videos in
+``clips/``, ``corpus.jsonl``, a BAGEL data config ``bagel.yaml`` and its ``info.yaml``) beside the demo's
+``mmidx-demo/``: each block sees what the blocks before it wrote, as a reader's shell would. The conventions
+the README follows:
 
 * ```bash and ```python: run, and must succeed (exit status 0, no traceback);
 * a ```bash or ```python block whose first line is ``# needs: WHAT`` needs what a test lacks (a cluster,
@@ -37,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 import yaml
 from support import cli_server
-from support.sources import WORDS, image_bytes, qwen_dir, write_jsonl, write_parquet, write_t2i_parquet
+from support.sources import WORDS, image_bytes, qwen_dir, write_jsonl, write_mp4, write_parquet, write_t2i_parquet
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN, READ = ("bash", "python"), ("text", "diff")
@@ -228,6 +229,12 @@ def write_readme_inputs(folder: Path) -> None:
          "conversations": [{"from": "human", "value": "<image>\n" + words(6)}, {"from": "gpt", "value": words(12)}]}
         for line in range(128)])
     write_jsonl(folder / "corpus.jsonl", [{"text": words(60)} for _ in range(200)])
+    (folder / "clips").mkdir()
+    write_mp4(folder / "clips" / "walk.mp4", 24)
+    write_mp4(folder / "clips" / "pour.mp4", 16)
+    write_jsonl(folder / "clips.jsonl", [
+        {"video": "walk.mp4", "caption": words(8)},
+        {"video": "pour.mp4", "caption": {"0": words(6), "1": words(9)}, "condition_frames": 2}])
     (folder / "bagel.yaml").write_text(yaml.safe_dump(BAGEL_GROUPS, sort_keys=False))
     (folder / "info.yaml").write_text(yaml.safe_dump({
         "t2i_pretrain": {"t2i": {"data_dir": "data/t2i"}},

@@ -21,7 +21,8 @@ def _source_options(args: argparse.Namespace) -> Any:
         views=args.views, seed=args.seed, image_root=args.image_root, max_image_size=args.max_image_size,
         max_image_pixels=args.max_image_pixels, min_frames=args.min_frames, max_frames=args.max_frames,
         frame_quality=args.video_frame_quality, text_key=args.text_key, extra_keys=args.extra_keys,
-        prompt_key=args.prompt_key, caption_key=args.caption_key, rows_per_shard=args.rows_per_shard,
+        prompt_key=args.prompt_key, caption_key=args.caption_key, group_decay=args.group_decay,
+        grouping=not args.no_grouping, rows_per_shard=args.rows_per_shard,
         bytes_per_shard=args.bytes_per_shard)
 
 
@@ -91,7 +92,13 @@ def _register_build(commands: Commands) -> None:
     sub.add_argument("--extra-keys", type=_csv, default=(),
                      help="chat: comma-separated fields placed before the conversation, without loss")
     sub.add_argument("--prompt-key", default=defaults.prompt_key, help="prompts: JSON field of the prompt")
-    sub.add_argument("--caption-key", default=defaults.caption_key, help="wds: caption field of .json members")
+    sub.add_argument("--caption-key", default=defaults.caption_key,
+                     help="wds: caption field of .json members; video_gen: caption field of a row")
+    sub.add_argument("--group-decay", type=float, default=defaults.group_decay, metavar="D",
+                     help="video_gen: split_integer_exp_decay's decay in [0, 1] (1.0: group count uniform in "
+                          "1..frames, below: fewer groups preferred)")
+    sub.add_argument("--no-grouping", action="store_true",
+                     help="video_gen: the target frames of a clip are one split, as BAGEL's _add_video writes them")
     sub.add_argument("--rows-per-shard", type=int, default=defaults.rows_per_shard,
                      help="parquet rows per work unit (row groups are never split)")
     sub.add_argument("--bytes-per-shard", type=int, default=defaults.bytes_per_shard,

@@ -30,7 +30,7 @@ from typing import Any
 from mmidx.errors import MMIDXError
 from mmidx.sources.elements import Element, StoredImage
 
-SOURCE_NAMES = ("t2i", "edit", "vlm", "chat", "text", "prompts", "wds")
+SOURCE_NAMES = ("t2i", "edit", "vlm", "chat", "text", "prompts", "wds", "video_gen")
 
 SKIP_REASONS = {
     "undecodable_image": "image bytes that are not an image, or a truncated or corrupt image",
@@ -45,6 +45,7 @@ SKIP_REASONS = {
     "empty_text": "text, prompt or document that is missing or empty",
     "unreadable_row_group": "parquet row group that cannot be read (every row of it is counted)",
     "unreadable_file": "input file that cannot be opened or read to its end",
+    "no_target_frames": "video_gen row whose condition_frames leave no frame to generate in a view's frame draw",
 }
 
 WARNING_REASONS = {
@@ -87,6 +88,8 @@ class SourceOptions:
     extra_keys: tuple[str, ...] = ()
     prompt_key: str = "prompt"
     caption_key: str = "caption"
+    group_decay: float = 1.0  # video_gen: split_integer_exp_decay's ng_sample_decay (1.0: group count uniform)
+    grouping: bool = True  # video_gen: False makes the target frames one split (BAGEL's _add_video)
     rows_per_shard: int = 20_000
     bytes_per_shard: int = 256 << 20
 
@@ -102,6 +105,9 @@ class SourceOptions:
                              "(e.g. fps0.5)")
         if self.frame_fix_start is not None and (self.frame_sample != "middle" or self.frame_fix_start < 0):
             raise ValueError("fix_start is a frame offset (>= 0) that only sample 'middle' uses")
+        if not 0.0 <= self.group_decay <= 1.0:
+            raise ValueError(f"group_decay is split_integer_exp_decay's decay in [0, 1] (1.0: every group count "
+                             f"equally likely, below: fewer groups preferred), not {self.group_decay}")
         if self.rows_per_shard < 1 or self.bytes_per_shard < 1:
             raise ValueError("rows_per_shard and bytes_per_shard must be positive")
         if self.max_image_pixels is not None:

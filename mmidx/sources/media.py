@@ -28,6 +28,7 @@ from __future__ import annotations
 import io
 import itertools
 import posixpath
+import random
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -277,3 +278,29 @@ class VideoFile:
             raise Skipped("undecodable_video", f"{self.location}: decoding ended before frame "
                                                f"{min(wanted - set(found))}; the container says otherwise")
         return {number: ingest_image(data, self.context) for number, data in found.items()}
+
+
+def sample_video(name: object, root: str, rng: random.Random,
+                 context: SourceContext) -> tuple[VideoFile | FrameFolder, list[list[int]]]:
+    """The video a row names (a file, or a frame folder when ``name`` ends in ``/``, relative to ``root``)
+    and one draw of :func:`frame_indices` from ``rng`` per view (``options.views`` draws).
+
+    A name that is not a string, a video without frames, or a draw with no frame or frames past the
+    end (``fix_start`` too large; BAGEL's frame read fails there) raises :class:`Skipped`.
+    """
+    if not isinstance(name, str):
+        raise Skipped("malformed_record", f"video is not a file name: {str(name)[:80]!r}")
+    folder = name.endswith("/")
+    location = resolve(root, name)
+    video = FrameFolder(location, context) if folder else VideoFile(location, context)
+    count = video.frame_count()
+    if count == 0:
+        raise Skipped("undecodable_video", f"{video.location}: no frames")
+    options = context.options
+    fps = video.fps() if options.frame_sample.startswith("fps") else 1.0
+    draws = [frame_indices(rng, count, options, fps=fps, folder=folder) for _ in range(options.views)]
+    unusable = next((draw for draw in draws if not draw or max(draw) >= count), None)
+    if unusable is not None:
+        raise Skipped("undecodable_video", f"{video.location}: sampling {options.frame_sample!r} gives frames "
+                                           f"{unusable} of {count}")
+    return video, draws

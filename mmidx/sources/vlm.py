@@ -44,7 +44,7 @@ from mmidx.sources.common import (
     samples_of,
 )
 from mmidx.sources.inputs import jsonl_units, list_inputs, parent, read_jsonl, resolve
-from mmidx.sources.media import FrameFolder, VideoFile, frame_indices, ingest_image_file
+from mmidx.sources.media import ingest_image_file, sample_video
 
 KIND = "multimodal"
 EXTENSIONS = (".jsonl",)
@@ -123,21 +123,7 @@ def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> S
         sample.warnings = _placeholder_warnings(turns, len(stored))
         return sample
     if "video" in record:
-        if not isinstance(record["video"], str):
-            raise Skipped("malformed_record", f"video is not a file name: {str(record['video'])[:80]!r}")
-        folder = record["video"].endswith("/")
-        location = resolve(root, record["video"])
-        video = FrameFolder(location, context) if folder else VideoFile(location, context)
-        count = video.frame_count()
-        if count == 0:
-            raise Skipped("undecodable_video", f"{video.location}: no frames")
-        rng, options = context.rng(unit.path, row), context.options
-        fps = video.fps() if options.frame_sample.startswith("fps") else 1.0
-        draws = [frame_indices(rng, count, options, fps=fps, folder=folder) for _ in range(options.views)]
-        unusable = next((draw for draw in draws if not draw or max(draw) >= count), None)
-        if unusable is not None:
-            raise Skipped("undecodable_video", f"{video.location}: sampling {options.frame_sample!r} gives frames "
-                                               f"{unusable} of {count}")
+        video, draws = sample_video(record["video"], root, context.rng(unit.path, row), context)
         union = sorted({number for draw in draws for number in draw})
         position = {number: j for j, number in enumerate(union)}
         views, tokens = _plan([with_video_frames(turns, len(draw)) for draw in draws],

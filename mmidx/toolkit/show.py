@@ -59,6 +59,28 @@ def token_kinds(batch: PackedBatch, length: int) -> tuple[np.ndarray, np.ndarray
     return kinds, loss
 
 
+def split_labels(batch: PackedBatch, sample: int, kinds: np.ndarray) -> list[str]:
+    """Label of each split of the pack's ``sample``: attention mode, kind (of most of its tokens), tokens.
+
+    A split of noised VAE tokens is labelled with the timestep they share instead of its kind
+    (``noise vae t=+0.73 1,024``): the frames of one group of a video clip share one noise level
+    and different groups draw their own, so groups side by side read apart.
+    """
+    names = list(COLOURS)
+    first = sum(batch.sample_lens[:sample])
+    starts = first + np.concatenate([[0], np.cumsum(batch.split_lens[sample])[:-1]]).astype(np.int64)
+    vae = batch.tensors.get("packed_vae_token_indexes")
+    vae = np.zeros(0, dtype=np.int64) if vae is None else vae.numpy()
+    timesteps = batch.tensors["packed_timesteps"].numpy() if len(vae) else np.zeros(0)
+    labels = []
+    for mode, start, length in zip(batch.attn_modes[sample], starts, batch.split_lens[sample], strict=True):
+        inside = timesteps[np.searchsorted(vae, start):np.searchsorted(vae, start + length)]
+        noised = inside[np.isfinite(inside)]
+        kind = f"vae t={noised[0]:+.2f}" if len(noised) else names[np.bincount(kinds[start:start + length]).argmax()]
+        labels.append(f"{mode} {kind} {length:,}")
+    return labels
+
+
 def _font(size: int) -> Any:
     try:
         return ImageFont.load_default(size=size)
@@ -231,9 +253,5 @@ def render(batch: PackedBatch, *, width: int = 1024, zoom_sample: int | None = N
     split_starts = list(first + np.concatenate([[0], np.cumsum(zoom_splits)[:-1]]).astype(np.int64))
     zoom_edges = split_scaled_edges(zoom_splits, size, 24)
     _panel(image, zoom_top, _positions(split_starts, zoom_splits, zoom_edges), kinds, loss, predicate)
-    names = list(COLOURS)
-    split_labels = [f"{mode} {names[kinds[start + length // 2]]} {length:,}"
-                    for mode, start, length in zip(batch.attn_modes[zoom_sample], split_starts, zoom_splits,
-                                                   strict=True)]
-    _axes(image, zoom_top, size, zoom_edges, split_labels, font)
+    _axes(image, zoom_top, size, zoom_edges, split_labels(batch, zoom_sample, kinds), font)
     return image
