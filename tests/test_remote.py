@@ -332,3 +332,41 @@ def test_a_build_to_s3_rerun_on_another_machine_reuses_the_shards_it_uploaded(s3
     assert np.array_equal(remote.gather(np.arange(len(remote.tokens)))[0],
                           local.gather(np.arange(len(local.tokens)))[0])
     assert storage.list_objects(f"{uri}.shards") == []  # mirrored shards are gone once the dataset is up
+
+
+SECRET_URI = "s3://AKIAEXAMPLE:wJalrXUtnFEMIsecret@mmidx/{}?endpoint_override=127.0.0.1:1&scheme=http"
+
+
+@pytest.mark.parametrize("argv", [["inspect", "{uri}"], ["verify", "{uri}"], ["fetch", "{uri}", "{out}"],
+                                  ["build", "--source", "text", "--input", "{uri}.jsonl", "--output", "{out}/x"],
+                                  ["build", "--source", "text", "--input", "{local}", "--output", "{uri}"]])
+def test_credentials_inside_a_uri_are_refused_in_one_line_that_never_shows_them(argv, tmp_path, capsys):
+    from support.sources import tokenizer_dir, write_jsonl
+
+    from mmidx.cli import main
+
+    local = write_jsonl(tmp_path / "docs.jsonl", [{"text": "a few words"}])
+    args = [part.format(uri=SECRET_URI.format("data/x"), out=tmp_path / "out", local=local) for part in argv]
+    if argv[0] == "build":
+        args += ["--tokenizer", tokenizer_dir(), "--quiet"]
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    error = captured.err.strip()
+    assert len(error.splitlines()) == 1, error
+    assert "credentials inside a URI are not accepted" in error and "AWS_ACCESS_KEY_ID" in error
+    assert "wJalrXUtnFEMIsecret" not in captured.err + captured.out and "AKIAEXAMPLE" not in captured.err
+    assert "s3://***@mmidx/data/x" in error
+    assert not [path for path in tmp_path.glob("out*/**/*") if path.is_file()]  # nothing written
+
+
+def test_a_dataset_opened_with_credentials_in_its_uri_is_refused_naming_what_to_do():
+    with pytest.raises(StorageError, match="AWS_ACCESS_KEY_ID") as raised:
+        MMIDXDataset(SECRET_URI.format("data/x"))
+    assert "secret" not in str(raised.value)
+
+
+def test_redact_hides_the_credentials_of_every_uri_in_a_message():
+    from mmidx.io.storage import redact
+
+    text = "copy s3://K:S@b/p to gs://user@bucket/q, keep s3://bucket/a@b and /local/x@y"
+    assert redact(text) == "copy s3://***@b/p to gs://***@bucket/q, keep s3://bucket/a@b and /local/x@y"

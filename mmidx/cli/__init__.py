@@ -34,6 +34,13 @@ def os_error_line(error: OSError) -> str:
     return f"{error.filename}: {error.strerror or error}"
 
 
+def _error_line(command: str, message: str) -> None:
+    """The one line an error ends in, with the credentials of any URI it names hidden."""
+    from mmidx.io.storage import redact
+
+    print(f"{command}: {redact(message)}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every error ends in one line on stderr and exit status 1 (2: usage)."""
     import yaml
@@ -51,14 +58,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
     except OSError as error:
-        print(f"{name}: {os_error_line(error)}", file=sys.stderr)
+        _error_line(name, os_error_line(error))
     except yaml.YAMLError as error:  # a malformed YAML file: its path and line are in the message
-        print(f"{name}: not valid YAML: {' '.join(str(error).split())}", file=sys.stderr)
+        _error_line(name, f"not valid YAML: {' '.join(str(error).split())}")
     except (MMIDXError, ValueError, KeyError, TypeError) as error:  # bad input or configuration: what, not where
-        print(f"{name}: {error}", file=sys.stderr)
+        _error_line(name, str(error))
     except Exception as error:  # a bug: still one line, and how to see the rest
         if os.environ.get("MMIDX_TRACEBACK"):
             raise
-        print(f"{name}: internal error {type(error).__name__}: {error} (set MMIDX_TRACEBACK=1 for the traceback)",
-              file=sys.stderr)
+        _error_line(name, f"internal error {type(error).__name__}: {error} (set MMIDX_TRACEBACK=1 for the traceback)")
     return 1

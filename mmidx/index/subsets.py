@@ -20,8 +20,8 @@ import random
 import numpy as np
 
 from mmidx.config import GroupConfig
+from mmidx.io.storage import RETRIES, filesystem
 from mmidx.read.dataset import MMIDXDataset
-from mmidx.sources.inputs import filesystem
 
 _CHUNK = 8 << 20
 
@@ -84,7 +84,7 @@ def _used_files(files: list[str], origins: np.ndarray, count: int) -> np.ndarray
 
 def line_count(location: str, group: GroupConfig) -> int:
     """Lines of a text file as Python's ``readlines()`` counts them (a last line without newline counts)."""
-    fs, path = filesystem(location)
+    fs, path = filesystem(location, attempts=RETRIES)  # a streaming read: pyarrow retries a failed request
     lines, last = 0, b"\n"
     try:
         with fs.open_input_stream(path) as stream:

@@ -12,6 +12,7 @@ on every file of the dataset; ``AWS_ENDPOINT_URL`` and the usual AWS variables a
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 import time
@@ -57,34 +58,58 @@ def cache_root() -> Path:
     return Path(os.environ.get("MMIDX_CACHE_DIR") or Path.home() / ".cache" / "mmidx") / "remote"
 
 
-_filesystems: dict[tuple[int, str], pafs.FileSystem] = {}
+_filesystems: dict[tuple[int, str, int], pafs.FileSystem] = {}
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 60.0
 
 
-def _configured(fs: pafs.FileSystem) -> pafs.FileSystem:
-    """An S3 filesystem made to fail fast and leave retries to :func:`retrying` (one attempt per call,
-    bounded timeouts), and to write small objects in one PUT; other filesystems as they are."""
+def _configured(fs: pafs.FileSystem, attempts: int) -> pafs.FileSystem:
+    """An S3 filesystem with bounded timeouts, ``attempts`` attempts per request, and small objects written
+    in one PUT; other filesystems as they are."""
     if not isinstance(fs, pafs.S3FileSystem):
         return fs
     options = fs.__reduce__()[1][0]  # the options from_uri resolved (query, AWS variables)
     options["connect_timeout"] = CONNECT_TIMEOUT_S if options["connect_timeout"] < 0 else options["connect_timeout"]
     options["request_timeout"] = REQUEST_TIMEOUT_S if options["request_timeout"] < 0 else options["request_timeout"]
     return pafs.S3FileSystem(**{**options, "allow_delayed_open": True},
-                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
+                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts))
 
 
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem holding ``uri`` (one per bucket and query, per process) and the path in it."""
+_CREDENTIALS = re.compile(r"(?<=://)[^/?#@\s]*@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of any URI in it (``s3://KEY:SECRET@bucket``) replaced by ``***``."""
+    return _CREDENTIALS.sub("***@", text)
+
+
+def filesystem(location: str, *, attempts: int = 1) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem holding ``location`` and the path in it: the one resolver of mmidx.
+
+    ``location`` is a local path, a ``file://`` URI or any URI ``pyarrow.fs.FileSystem.from_uri`` opens; query
+    options (``?endpoint_override=...``) and the AWS variables apply. Remote filesystems are made once per
+    bucket, query and process, with bounded timeouts, and S3 makes ``attempts`` attempts of a request:
+    readers of byte ranges retry in :func:`retrying` and ask for 1; streaming readers (a source's parquet or
+    JSONL) ask pyarrow for :data:`RETRIES`. Credentials inside a URI are refused (they would be echoed in
+    messages, reports and metadata): the AWS variables carry them instead.
+    """
+    if "://" not in location:
+        return pafs.LocalFileSystem(), os.path.abspath(location)
+    scheme, rest = location.split("://", 1)
+    bucket, _, query = rest.partition("?")
+    if "@" in bucket.split("/", 1)[0]:
+        raise StorageError(f"{redact(location)}: credentials inside a URI are not accepted (they would be "
+                           "echoed in messages and reports): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                           "(or AWS_PROFILE) and give the URI without them")
     try:
-        scheme, rest = uri.split("://", 1)
-        bucket, _, query = rest.partition("?")
-        key = (os.getpid(), f"{scheme}://{bucket.split('/', 1)[0]}?{query}")
+        if scheme == "file":
+            return pafs.LocalFileSystem(), pafs.FileSystem.from_uri(location)[1]
+        key = (os.getpid(), f"{scheme}://{bucket.split('/', 1)[0]}?{query}", attempts)
         if key not in _filesystems:
-            _filesystems[key] = _configured(pafs.FileSystem.from_uri(key[1].rstrip("?"))[0])
-        return _filesystems[key], pafs.FileSystem.from_uri(uri)[1]
+            _filesystems[key] = _configured(pafs.FileSystem.from_uri(key[1].rstrip("?"))[0], attempts)
+        return _filesystems[key], pafs.FileSystem.from_uri(location)[1]
     except (ValueError, OSError) as error:  # pyarrow: ArrowInvalid (a ValueError) for a URI it cannot use
-        raise StorageError(f"{uri}: not a URI pyarrow's filesystems can open ({error}): check its scheme "
+        raise StorageError(f"{location}: not a URI pyarrow's filesystems can open ({error}): check its scheme "
                            "and query options") from error
 
 

@@ -18,13 +18,13 @@ import json
 import os
 import posixpath
 from collections.abc import Iterator, Sequence
-from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from mmidx.io import storage
 from mmidx.sources import Skip, SourceError, WorkUnit
 
 _READ_CHUNK = 8 << 20
@@ -35,23 +35,9 @@ def is_uri(location: str) -> bool:
     return "://" in location
 
 
-@lru_cache(maxsize=16)
-def _remote_filesystem(root: str) -> pafs.FileSystem:
-    return pafs.FileSystem.from_uri(root)[0]
-
-
 def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem holding ``location`` and the path within it (remote ones are cached)."""
-    if not is_uri(location):
-        return pafs.LocalFileSystem(), os.path.abspath(location)
-    scheme, rest = location.split("://", 1)
-    base, query = _split_query(rest)
-    try:
-        if scheme == "file":
-            return pafs.LocalFileSystem(), pafs.FileSystem.from_uri(location)[1]
-        return _remote_filesystem(f"{scheme}://{base.split('/', 1)[0]}{query}"), pafs.FileSystem.from_uri(location)[1]
-    except Exception as error:  # pyarrow raises several types for an unusable URI
-        raise SourceError(f"cannot open {location!r} through pyarrow's filesystems: {error}") from error
+    """The filesystem holding an input and the path in it; pyarrow retries a failed request of a remote one."""
+    return storage.filesystem(location, attempts=storage.RETRIES)
 
 
 def _split_query(location: str) -> tuple[str, str]:
