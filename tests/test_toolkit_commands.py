@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 from support.cases import CASES, FILES
-from support.sources import build, write_jsonl
+from support.sources import build, image_bytes, write_jsonl
 
 import mmidx
 from mmidx.cli import main
@@ -98,6 +98,30 @@ def test_bench_of_text_datasets_reports_gpt_samples(tmp_path, capsys):
     (row,) = result["rows"]
     assert result["kind"] == "gpt" and row["samples"] == 32 and row["samples_per_s"] > 0  # 5 batches of 8, 1 untimed
     assert row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * 16)
+
+
+def test_bench_of_a_dataset_with_fewer_packs_than_asked_lengthens_the_stream(tmp_path, capsys):
+    from mmidx.ingest.writer import DatasetBuilder
+    from mmidx.sources.elements import Element, StoredImage
+
+    special = {"bos_token_id": 1, "eos_token_id": 2, "start_of_image": 3, "end_of_image": 4}
+    with DatasetBuilder(tmp_path / "one", vocab_size=100, special_tokens=special) as builder:  # one small sample
+        builder.add_sample([[5, 6, 7]], [StoredImage(image_bytes(64, 64), 64, 64, "JPEG", "RGB")],
+                           [[Element("text", 0), Element("vae_image", 0, loss=True)]])
+        builder.finalize()
+    for packs in (2, 5):
+        assert main(["bench", str(tmp_path / "one"), "--packs", str(packs), "--workers", "0", "--masks", "none",
+                     "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["rows"][0]["packs"] == packs - 1 and result["stages"]["packs"] == packs - 1
+        assert result["num_packs"] > packs
+
+
+def test_bench_of_too_few_gpt_samples_says_so_in_one_line(tmp_path, capsys):
+    dataset, _ = build("text", [write_jsonl(tmp_path / "docs.jsonl", [{"text": "a red cat"}] * 3)], tmp_path / "t")
+    assert main(["bench", dataset.prefix, "--seq-length", "4", "--workers", "0"]) == 1
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "fewer than two batches of 8" in error
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +227,11 @@ BAD_INPUTS = [
     (["bench", "{badyaml}"], 1),
     (["bench", "{data}", "--workers", "1,x"], 2),
     (["bench", "{data}", "--masks", "sparse"], 2),
-    (["bench", "{data}", "--packs", "1"], 1),
+    (["bench", "{data}", "--packs", "1"], 2),
+    (["bench", "{data}", "--packs", "x"], 2),
+    (["bench", "{data}", "--target-tokens-per-s", "0"], 2),
+    (["bench", "{data}", "--seq-length", "0"], 2),
+    (["bench", "{data}", "--gpt-samples", "1"], 2),
     (["sample", "/nonexistent/prefix", "0"], 1),
     (["sample", "{prefix}", "100000"], 1),
     (["sample", "{prefix}", "0", "--view", "7"], 1),

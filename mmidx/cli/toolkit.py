@@ -8,9 +8,24 @@ import argparse
 import functools
 import json
 import warnings
+from collections.abc import Callable
 
 from mmidx.cli.common import PREFIX_HELP, Commands, add_command, dataset_prefix
 from mmidx.cli.index import _data_config
+
+
+def _at_least(minimum: float, kind: type = int) -> Callable[[str], float]:
+    """An argparse type: a number of ``kind`` no smaller than ``minimum``, or a usage error saying so."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value >= minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'} "
+                                             f">= {minimum}")
+        return value
+    return parse
 
 
 def _worker_counts(text: str) -> list[int]:
@@ -61,7 +76,7 @@ def _register_toolkit(commands: Commands) -> None:
                       "Time the torch loader on this machine: packs/s, tokens/s, samples/s and MB/s per worker "
                       "count, a stage breakdown, and the cores a target tokens/s needs (GPT samples/s for text).")
     sub.add_argument("config", nargs="+", help="a data.yaml, or dataset prefixes (one group each)")
-    sub.add_argument("--packs", type=int, default=20,
+    sub.add_argument("--packs", type=_at_least(2), default=20,
                      help="packs per worker count; the first is not timed")
     sub.add_argument("--workers", type=_worker_counts, default="0,1,2,4",
                      help="comma-separated DataLoader worker counts")
@@ -69,11 +84,11 @@ def _register_toolkit(commands: Commands) -> None:
                      help="decode images in the loader workers, or ship encoded bytes and decode on the device")
     sub.add_argument("--masks", choices=("none", "dense", "flex"), default="flex",
                      help="attention masks built in the main process")
-    sub.add_argument("--target-tokens-per-s", type=float, default=100_000,
+    sub.add_argument("--target-tokens-per-s", type=_at_least(1, float), default=100_000,
                      help="tokens/s the loader must feed, for the cores-needed line")
-    sub.add_argument("--seq-length", type=int, default=2048,
+    sub.add_argument("--seq-length", type=_at_least(1), default=2048,
                      help="GPT sample length, for text datasets")
-    sub.add_argument("--gpt-samples", type=int, default=2000,
+    sub.add_argument("--gpt-samples", type=_at_least(2), default=2000,
                      help="GPT samples per worker count, for text datasets")
     sub.add_argument("--cache-dir", help="folder of cached indices (default: build in memory)")
     sub.add_argument("--encodings", metavar="NAME",

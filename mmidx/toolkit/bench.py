@@ -93,13 +93,18 @@ def _synchronize(device: str) -> None:
 
 
 def _pack_index(config: DataConfig, packs: int, cache_dir: str | os.PathLike | None) -> Any:
-    """A pack index with at least ``packs`` full packs (the stream lengthened past one epoch if needed)."""
+    """A pack index with more than ``packs`` packs (the last may be partial): the stream is lengthened past
+    one epoch, doubling, until it holds them."""
     from mmidx.index.pack_index import build_pack_index
 
     index = build_pack_index(config, cache_dir=cache_dir)
-    if len(index) <= packs:  # the last pack may be partial: ask for enough samples to fill one more
-        per_pack = index.stats["samples"] / max(len(index), 1)
-        index = build_pack_index(config, num_samples=math.ceil(per_pack * (packs + 2)) + 1, cache_dir=cache_dir)
+    samples = index.stats["samples"]
+    while len(index) <= packs:
+        if len(index) == 0:
+            raise ValueError("the pack index holds no pack (is every sample over max_num_tokens_per_sample?): "
+                             "nothing to time")
+        samples *= 2
+        index = build_pack_index(config, num_samples=samples, cache_dir=cache_dir)
     return index
 
 
@@ -216,6 +221,9 @@ def bench_gpt(prefixes: Sequence[str], *, seq_length: int = 2048, samples: int =
     for prefix in prefixes:
         dataset = GPTTextDataset(prefix, seq_length=seq_length)
         wanted = min(samples, len(dataset))
+        if wanted < 2 * batch_size:
+            raise ValueError(f"{prefix}: {wanted} GPT samples of {seq_length} tokens to time, fewer than two batches "
+                             f"of {batch_size} (the first is not timed): lower --seq-length or raise --gpt-samples")
         subset = torch.utils.data.Subset(dataset, range(wanted))
         for count in workers:
             loader = torch.utils.data.DataLoader(subset, batch_size=batch_size, num_workers=count,
