@@ -120,10 +120,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def _register_merge(commands: Commands) -> None:
     sub = add_command(commands, "merge", cmd_merge,
-                      "Merge the shard folders (OUTPUT.shards) of a build split with --num-nodes, named in any "
-                      "order, into its dataset; or concatenate whole datasets of one kind and tokenizer.")
+                      "Merge the shards of a build split with --num-nodes (each node's --output prefix, or its "
+                      "PREFIX.shards folder), named in any order, into its dataset; or concatenate whole datasets "
+                      "of one kind and tokenizer.")
     sub.add_argument("output", type=dataset_prefix, help="output dataset prefix")
-    sub.add_argument("input", nargs="+", type=dataset_prefix, help="shard folders of one build, or dataset prefixes")
+    sub.add_argument("input", nargs="+", type=dataset_prefix, help="the prefixes (or shard folders) each node of one build wrote, or dataset prefixes")
     sub.add_argument("--max-skip-rate", type=float, default=0.01,
                      help="shard folders: fail when a larger fraction of the rows was skipped")
 

@@ -68,14 +68,25 @@ def merge_into(output: str | os.PathLike, inputs: list[str | os.PathLike], *,
     output = os.fspath(output)
     if not inputs:
         raise BuildError("give at least one input")
-    plans = [read_json(Path(item, PLAN_NAME)) if Path(item).is_dir() else None for item in inputs]
+    folders = [_shard_folder(os.fspath(item)) for item in inputs]
+    plans = [read_json(Path(folder, PLAN_NAME)) if folder else None for folder in folders]
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     with output_lock(output, "merge"):
         if all(plan is not None for plan in plans):
-            return _merge_shard_sets(output, [os.fspath(item) for item in inputs], plans, max_skip_rate, started)
+            return _merge_shard_sets(output, folders, plans, max_skip_rate, started)
         if any(plan is not None for plan in plans):
-            raise BuildError("give either shard folders of one build (each with a plan.json) or datasets, not both")
+            raise BuildError("give either the shards of one build (each node's prefix or its PREFIX.shards folder) "
+                             "or datasets, not both")
         return _merge_datasets(output, [os.fspath(item) for item in inputs], started)
+
+
+def _shard_folder(item: str) -> str | None:
+    """The shard folder an input names: a folder holding a build's plan.json, or the prefix a node of a split
+    build wrote to (its shards are in ``PREFIX.shards``, and no dataset is there yet); None for anything else."""
+    for folder in (item, f"{item}.shards"):
+        if Path(folder, PLAN_NAME).is_file() and not (folder != item and Path(f"{item}.idx").exists()):
+            return folder
+    return None
 
 
 def _merge_shard_sets(output: str, inputs: list[str], plans: list[dict[str, Any]], max_skip_rate: float,
