@@ -124,7 +124,8 @@ def _register_merge(commands: Commands) -> None:
                       "PREFIX.shards folder), named in any order, into its dataset; or concatenate whole datasets "
                       "of one kind and tokenizer.")
     sub.add_argument("output", type=dataset_prefix, help="output dataset prefix")
-    sub.add_argument("input", nargs="+", type=dataset_prefix, help="the prefixes (or shard folders) each node of one build wrote, or dataset prefixes")
+    sub.add_argument("input", nargs="+", type=dataset_prefix,
+                     help="the prefixes (or shard folders) each node of one build wrote, or dataset prefixes")
     sub.add_argument("--max-skip-rate", type=float, default=0.01,
                      help="shard folders: fail when a larger fraction of the rows was skipped")
 
