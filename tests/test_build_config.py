@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pyarrow as pa
 import pytest
@@ -126,6 +127,18 @@ def test_each_dataset_is_built_from_its_dataset_info_entry(bagel_data):
     assert vlm[0].num_images == 1
     frames = [e for e in vlm[1].sequence_plan(0) if e["type"] == "vit_image"]
     assert 2 <= len(frames) <= 3  # frame_sampler_args of the config
+
+
+def test_a_rerun_says_each_dataset_was_built_earlier_rather_than_timing_it_again(bagel_data, capsys):
+    assert _build(bagel_data) == 0
+    first = [line for line in capsys.readouterr().out.splitlines() if re.search(r" from [\d,]+ rows? ", line)]
+    assert _build(bagel_data) == 0
+    again = capsys.readouterr().out.splitlines()
+    rerun = [line for line in again if re.search(r" from [\d,]+ rows? ", line)]
+    assert len(rerun) == len(first) == 3
+    for before, after in zip(first, rerun, strict=True):  # the earlier build's time, said to be the earlier one's
+        assert before.split(" in ", 1)[1] == after.split(" built earlier in ", 1)[1]
+    assert sum(line.startswith("OK: already built") for line in again) == 3
 
 
 def test_an_unknown_group_type_is_refused_by_name(bagel_data, capsys):

@@ -62,6 +62,18 @@ def text_prefix(tmp_path_factory):
     return build("text", [write_jsonl(folder / "docs.jsonl", lines)], folder / "text")[0].prefix
 
 
+def test_gpt_index_says_why_it_holds_more_samples_than_asked_for(text_prefix, capsys):
+    assert main(["index", "--gpt", text_prefix, "--seq-length", "8"]) == 0
+    one_epoch = int(capsys.readouterr().out.split(": ")[1].split(" GPT")[0].replace(",", ""))
+    assert main(["index", "--gpt", text_prefix, "--seq-length", "8", "--num-samples", str(one_epoch - 3)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{text_prefix}: {one_epoch:,} GPT samples of 8 tokens (not cached); "
+                           f"{one_epoch - 3:,} asked for: as Megatron's GPTDataset, the index covers whole epochs")
+    assert "(1 here)" in line
+    assert main(["index", "--gpt", text_prefix, "--seq-length", "8", "--num-samples", str(one_epoch)]) == 0
+    assert "asked for" not in capsys.readouterr().out
+
+
 def test_gpt_index_says_where_it_is_cached_and_refuses_multimodal_datasets(demo, text_prefix, tmp_path, capsys):
     assert main(["index", "--gpt", text_prefix, "--seq-length", "8"]) == 0
     assert capsys.readouterr().out.strip().endswith("GPT samples of 8 tokens (not cached)")

@@ -38,7 +38,12 @@ def cmd_index(args: argparse.Namespace) -> int:
         for prefix in prefixes:
             samples = GPTTextDataset(prefix, seq_length=args.seq_length, num_samples=args.num_samples,
                                      seed=1234 if args.seed is None else args.seed, cache_dir=args.cache_dir)
-            print(f"{prefix}: {len(samples):,} GPT samples of {args.seq_length} tokens ({where})")
+            line = f"{prefix}: {len(samples):,} GPT samples of {args.seq_length} tokens ({where})"
+            if args.num_samples is not None and len(samples) != args.num_samples:
+                epochs = len(samples.document_index) // max(len(samples.dataset.tokens.sequence_lengths), 1)
+                line += (f"; {args.num_samples:,} asked for: as Megatron's GPTDataset, the index covers whole "
+                         f"epochs of the documents ({epochs} here), whose samples are all kept")
+            print(line)
         return 0
     from mmidx.index.pack_index import build_pack_index
 

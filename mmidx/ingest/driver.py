@@ -66,7 +66,7 @@ def build_dataset(options: BuildOptions, on_shard: Callable[[Path], None] | None
             if finished and previous.get("key") == plan.key:
                 shutil.rmtree(plan.shards, ignore_errors=True)  # the cleanup a killed run did not finish
                 judged = judge(previous, options.max_skip_rate)
-                return BuildReport({**judged, "message": "already built: " + judged["message"]})
+                return BuildReport({**judged, "already_built": True, "message": "already built: " + judged["message"]})
             if finished and not options.force:
                 raise BuildError(f"{output} holds a dataset built from other inputs or options (see "
                                  f"{report_path(output)}); pass --force (force=True) to replace it, or choose "

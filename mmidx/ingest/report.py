@@ -102,7 +102,8 @@ class BuildReport:
         d = self.data
         lines = [f"{d['output']}: {counted(d['samples'], 'sample')} ({counted(d['views'], 'view')}, "
                  f"{counted(d['images'], 'image')}, {counted(d['tokens'], 'token')}) from {counted(d['rows'], 'row')} "
-                 f"in {d['seconds'].get('wall', 0):.1f} s; {counted(d['units'], 'unit')}, {d['reused_units']} reused"]
+                 f"{'built earlier ' if d.get('already_built') else ''}in {d['seconds'].get('wall', 0):.1f} s; "
+                 f"{counted(d['units'], 'unit')}, {d['reused_units']} reused"]
         for kind, table, reasons in (("skipped", "skips", SKIP_REASONS), ("warning:", "warnings", WARNING_REASONS)):
             for reason, entry in sorted(d.get(table, {}).items(), key=lambda item: -item[1]["count"]):
                 example = f" (e.g. {_where(entry['examples'][0])})" if entry["examples"] else ""
