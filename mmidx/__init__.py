@@ -25,6 +25,7 @@ _EXPORTS = {
     "PackDataset": "mmidx.loader",
     "PackLoader": "mmidx.loader",
     "GlobalBatchSampler": "mmidx.loader",
+    "PackSampler": "mmidx.train.sampler",
     "GPTTextDataset": "mmidx.gpt",
 }
 

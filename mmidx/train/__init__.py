@@ -1,0 +1,1 @@
+"""Adapters that give trainers (torchdata, DCP, Lightning, Accelerate, torchtitan) packs and one-integer state."""
