@@ -17,7 +17,7 @@ def dataset(tmp_path_factory):
 
 def train(dataset, steps, *, save_to=None, resume_from=None):
     """The README's recipe: ``steps`` optimizer steps; returns the batches the model saw."""
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator()
     model = torch.nn.Sequential(torch.nn.Embedding(1000, 8), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -50,6 +50,6 @@ def test_load_state_resumes_the_loader_with_the_batches_of_an_uninterrupted_run(
 
 
 def test_prepare_hands_an_mmidx_loader_back_unsharded(dataset):
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator()
     loader = PackLoader(dataset, global_batch_size=1)
     assert accelerator.prepare(loader) is loader  # Accelerate wraps and re-shards torch DataLoaders only
