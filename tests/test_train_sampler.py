@@ -21,10 +21,17 @@ def dataset(tmp_path_factory):
     return pack_dataset(write_data_config(tmp_path_factory.mktemp("sampler")))
 
 
-def loader_of(dataset, num_workers, *, rank=0, world_size=1, sampler=None):
+@pytest.fixture(scope="module")
+def stream(dataset):
+    """The uninterrupted run without workers: every batch of the stream, in order."""
+    return list(loader_of(dataset, 0))
+
+
+def loader_of(dataset, num_workers, *, rank=0, world_size=1, sampler=None, snapshot_every_n_steps=1):
     sampler = sampler or PackSampler(dataset, global_batch_size=GLOBAL_BATCH, rank=rank, world_size=world_size)
     extra = {"prefetch_factor": 2} if num_workers else {}
-    return StatefulDataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers, **extra)
+    return StatefulDataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
+                              snapshot_every_n_steps=snapshot_every_n_steps, **extra)
 
 
 def take(loader, count):
@@ -44,31 +51,30 @@ def test_the_comparison_tells_neighbouring_packs_apart(dataset):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_restored_loader_hands_out_batch_n_plus_1_next(dataset, num_workers):
-    uninterrupted = list(loader_of(dataset, num_workers))
+def test_a_restored_loader_hands_out_batch_n_plus_1_next(dataset, stream, num_workers):
+    uninterrupted = list(loader_of(dataset, num_workers)) if num_workers else stream
     assert len(uninterrupted) == (len(dataset) // GLOBAL_BATCH) * GLOBAL_BATCH
-    for stop in (1, 5):  # workers have prefetched ahead of batch n when its state is saved
-        loader = loader_of(dataset, num_workers)
-        first = take(loader, stop)
-        state = loader.state_dict()
-        resumed = loader_of(dataset, num_workers)
-        resumed.load_state_dict(state)
-        assert_same_batches(first + list(resumed), uninterrupted)
+    loader = loader_of(dataset, num_workers)
+    first = take(loader, 5)  # 2 workers × prefetch_factor 2: packs 6 to 9 are drawn, some built, when it saves
+    state = loader.state_dict()
+    resumed = loader_of(dataset, num_workers)
+    resumed.load_state_dict(state)
+    assert_same_batches(first + list(resumed), uninterrupted)
 
 
-@pytest.mark.parametrize(("saved_with", "resumed_with"), [(2, 0), (1, 2)])
-def test_resume_from_carries_the_state_to_another_worker_count(dataset, saved_with, resumed_with):
-    uninterrupted = list(loader_of(dataset, 0))
-    loader = loader_of(dataset, saved_with)
-    first = take(loader, 7)
+@pytest.mark.parametrize(("saved_with", "resumed_with", "snapshot_every_n_steps"), [(2, 0, 1), (1, 2, 3)])
+def test_resume_from_carries_the_state_to_another_worker_count(dataset, stream, saved_with, resumed_with,
+                                                               snapshot_every_n_steps):
+    loader = loader_of(dataset, saved_with, snapshot_every_n_steps=snapshot_every_n_steps)
+    first = take(loader, 7)  # every 3 steps: torchdata's state is its snapshot after batch 6, and one more step
     sampler = PackSampler(dataset, global_batch_size=GLOBAL_BATCH)
     sampler.resume_from(loader.state_dict())
     rest = list(loader_of(dataset, resumed_with, sampler=sampler))
-    assert_same_batches(first + rest, uninterrupted, drop_worker_ids=True)
+    assert_same_batches(first + rest, stream, drop_worker_ids=True)
 
 
-def test_a_state_saved_at_an_optimizer_step_resumes_at_another_world_size(dataset):
-    single = list(loader_of(dataset, 0))
+def test_a_state_saved_at_an_optimizer_step_resumes_at_another_world_size(dataset, stream):
+    single = stream
     ranks = [loader_of(dataset, 0, rank=rank, world_size=2) for rank in range(2)]
     first = [take(loader, 3) for loader in ranks]  # 3 global batches of 2 packs: rank 0 has packs 0, 2, 4
     state = ranks[0].state_dict()
@@ -105,17 +111,20 @@ def test_the_loader_and_the_sampler_are_dcp_stateful(dataset):
     assert isinstance(PackSampler(dataset), Stateful)
 
 
-def test_import_mmidx_imports_no_training_framework():
-    code = ("import sys, mmidx; mmidx.PackSampler, mmidx.PackLoader; "
-            "print([m for m in ('torchdata', 'lightning', 'accelerate', 'torchtitan') if m in sys.modules])")
+def test_import_mmidx_imports_no_training_framework_and_a_missing_one_is_one_line():
+    code = """
+import sys
+import mmidx
+mmidx.PackSampler, mmidx.PackLoader
+print([m for m in ("torchdata", "lightning", "accelerate", "torchtitan") if m in sys.modules])
+for module, package in [("mmidx.train.lightning", "lightning"), ("mmidx.train.torchtitan", "torchtitan")]:
+    sys.modules[package] = None  # as if not installed
+    try:
+        __import__(module)
+    except ImportError as error:
+        print(error)
+"""
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert result.stdout.strip() == "[]"
-
-
-@pytest.mark.parametrize(("module", "package"), [("mmidx.train.lightning", "lightning"),
-                                                 ("mmidx.train.torchtitan", "torchtitan")])
-def test_a_missing_framework_is_one_line_that_says_what_to_install(module, package):
-    code = (f"import sys; sys.modules[{package!r}] = None\n"
-            f"try:\n    import {module}\nexcept ImportError as error:\n    print(error)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert result.stdout.strip().splitlines() == [f"{module} needs {package}: pip install 'mmidx[{package}]'"]
+    assert result.stdout.splitlines() == [
+        "[]", "mmidx.train.lightning needs lightning: pip install 'mmidx[lightning]'",
+        "mmidx.train.torchtitan needs torchtitan: pip install 'mmidx[torchtitan]'"]

@@ -18,7 +18,7 @@ import torch
 
 from mmidx.loader import GlobalBatchSampler, steps_of_state
 
-# Where torchdata 0.8-0.11's StatefulDataLoader.state_dict() keeps the sampler's state: at its top level
+# Where torchdata 0.11's StatefulDataLoader.state_dict() keeps the sampler's state: at its top level
 # with no workers, in the snapshot of the main process's state with workers (_StatefulMultiProcessingDataLoaderIter).
 _SAMPLER_STATE = "_index_sampler_state"
 _SNAPSHOT, _MAIN_SNAPSHOT, _STEPS_SINCE_SNAPSHOT = "_snapshot", "_main_snapshot", "_steps_since_snapshot"
