@@ -92,6 +92,8 @@ def test_it_resumes_on_another_dp_size_where_torchtitans_own_loader_refuses(conf
     assert_same_pairs(interleaved + trainer_steps(resumed, len(single) - 6), expected_pairs(single))
 
 
-def test_a_micro_batch_of_several_packs_is_refused_with_the_setting_to_change(config):
+def test_a_micro_batch_of_several_packs_or_no_data_yaml_is_refused_with_the_setting_to_change(config):
     with pytest.raises(ValueError, match=r"set training\.local_batch_size = 1"):
         build(config, local_batch_size=8)
+    with pytest.raises(ValueError, match=r"set dataloader\.dataset_path to mmidx's data\.yaml"):
+        PackDataloader.Config().build(dp_rank=0, dp_world_size=1, local_batch_size=1)

@@ -37,12 +37,13 @@ class PackDataloader(BaseDataLoader):
     ids; ``labels`` is ``packed_label_ids`` (empty for a pack without text loss). A BAGEL-style model
     reads the dict in its trainer's ``post_dataloading_process``. Set ``training.local_batch_size = 1``
     (a pack is a micro-batch); the pack's token budget is the ``data.yaml``'s ``packing``, and the
-    datasets are tokenized already, so the trainer's ``seq_len`` and ``tokenizer`` are not used.
+    datasets are tokenized already, so the trainer's ``seq_len`` and ``tokenizer`` are not used, nor is
+    ``snapshot_every_n_steps``: the state is exact after every step.
     """
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
-        """``dataset``: the ``data.yaml`` (``mmidx build --config`` writes it)."""
+        """``dataset_path`` (or ``dataset``): mmidx's ``data.yaml`` (``mmidx build --config`` writes it)."""
 
         num_samples: int | None = None
         """Stream length in samples (default: about one epoch of the groups)."""
@@ -60,9 +61,10 @@ class PackDataloader(BaseDataLoader):
         if local_batch_size != 1:
             raise ValueError(f"local_batch_size is {local_batch_size}: set training.local_batch_size = 1, a "
                              "micro-batch is one mmidx pack (its tokens set by the data.yaml's packing)")
-        if not config.dataset:
-            raise ValueError("set dataloader.dataset to mmidx's data.yaml")
-        data_config = DataConfig.from_yaml(config.dataset)
+        path = config.dataset_path or config.dataset
+        if not path:
+            raise ValueError("set dataloader.dataset_path to mmidx's data.yaml")
+        data_config = DataConfig.from_yaml(path)
         index = build_pack_index(data_config, num_samples=config.num_samples, cache_dir=config.cache_dir)
         self.loader = PackLoader(PackDataset(index, PackBuilder(data_config, use_flex=config.use_flex)),
                                  global_batch_size=config.global_batch_size or dp_world_size, rank=dp_rank,
@@ -74,9 +76,6 @@ class PackDataloader(BaseDataLoader):
             data = batch.to_dict()
             labels = data.get("packed_label_ids", torch.empty(0, dtype=torch.int64))
             yield {"input": data["packed_text_ids"], **data}, labels
-
-    def __len__(self) -> int:
-        return len(self.loader)
 
     def state_dict(self) -> dict[str, int]:
         return self.loader.state_dict()
