@@ -25,6 +25,7 @@ _EXPORTS = {
     "PackDataset": "mmidx.train.loader",
     "PackLoader": "mmidx.train.loader",
     "GlobalBatchSampler": "mmidx.train.loader",
+    "PackSampler": "mmidx.train.sampler",
     "GPTTextDataset": "mmidx.train.gpt",
 }
 

@@ -92,7 +92,7 @@ def test_the_trainer_loop_runs_unchanged_and_resumes_with_the_same_next_batches(
     uninterrupted, _ = train(loader_of(config_file, use_flex=use_flex), total_steps=5)
     assert len(uninterrupted) == 5
     first, data_status = train(loader_of(config_file, use_flex=use_flex), total_steps=2)
-    assert data_status[LOADER_STATE_NAME] == {0: {"packs_consumed": 2}}
+    assert data_status[LOADER_STATE_NAME] == {0: {"packs_consumed": 2, "world_size": 1}}
     groups = set(data_status) - {LOADER_STATE_NAME}
     assert groups and groups <= {"t2i", "edit", "vlm"}
     assert all(set(status) == {0} for status in data_status.values())  # worker ids, as BAGEL records them
@@ -106,7 +106,7 @@ def test_worker_ids_are_the_dataloader_workers_that_built_the_packs(config_file)
     _, data_status = train(loader_of(config_file, num_workers=2), total_steps=4)
     sample_workers = {worker for name, status in data_status.items() if name != LOADER_STATE_NAME for worker in status}
     assert sample_workers == {0, 1}
-    assert data_status[LOADER_STATE_NAME] == {0: {"packs_consumed": 4}}
+    assert data_status[LOADER_STATE_NAME] == {0: {"packs_consumed": 4, "world_size": 1}}
 
 
 def test_each_rank_resumes_from_its_own_data_status(config_file, tmp_path):
@@ -116,7 +116,7 @@ def test_each_rank_resumes_from_its_own_data_status(config_file, tmp_path):
     torch.save(statuses, path)
     for rank in range(2):
         status = torch.load(path, weights_only=True, map_location="cpu")[rank]
-        assert status[LOADER_STATE_NAME] == {0: {"packs_consumed": 2}}
+        assert status[LOADER_STATE_NAME] == {0: {"packs_consumed": 2, "world_size": 2}}
         rest, _ = train(loader_of(config_file, status, local_rank=rank, world_size=2), total_steps=3, train_step=1)
         assert rest == ranks[rank][1:]
 

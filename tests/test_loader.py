@@ -50,7 +50,7 @@ def test_resume_at_an_arbitrary_pack_continues_exactly(dataset):
         if len(taken) == 3:
             break
     state = loader.state_dict()
-    assert state == {"packs_consumed": 3}
+    assert state == {"packs_consumed": 3, "world_size": 1}
     resumed = PackLoader(dataset, global_batch_size=2)
     resumed.load_state_dict(state)
     assert taken + [fingerprint(b) for b in resumed] == full

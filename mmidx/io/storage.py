@@ -86,12 +86,10 @@ def redact(text: str) -> str:
 def filesystem(location: str, *, attempts: int = 1) -> tuple[pafs.FileSystem, str]:
     """The pyarrow filesystem holding ``location`` and the path in it: the one resolver of mmidx.
 
-    ``location`` is a local path, a ``file://`` URI or any URI ``pyarrow.fs.FileSystem.from_uri`` opens; query
-    options (``?endpoint_override=...``) and the AWS variables apply. Remote filesystems are made once per
-    bucket, query and process, with bounded timeouts, and S3 makes ``attempts`` attempts of a request:
-    readers of byte ranges retry in :func:`retrying` and ask for 1; streaming readers (a source's parquet or
-    JSONL) ask pyarrow for :data:`RETRIES`. Credentials inside a URI are refused (they would be echoed in
-    messages, reports and metadata): the AWS variables carry them instead.
+    ``location``: a local path, ``file://`` or any URI ``pyarrow.fs.FileSystem.from_uri`` opens (query options
+    and the AWS variables apply). Remote filesystems are made once per bucket, query and process, with bounded
+    timeouts and ``attempts`` attempts per S3 request (byte-range readers retry in :func:`retrying` and ask for
+    1; streaming readers ask pyarrow for :data:`RETRIES`). Credentials inside a URI are refused.
     """
     if "://" not in location:
         return pafs.LocalFileSystem(), os.path.abspath(location)

@@ -8,15 +8,20 @@ single-rank global batch whatever w is. Resume state is one integer: the packs c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from mmidx.errors import MMIDXError
 from mmidx.index.pack_index import PackItem
 from mmidx.pack.batch import PackedBatch
 from mmidx.pack.builder import PackBuilder
 from mmidx.read.prefetch import PackPrefetcher, WorkerSchedule
+
+
+class LoaderStateError(MMIDXError, ValueError):
+    """A saved loader state that cannot resume here (another world size mid-batch, another loader's state)."""
 
 
 class PackDataset(torch.utils.data.Dataset):
@@ -105,11 +110,34 @@ def collate_pack(batch: list[PackedBatch]) -> PackedBatch:
     return batch[0]
 
 
+def steps_of_state(state: Mapping[str, int], *, global_batch_size: int, world_size: int) -> int:
+    """The micro-steps each rank of ``world_size`` has taken, from a loader state saved at any world size.
+
+    ``state`` is ``{"packs_consumed": n}``, with the ``"world_size"`` it was saved at when known (older
+    states lack it). At a global-batch boundary (an optimizer step) the packs consumed are the first n
+    of the stream, so any world size resumes there. Inside a global batch each rank has consumed the
+    first few packs of its own share, which another world size shares out differently: such a state
+    resumes only at the world size that saved it.
+    """
+    consumed = int(state["packs_consumed"])
+    saved_world_size = int(state.get("world_size", world_size))
+    if saved_world_size != world_size and consumed % global_batch_size:
+        raise LoaderStateError(f"the state was saved {consumed % global_batch_size} packs into a global batch of "
+                         f"{global_batch_size} at world size {saved_world_size}: resume it at world size "
+                         f"{saved_world_size}, or from a checkpoint taken at an optimizer step")
+    if consumed % world_size:
+        raise LoaderStateError(f"{consumed} packs consumed is not a whole number of micro-steps for world size "
+                         f"{world_size}")
+    return consumed // world_size
+
+
 class PackLoader:
     """Iterate one rank's packed batches through a DataLoader; ``state_dict()`` is the packs consumed.
 
     Counts only batches actually handed to the caller (not those prefetched by workers), so
-    ``load_state_dict(state_dict())`` in a new process resumes exactly after the last batch used.
+    ``load_state_dict(state_dict())`` in a new process resumes exactly after the last batch used, at
+    this or another world size (:func:`steps_of_state`). It is a ``torch.distributed.checkpoint``
+    ``Stateful``: ``dcp.save({"data": loader})`` stores one global integer, the same on every rank.
     ``device``: when given, batches are moved there (``non_blocking`` from pinned memory).
     """
 
@@ -127,15 +155,13 @@ class PackLoader:
         self.steps_consumed = 0
 
     def state_dict(self) -> dict[str, int]:
-        """``{"packs_consumed": n}``: global packs consumed (every rank's micro-steps × world size)."""
-        return {"packs_consumed": self.steps_consumed * self.world_size}
+        """``{"packs_consumed": n, "world_size": w}``: global packs consumed (every rank's micro-steps × world
+        size), the same on every rank, and the world size it was saved at (see :func:`steps_of_state`)."""
+        return {"packs_consumed": self.steps_consumed * self.world_size, "world_size": self.world_size}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        consumed = int(state["packs_consumed"])
-        if consumed % self.world_size:
-            raise ValueError(f"{consumed} packs consumed is not a whole number of micro-steps for world size "
-                             f"{self.world_size}")
-        self.steps_consumed = consumed // self.world_size
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.steps_consumed = steps_of_state(state, global_batch_size=self.global_batch_size,
+                                             world_size=self.world_size)
 
     def sampler(self) -> GlobalBatchSampler:
         return GlobalBatchSampler(len(self.dataset), global_batch_size=self.global_batch_size, rank=self.rank,
