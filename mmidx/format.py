@@ -280,6 +280,7 @@ SUFFIXES = {"idx": ".idx", "bin": ".bin", "images": ".images", "plan": ".plan", 
 ENCODING_MAGIC = b"MMIDXENC"
 ENCODING_VERSION = 1
 ENCODING_HEADER_SIZE = 24
+ENCODING_ALIGNMENT = 64  # each record's values start at a multiple of this in P.enc.NAME.bin
 ENCODING_ROLES = ("bin", "idx", "json")  # data files first, metadata last
 ENCODING_RECORD = np.dtype([("item", "<i8"), ("img_num", "<i4"), ("ndim", "<i4"), ("shape", "<i4", (4,)),
                             ("offset", "<i8"), ("nbytes", "<i8")])
@@ -413,8 +414,9 @@ def sequence_pointers(sequence_lengths: np.ndarray, itemsize: int) -> np.ndarray
 # --------------------------------------------------------------------------- P.plan container
 
 
-def _align(offset: int) -> int:
-    return -(-offset // PLAN_ALIGNMENT) * PLAN_ALIGNMENT
+def aligned(offset: int, alignment: int = PLAN_ALIGNMENT) -> int:
+    """``offset`` rounded up to a multiple of ``alignment`` (the plan's arrays, an encoding's records)."""
+    return -(-offset // alignment) * alignment
 
 
 def _descr(dtype: np.dtype) -> Any:
@@ -427,10 +429,10 @@ def write_plan(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
     for name, array in arrays.items():
         entries.append({"name": name, "dtype": _descr(array.dtype), "shape": list(array.shape),
                         "offset": offset, "nbytes": int(array.nbytes)})
-        offset = _align(offset + array.nbytes)
+        offset = aligned(offset + array.nbytes)
     # The header's own length shifts every offset: lay it out once with placeholders wide enough.
     header = json.dumps({"arrays": entries}, separators=(",", ":")).encode()
-    data_start = _align(PLAN_PREAMBLE_SIZE + len(header) + 20 * len(entries))
+    data_start = aligned(PLAN_PREAMBLE_SIZE + len(header) + 20 * len(entries))
     for entry in entries:
         entry["offset"] += data_start
     header = json.dumps({"arrays": entries}, separators=(",", ":")).encode()
@@ -480,7 +482,7 @@ def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
                              else entry["dtype"])
         except (KeyError, TypeError, ValueError, SyntaxError) as error:  # SyntaxError: numpy's dtype-string parser
             raise FormatError(f"{path}: plan array {name!r} has a malformed header entry ({error})") from error
-        if offset != _align(end) or min(shape, default=0) < 0:
+        if offset != aligned(end) or min(shape, default=0) < 0:
             raise FormatError(f"{path}: plan array {name!r} is not where the layout puts it (offset {offset})")
         if nbytes != math.prod(shape) * dtype.itemsize or offset + nbytes > size:
             raise FormatError(f"{path}: plan array {name!r} ({nbytes} bytes at {offset}) does not fit "

@@ -40,7 +40,7 @@ from mmidx.images.transform import ImageTransform
 from mmidx.io.files import errors_naming
 from mmidx.io.lock import output_lock
 from mmidx.read.dataset import MMIDXDataset
-from mmidx.read.encoding_streams import IMG_NUM_RULE, aligned, refuse_remote, write_table
+from mmidx.read.encoding_streams import IMG_NUM_RULE, refuse_remote, write_table
 
 
 class _Partial:
@@ -82,7 +82,7 @@ class _Partial:
         """Write one batch's values (each at an aligned offset), fsync them, then its records."""
         records = np.zeros(len(values), fmt.ENCODING_RECORD)
         for record, value, item, img_num in zip(records, values, items, img_nums, strict=True):
-            offset = aligned(self.values.tell())
+            offset = fmt.aligned(self.values.tell(), fmt.ENCODING_ALIGNMENT)
             self.values.write(b"\0" * (offset - self.values.tell()))
             data = value.contiguous().view(-1).view(torch.uint8).numpy() if value.numel() else b""
             self.values.write(data)

@@ -28,14 +28,8 @@ ENCODING_FORMAT = "mmidx-encoding"
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 STORES = ("moments", "mean", "sample", "tensor")
 MODALITIES = ("image", "text")
-ALIGNMENT = 64
 MAX_DIM = 2**31 - 1
 IMG_NUM_RULE = "BAGEL: max_pixels // img_num"
-
-
-def aligned(offset: int) -> int:
-    """``offset`` rounded up to the records' alignment."""
-    return -(-offset // ALIGNMENT) * ALIGNMENT
 
 
 def write_table(path: Path, records: np.ndarray) -> None:
@@ -172,7 +166,7 @@ class EncodingStream:
         shape = tuple(int(n) for n in dims[: max(0, min(ndim, 4))])
         itemsize = self.itemsize
         if not 1 <= ndim <= 4 or min(shape) < 0 or max(shape) > MAX_DIM or nbytes != math.prod(shape) * itemsize \
-                or offset < 0 or offset % ALIGNMENT or offset > len(self.values) - nbytes:
+                or offset < 0 or offset % fmt.ENCODING_ALIGNMENT or offset > len(self.values) - nbytes:
             raise FormatError(f"{fmt.encoding_path(self.prefix, self.name, 'idx')}: record {number} (shape {shape}, "
                               f"{nbytes} bytes at {offset}) does not fit {self.name}.bin "
                               f"({len(self.values)} bytes): corrupted")
@@ -216,7 +210,7 @@ def stream_problems(dataset: Any, name: str) -> list[str]:
     dims = np.where(np.arange(4) < ndim[:, None], records["shape"].astype(np.int64), 1)
     ends = records["offset"].astype(np.float64) + records["nbytes"]  # float: a corrupted pair cannot wrap around
     bad = (ndim < 1) | (ndim > 4) | np.any(dims < 0, axis=1) | (records["offset"] < 0) | \
-        (records["offset"] % ALIGNMENT != 0) | (records["nbytes"] < 0) | (ends > len(stream.values))
+        (records["offset"] % fmt.ENCODING_ALIGNMENT != 0) | (records["nbytes"] < 0) | (ends > len(stream.values))
     sizes = np.prod(np.clip(dims, 0, MAX_DIM).astype(np.float64), axis=1) * itemsize  # float: no overflow
     bad |= sizes != records["nbytes"]
     if np.any(bad):
