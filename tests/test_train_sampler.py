@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from support.packs import assert_same_batches, pack_dataset, write_data_config
+from support.packs import assert_same_batches, pack_dataset, take, write_data_config
 from torch.distributed.checkpoint.stateful import Stateful
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -32,15 +32,6 @@ def loader_of(dataset, num_workers, *, rank=0, world_size=1, sampler=None, snaps
     extra = {"prefetch_factor": 2} if num_workers else {}
     return StatefulDataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
                               snapshot_every_n_steps=snapshot_every_n_steps, **extra)
-
-
-def take(loader, count):
-    taken = []
-    for batch in loader:
-        taken.append(batch)
-        if len(taken) == count:
-            break
-    return taken
 
 
 def test_the_comparison_tells_neighbouring_packs_apart(dataset):

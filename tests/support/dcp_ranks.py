@@ -17,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 from mmidx.train.loader import PackLoader
-from support.packs import NUM_SAMPLES, pack_dataset, record
+from support.packs import NUM_SAMPLES, pack_dataset, record, take
 
 GLOBAL_BATCH = 4
 
@@ -38,15 +38,6 @@ def loaders(folder: Path, rank: int, world_size: int, torchtitan: bool) -> dict:
         dp_rank=rank, dp_world_size=world_size, tokenizer=None, seq_len=2048, local_batch_size=1,
         snapshot_every_n_steps=None)  # the keywords torchtitan's trainer builds its dataloader with
     return {"loader": loader, DATALOADER: titan}
-
-
-def take(iterable, count: int) -> list:
-    taken = []
-    for item in iterable:
-        taken.append(item)
-        if len(taken) == count:
-            break
-    return taken
 
 
 def run(rank: int, world_size: int, folder: Path, phase: int, steps: int, torchtitan: bool) -> None:

@@ -111,3 +111,13 @@ def assert_same_batches(got: list, expected: list, *, drop_worker_ids: bool = Fa
             a, b = ({**d, "batch_data_indexes": [{k: v for k, v in entry.items() if k != "worker_id"}
                                                  for entry in d["batch_data_indexes"]]} for d in (a, b))
         _same(a, b, f"batch {number}")
+
+
+def take(iterable, count: int) -> list:
+    """The first ``count`` items of ``iterable`` (a loader), without drawing one more."""
+    taken = []
+    for item in iterable:
+        taken.append(item)
+        if len(taken) == count:
+            break
+    return taken
