@@ -139,3 +139,45 @@ def test_a_ray_precache_writes_the_streams_of_a_local_one(cluster, tmp_path):
     with pytest.raises(ValueError, match="cannot import it"):  # the actor's own error, not Ray's wrapper
         precache_dataset(prefix, Job("v_bad", "support.encoders:missing"), VAE, progress=False, engine="ray",
                          ray_address=cluster)
+
+
+def _session_processes(driver_pid):
+    """Live processes whose command line names the Ray session a driver of this pid started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"_{driver_pid}/".encode() in command and b"/session_" in command and state != "Z":
+            found.append(command.split(b"\0")[0].decode(errors="replace"))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_local_cluster_started_by_a_killed_build_goes_with_it(tmp_path):
+    """Ray's own processes notice a dead driver 10-15 s later; the reaper ends them at once."""
+    rows = write_jsonl(tmp_path / "docs.jsonl", [{"text": "a few words " * (1 + i % 9)} for i in range(4000)])
+    command = [sys.executable, "-m", "mmidx.cli", "build", "--source", "text", "--input", rows, "--tokenizer",
+               tokenizer_dir(), "--output", str(tmp_path / "out"), "--bytes-per-shard", "4000", "--quiet",
+               "--engine", "ray", "--workers", "2"]
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (any("raylet" in p for p in _session_processes(driver.pid)) and (tmp_path / "out.shards").exists()):
+        assert driver.poll() is None and time.monotonic() < deadline, "the build's cluster did not start in time"
+        time.sleep(0.1)
+    started = _session_processes(driver.pid)
+    assert any("gcs_server" in p for p in started) and len(started) >= 3
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    deadline = time.monotonic() + 5
+    while _session_processes(driver.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _session_processes(driver.pid) == []
