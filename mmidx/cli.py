@@ -575,6 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_merge(commands)
     _register_precache(commands)
     _register_demo(commands)
+    __import__("mmidx.cli_view").cli_view.register(commands)
     return parser
 
 

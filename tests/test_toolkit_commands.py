@@ -22,7 +22,17 @@ from mmidx.cli import main
 from mmidx.masks import dense_masks, mask_predicate
 from mmidx.packing import PackBuilder
 from mmidx.sample_view import describe_sample
-from mmidx.show import COLOURS, LEFT, LINE, PALETTE, TOP_LABELS, _mask_panel, _positions, render, split_scaled_edges
+from mmidx.show import (
+    COLOURS,
+    LEFT,
+    LINE,
+    PALETTE,
+    TOP_LABELS,
+    mask_pixels,
+    pixel_positions,
+    render,
+    split_scaled_edges,
+)
 from mmidx.show import token_kinds as kinds_of
 
 
@@ -144,9 +154,9 @@ def test_show_zoom_panel_samples_the_dense_mask_on_split_scaled_axes(demo):
     assert edges[-1] == 400 and np.diff(edges).min() >= 23  # every split visible
     first = sum(batch.sample_lens[:zoom])
     starts = list(first + np.concatenate([[0], np.cumsum(splits)[:-1]]))
-    positions = _positions(starts, splits, edges)
+    positions = pixel_positions(starts, splits, edges)
     kinds, _ = kinds_of(batch, sum(batch.flat_split_metadata(pad=True)[2]))
-    panel = _mask_panel(predicate, positions, kinds)
+    panel = mask_pixels(predicate, positions, kinds)
     local = positions - first
     blocked = torch.isinf(masks[zoom][local[:, None], local[None, :]]).numpy()
     assert ((panel == 255).all(axis=2) == blocked).all()

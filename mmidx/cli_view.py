@@ -1,0 +1,40 @@
+"""``mmidx view``: serve a local, read-only web viewer of datasets and packs (:mod:`mmidx.view`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from mmidx.cli import PATHS_HELP, add_command, dataset_prefix
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    try:
+        from mmidx.view.app import bind, is_loopback, serve, url_of
+    except ImportError as error:  # the optional web stack is missing
+        print(f"mmidx view: {error}", file=sys.stderr)
+        return 1
+    from mmidx.view.catalog import Catalog
+
+    paths = [path if path.endswith((".yaml", ".yml")) else dataset_prefix(path) for path in args.paths]
+    catalog = Catalog(paths)
+    sock = bind(args.host, args.port)
+    if not is_loopback(args.host):
+        print(f"mmidx view: warning: listening on {args.host}, which other machines may reach: anyone who can "
+              "connect can read these datasets (the default, 127.0.0.1, is this machine only)", file=sys.stderr)
+    print(f"mmidx view: {len(catalog.datasets)} dataset{'s' if len(catalog.datasets) != 1 else ''} at "
+          f"{url_of(sock)} (Ctrl-C to stop)", flush=True)
+    serve(catalog, sock)
+    return 0
+
+
+def register(commands: Any) -> None:
+    """Add ``mmidx view`` to the command line's subcommands."""
+    sub = add_command(commands, "view", cmd_view,
+                      "Serve a local, read-only web viewer: overview histograms, samples, packs and their attention.")
+    sub.add_argument("paths", nargs="+", metavar="PREFIX_OR_DATA_YAML", help=PATHS_HELP)
+    sub.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on; anything but loopback makes the datasets readable from other "
+                          "machines (a warning says so)")
+    sub.add_argument("--port", type=int, default=8765, help="port to listen on (0: any free port)")

@@ -1,0 +1,106 @@
+"""A dataset's overview: counts, the build report, and histograms, all from the index arrays.
+
+Nothing here reads a token or an image: tokens per sample come from the token index, image sizes
+from ``image_info`` (probed at build time), element kinds from the plan records, so the overview of
+10^7 samples costs a few vectorised passes over arrays (``benchmarks/bench_view.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mmidx.build.report import report_path
+from mmidx.checks import sample_token_counts, summary
+from mmidx.dataset import MMIDXDataset
+from mmidx.sources import SKIP_REASONS, WARNING_REASONS
+from mmidx.storage import is_remote
+
+MAX_BARS = 40
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Bars of a distribution: ``labels[i]`` names the range (or value) counted by ``counts[i]``."""
+
+    title: str
+    labels: list[str]
+    counts: list[int]
+    total: int
+
+
+def integer_histogram(title: str, values: np.ndarray, bars: int = MAX_BARS) -> Histogram:
+    """Counts of integer ``values``: one bar per value when the range is small, else ``bars`` equal
+    ranges of whole numbers (labelled ``lo–hi``), by one ``bincount``."""
+    values = np.asarray(values, dtype=np.int64)
+    if len(values) == 0:
+        return Histogram(title, [], [], 0)
+    low, high = int(values.min()), int(values.max())
+    width = max(1, math.ceil((high - low + 1) / bars))
+    counts = np.bincount((values - low) // width)
+    starts = low + width * np.arange(len(counts))
+    labels = [f"{start:,}" if width == 1 else f"{start:,}–{start + width - 1:,}" for start in starts.tolist()]
+    return Histogram(title, labels, counts.tolist(), len(values))
+
+
+def aspect_histogram(widths: np.ndarray, heights: np.ndarray) -> Histogram:
+    """Counts of width/height in bars an eighth of an octave wide, centred on 1 (square), from 1:4 to 4:1;
+    wider or taller images are counted in the two outer bars."""
+    if len(widths) == 0:
+        return Histogram("aspect ratio (width / height)", [], [], 0)
+    steps = np.rint(np.log2(widths.astype(np.float64) / np.maximum(heights, 1)) * 8).astype(np.int64)
+    counts = np.bincount(np.clip(steps, -17, 17) + 17, minlength=35)
+    labels = [f"< {2 ** (-16.5 / 8):.2f}", *(f"{2 ** (k / 8):.2f}" for k in range(-16, 17)),
+              f"> {2 ** (16.5 / 8):.2f}"]
+    return Histogram("aspect ratio (width / height)", labels, counts.tolist(), len(widths))
+
+
+def histograms(dataset: MMIDXDataset, info: dict[str, Any]) -> list[Histogram]:
+    """The overview's histograms of ``dataset`` (``info``: its :func:`mmidx.checks.summary`)."""
+    result = [integer_histogram("tokens per sample", sample_token_counts(dataset))]
+    plan = dataset.plan
+    if plan is None:
+        return result
+    image_info = plan["image_info"]
+    widths, heights = image_info["width"], image_info["height"]
+    kinds = info["element_kinds"]
+    result += [
+        integer_histogram("images per sample", np.diff(plan["sample_image_offsets"])),
+        integer_histogram("image width (stored pixels)", widths),
+        integer_histogram("image height (stored pixels)", heights),
+        aspect_histogram(widths, heights),
+        Histogram("element kinds (all views)", list(kinds), [k["count"] for k in kinds.values()],
+                  sum(k["count"] for k in kinds.values())),
+    ]
+    return result
+
+
+def build_report(prefix: str) -> dict[str, Any] | None:
+    """The build report beside a local dataset (``PREFIX.report.json``), None when there is none; each
+    skip and warning reason gets its description (the report's own, else mmidx's)."""
+    if is_remote(prefix):
+        return None
+    path = report_path(prefix)
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict):
+        return None
+    described = report.get("reasons") if isinstance(report.get("reasons"), dict) else {}
+    for table, known in (("skips", SKIP_REASONS), ("warnings", WARNING_REASONS)):
+        entries = report.get(table) if isinstance(report.get(table), dict) else {}
+        report[table] = {reason: {**entry, "description": described.get(reason) or known.get(reason, "")}
+                         for reason, entry in entries.items() if isinstance(entry, dict)}
+    return report
+
+
+def overview(dataset: MMIDXDataset) -> dict[str, Any]:
+    """Everything the overview page shows of one dataset, as plain data."""
+    info = summary(dataset)  # checks the structure first: the histograms index with the same arrays
+    return {"summary": info, "bytes": sum(info["files"].values()), "report": build_report(dataset.prefix),
+            "histograms": histograms(dataset, info)}
