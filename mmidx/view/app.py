@@ -35,7 +35,7 @@ try:
     from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
 except ImportError as error:  # the optional web stack
-    raise ImportError("mmidx view needs Starlette and uvicorn: pip install 'mmidx[view]'") from error
+    raise ImportError("the viewer needs Starlette and uvicorn: pip install 'mmidx[view]'") from error
 
 from mmidx import format as fmt
 from mmidx.encodings.store import describe, encoding_names
@@ -321,13 +321,14 @@ def is_loopback(host: str) -> bool:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host``:``port`` (port 0: any free one), bound before the server starts so
-    the printed URL names the real port."""
+    """A listening socket on ``host``:``port`` (port 0: any free one), made before the server starts so the
+    printed URL names the real port and answers as soon as it is printed."""
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(address)
+        sock.listen(2048)  # connections wait in the backlog from now on, before the server's loop runs
     except OSError:
         sock.close()
         raise
