@@ -88,7 +88,7 @@ MAX_IMAGE_PROBLEMS = 20
 VERIFY_WINDOW = 32 << 20  # bytes of a remote dataset's images fetched at once by verify
 
 
-def _file_sizes(dataset: MMIDXDataset) -> dict[str, int]:
+def file_sizes(dataset: MMIDXDataset) -> dict[str, int]:
     """File name -> bytes: on disk, or as the (checked) metadata records them for a remote dataset."""
     if is_remote(dataset.prefix):
         name = dataset.prefix.partition("?")[0].rsplit("/", 1)[-1]
@@ -116,10 +116,22 @@ def sample_token_counts(dataset: MMIDXDataset) -> np.ndarray:
     return np.diff(cumulative[tokens.document_indices])
 
 
-def _counts_by_name(names: tuple[str, ...], codes: np.ndarray) -> dict[str, int]:
+def counts_by_name(names: tuple[str, ...], codes: np.ndarray) -> dict[str, int]:
     """How many of ``codes`` each code names (codes beyond ``names`` by their number), without zeros."""
     counts = np.bincount(codes.astype(np.int64), minlength=len(names))
     return {_name(names, code): int(n) for code, n in enumerate(counts.tolist()) if n}
+
+
+def element_kind_counts(elements: np.ndarray) -> dict[str, dict[str, int]]:
+    """Per element kind: how many plan records have it, and how many of those have loss and enable_cfg."""
+    flags = elements["flags"]
+    # One bincount of kind·4 + loss + 2·cfg in uint8 (kinds are < 64 in a checked plan), not a copy per kind;
+    # row k of the counts is kind k, its columns: neither flag, loss, cfg, both.
+    loss, cfg = (flags & fmt.FLAG_LOSS) != 0, (flags & fmt.FLAG_ENABLE_CFG) != 0
+    key = elements["kind"] * np.uint8(4) + loss + cfg * np.uint8(2)
+    counts = np.bincount(key, minlength=4 * len(fmt.KIND_NAMES)).reshape(-1, 4)
+    return {name: {"count": int(counts[code].sum()), "loss": int(counts[code, 1] + counts[code, 3]),
+                   "enable_cfg": int(counts[code, 2] + counts[code, 3])} for code, name in enumerate(fmt.KIND_NAMES)}
 
 
 def summary(dataset: MMIDXDataset) -> dict[str, Any]:
@@ -139,30 +151,23 @@ def summary(dataset: MMIDXDataset) -> dict[str, Any]:
         "tokens": int(tokens.sequence_lengths.sum(dtype=np.int64)),
         "tokens_per_sequence": _stats(tokens.sequence_lengths),
         "tokens_per_sample": _stats(per_sample),
-        "files": _file_sizes(dataset),
+        "files": file_sizes(dataset),
     }
     plan = dataset.plan
     if plan is not None:
-        elements = plan["elements"]
-        kind, flags, count = elements["kind"].astype(np.int64), elements["flags"], len(fmt.KIND_NAMES)
-        by_kind = {"count": np.bincount(kind, minlength=count),  # one pass each, not a copy per kind
-                   "loss": np.bincount(kind[(flags & fmt.FLAG_LOSS) != 0], minlength=count),
-                   "enable_cfg": np.bincount(kind[(flags & fmt.FLAG_ENABLE_CFG) != 0], minlength=count)}
-        kinds = {name: {key: int(values[code]) for key, values in by_kind.items()}
-                 for code, name in enumerate(fmt.KIND_NAMES)}
         info = plan["image_info"]
         result.update({
             "views": len(plan["view_element_offsets"]) - 1,
             "views_per_sample": _stats(np.diff(plan["sample_view_offsets"])),
             "elements_per_view": _stats(np.diff(plan["view_element_offsets"])),
-            "element_kinds": kinds,
+            "element_kinds": element_kind_counts(plan["elements"]),
             "images": {
                 "count": len(info),
                 "bytes": _stats(np.diff(plan["image_offsets"])),
                 "width": _stats(info["width"]),
                 "height": _stats(info["height"]),
-                "formats": _counts_by_name(fmt.IMAGE_FORMATS, info["format"]),
-                "modes": _counts_by_name(fmt.IMAGE_MODES, info["mode"]),
+                "formats": counts_by_name(fmt.IMAGE_FORMATS, info["format"]),
+                "modes": counts_by_name(fmt.IMAGE_MODES, info["mode"]),
             },
         })
     names = encoding_names(dataset.prefix)

@@ -48,27 +48,28 @@ def _report(report: dict[str, Any] | None) -> str:
 
 def overview_page(entries: list[tuple[Any, dict[str, Any]]], packs_note: str, packs: bool) -> str:
     """``entries``: (catalog entry, :func:`mmidx.view.stats.overview`) of every dataset."""
-    rows = []
-    for entry, info in entries:
-        s = info["summary"]
-        images = s["images"]["count"] if "images" in s else 0
-        rows.append([f'<a href="{esc(dataset_url(entry.name))}">{esc(entry.name)}</a>', esc(entry.group or "-"),
-                     esc(s["kind"]), f"{s['samples']:,}", f"{s['tokens']:,}", f"{images:,}", f"{info['bytes']:,}"])
+    rows = [[f'<a href="{esc(dataset_url(entry.name))}">{esc(entry.name)}</a>', esc(entry.group or "-"),
+             esc(info["kind"]), f"{info['samples']:,}", f"{info['tokens']:,}", f"{info.get('images', 0):,}",
+             f"{info['bytes']:,}"] for entry, info in entries]
     body = [table(["dataset", "group", "kind", "samples", "tokens", "images", "bytes"], rows, {3, 4, 5, 6}),
             f'<p class="note">{esc(packs_note)}' + (' — <a href="/packs">packs</a>, <a href="/pack/0">pack 0</a>'
                                                     if packs else "") + "</p>"]
     for entry, info in entries:
-        s = info["summary"]
+        source = info["build"].get("source")
         body.append(f'<section class="card" id="{esc(entry.name)}"><h2>{esc(entry.name)}</h2>'
-                    f'<p><code>{esc(entry.prefix)}</code> — format {esc(s["format_version"])}, {esc(s["kind"])}, '
-                    f'{esc(s["token_dtype"])} tokens, tokenizer {esc(s["tokenizer"] or "unrecorded")}. '
+                    f'<p><code>{esc(entry.prefix)}</code> — format {esc(info["format_version"])}, {esc(info["kind"])}'
+                    + (f" ({esc(source)} source)" if source else "") +
+                    f', {esc(info["token_dtype"])} tokens, tokenizer {esc(info["tokenizer"] or "unrecorded")}. '
                     f'<a href="{esc(dataset_url(entry.name))}">samples</a> · '
                     f'<a href="{esc(sample_url(entry.name, 0))}">sample 0</a></p>')
-        if "images" in s:
-            formats = ", ".join(f"{esc(k)} {v:,}" for k, v in s["images"]["formats"].items())
-            modes = ", ".join(f"{esc(k)} {v:,}" for k, v in s["images"]["modes"].items())
-            body.append(f"<p>{s['views']:,} views; images: {formats or 'none'}; modes: {modes or 'none'}.</p>")
-        for encoding in s.get("encodings", []):
+        if "views" in info:
+            formats = ", ".join(f"{esc(k)} {v:,}" for k, v in info["formats"].items())
+            modes = ", ".join(f"{esc(k)} {v:,}" for k, v in info["modes"].items())
+            kinds = "; ".join(f"{esc(name)} {k['count']:,} (loss {k['loss']:,}, cfg {k['enable_cfg']:,})"
+                              for name, k in info["element_kinds"].items())
+            body.append(f"<p>{info['sequences']:,} texts, {info['views']:,} views; elements: {kinds}; "
+                        f"images: {formats or 'none'}; modes: {modes or 'none'}.</p>")
+        for encoding in info["encodings"]:
             body.append(f'<p>Precached encoding <b>{esc(encoding["name"])}</b>: {encoding["records"]:,} '
                         f'{esc(encoding["modality"])} records of {esc(encoding["encoder"])} ({esc(encoding["dtype"])}, '
                         f'{esc(encoding["store"])}).</p>')

@@ -1,8 +1,9 @@
 """A dataset's overview: counts, the build report, and histograms, all from the index arrays.
 
-Nothing here reads a token or an image: tokens per sample come from the token index, image sizes
-from ``image_info`` (probed at build time), element kinds from the plan records, so the overview of
-10^7 samples costs a few vectorised passes over arrays (``benchmarks/bench_view.py``).
+Nothing here reads a token or an image: counts come from the metadata, tokens per sample from the
+token index, image sizes from ``image_info`` (probed at build time), element kinds from the plan
+records, so the overview of 10^7 samples costs a few vectorised passes over arrays
+(``benchmarks/bench_view.py``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from mmidx import format as fmt
 from mmidx.build.report import report_path
-from mmidx.checks import sample_token_counts, summary
+from mmidx.checks import counts_by_name, element_kind_counts, file_sizes, sample_token_counts
 from mmidx.dataset import MMIDXDataset
+from mmidx.encodings.store import describe, encoding_names
 from mmidx.sources import SKIP_REASONS, WARNING_REASONS
 from mmidx.storage import is_remote
 
@@ -59,15 +62,14 @@ def aspect_histogram(widths: np.ndarray, heights: np.ndarray) -> Histogram:
     return Histogram("aspect ratio (width / height)", labels, counts.tolist(), len(widths))
 
 
-def histograms(dataset: MMIDXDataset, info: dict[str, Any]) -> list[Histogram]:
-    """The overview's histograms of ``dataset`` (``info``: its :func:`mmidx.checks.summary`)."""
+def histograms(dataset: MMIDXDataset, kinds: dict[str, dict[str, int]] | None) -> list[Histogram]:
+    """The overview's histograms of ``dataset`` (``kinds``: its :func:`mmidx.checks.element_kind_counts`)."""
     result = [integer_histogram("tokens per sample", sample_token_counts(dataset))]
     plan = dataset.plan
-    if plan is None:
+    if plan is None or kinds is None:
         return result
     image_info = plan["image_info"]
     widths, heights = image_info["width"], image_info["height"]
-    kinds = info["element_kinds"]
     result += [
         integer_histogram("images per sample", np.diff(plan["sample_image_offsets"])),
         integer_histogram("image width (stored pixels)", widths),
@@ -100,7 +102,25 @@ def build_report(prefix: str) -> dict[str, Any] | None:
 
 
 def overview(dataset: MMIDXDataset) -> dict[str, Any]:
-    """Everything the overview page shows of one dataset, as plain data."""
-    info = summary(dataset)  # checks the structure first: the histograms index with the same arrays
-    return {"summary": info, "bytes": sum(info["files"].values()), "report": build_report(dataset.prefix),
-            "histograms": histograms(dataset, info)}
+    """Everything the overview page shows of one dataset, as plain data.
+
+    Counts are those the metadata records (checked against the files when the dataset was opened),
+    so beyond the structure check (once per opening) the cost is the histograms' passes over arrays;
+    ``mmidx inspect``'s percentiles (:func:`mmidx.checks.summary`) are not computed here."""
+    dataset.check_structure()  # the histograms index with the index arrays
+    meta, plan, tokens = dataset.metadata or {}, dataset.plan, dataset.tokens
+    info: dict[str, Any] = {
+        "format_version": meta.get("format_version", "megatron"), "kind": dataset.kind,
+        "token_dtype": dataset.token_dtype.name, "tokenizer": (dataset.tokenizer or {}).get("name_or_path"),
+        "samples": len(dataset), "sequences": tokens.sequence_count, "tokens": tokens.token_count,
+        "bytes": sum(file_sizes(dataset).values()), "build": meta.get("build") or {},
+        "encodings": [describe(dataset, name) for name in encoding_names(dataset.prefix)],
+    }
+    kinds = None
+    if plan is not None:
+        image_info, kinds = plan["image_info"], element_kind_counts(plan["elements"])
+        info.update(views=len(plan["view_element_offsets"]) - 1, images=len(image_info), element_kinds=kinds,
+                    formats=counts_by_name(fmt.IMAGE_FORMATS, image_info["format"]),
+                    modes=counts_by_name(fmt.IMAGE_MODES, image_info["mode"]))
+    info.update(report=build_report(dataset.prefix), histograms=histograms(dataset, kinds))
+    return info
