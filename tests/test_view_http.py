@@ -288,3 +288,9 @@ def test_importing_mmidx_and_its_command_line_does_not_import_the_web_stack():
             "print(json.dumps(sorted(m for m in ('starlette', 'uvicorn') if m in sys.modules)))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert json.loads(result.stdout) == []
+
+
+def test_integer_histogram_of_the_widest_int32_range_does_not_overflow():
+    values = np.array([-(2**31), 0, 2**31 - 1], dtype=np.int32)
+    histogram = integer_histogram("extremes", values, bars=4)
+    assert histogram.counts == [1, 0, 1, 1] and histogram.labels[0].startswith("-2,147,483,648–")

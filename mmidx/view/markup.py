@@ -25,7 +25,7 @@ th { background: #f0f2f5; font-weight: 600; } td.n { text-align: right; font-var
 .note { color: #555; } .bad { color: #b00020; } .ok { color: #137333; }
 .card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 10px 14px; margin: 12px 0; }
 .charts { display: flex; flex-wrap: wrap; gap: 12px; }
-.chart { background: #fff; border: 1px solid #e3e3e3; padding: 6px 8px; width: 360px; }
+.chart { background: #fff; border: 1px solid #e3e3e3; padding: 6px 8px; width: 340px; }
 .chart svg { width: 100%; height: auto; } .chart .title { font-weight: 600; font-size: 13px; }
 .chart rect.bar { fill: #4285f4; } .chart rect.bar:hover { fill: #1a5ed8; }
 .chart text { font-size: 10px; fill: #444; }

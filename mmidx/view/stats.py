@@ -39,12 +39,15 @@ class Histogram:
 def integer_histogram(title: str, values: np.ndarray, bars: int = MAX_BARS) -> Histogram:
     """Counts of integer ``values``: one bar per value when the range is small, else ``bars`` equal
     ranges of whole numbers (labelled ``lo–hi``), by one ``bincount``."""
-    values = np.asarray(values, dtype=np.int64)
+    values = np.asarray(values)
     if len(values) == 0:
         return Histogram(title, [], [], 0)
     low, high = int(values.min()), int(values.max())
     width = max(1, math.ceil((high - low + 1) / bars))
-    counts = np.bincount((values - low) // width)
+    if high - low >= 2**31 - 1:  # the offsets need 64 bits (else they are computed in the values' own type)
+        values = values.astype(np.int64)
+    offsets = values - values.dtype.type(low)
+    counts = np.bincount(offsets // offsets.dtype.type(width) if width > 1 else offsets)
     starts = low + width * np.arange(len(counts))
     labels = [f"{start:,}" if width == 1 else f"{start:,}–{start + width - 1:,}" for start in starts.tolist()]
     return Histogram(title, labels, counts.tolist(), len(values))
