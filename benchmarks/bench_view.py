@@ -6,14 +6,16 @@ tiny PNGs of eight real sizes, one or two views), then ``merge_datasets`` of cop
 serves the dataset with the viewer's own server (uvicorn on 127.0.0.1) and times, with httpx:
 
 * the overview, cold: a fresh catalog (datasets opened anew) answering its first ``GET /``, which
-  checks the structure and computes every count and histogram from the index arrays; then warm;
+  computes every histogram from the index arrays; then warm; and when the structure check it starts
+  in a thread has its verdict (shown on the overview from then on);
 * sample pages of random samples (decoded text, every view, image facts), after the first one
   (which loads the tokenizer, reported apart);
 * grid pages of 48 samples, and one bounded search (how many samples it scans in its second).
 
 The files are in the page cache after the build, so this measures the viewer, not the disk. The
 load average is printed before and after: the targets (overview < 2 s, sample page < 200 ms) are
-judged on this run's numbers, and a loaded machine shows in them.
+judged on this run's wall times, and a loaded machine shows in them; the cold overview's CPU time
+(the server runs in this process) is printed too, as what it costs on an idle core.
 """
 
 from __future__ import annotations
@@ -102,11 +104,17 @@ def main() -> None:
           file=sys.stderr)
     load_before = os.getloadavg()
     rng = np.random.default_rng(1)
-    cold, warm = [], []
+    cold, cold_cpu, warm, checked = [], [], [], []
     for _ in range(args.cold):
-        with serving(Catalog([str(prefix)])) as url, httpx.Client(base_url=url, timeout=120) as client:
+        catalog = Catalog([str(prefix)])
+        with serving(catalog) as url, httpx.Client(base_url=url, timeout=120) as client:
+            start, cpu = time.perf_counter(), time.process_time()  # the server runs in this process
             cold.append(timed(client, "/"))
+            cold_cpu.append(time.process_time() - cpu)
             warm.append(timed(client, "/"))
+            while catalog.structure(next(iter(catalog.datasets))) is None:  # the check the overview started
+                time.sleep(0.01)
+            checked.append(time.perf_counter() - start)  # waited for, so it never runs into the next round
     catalog = Catalog([str(prefix)])
     name = next(iter(catalog.datasets))
     with serving(catalog) as url, httpx.Client(base_url=url, timeout=120) as client:
@@ -122,7 +130,11 @@ def main() -> None:
     print("|---|---|---|")
     print(f"| overview, cold (first request of a fresh catalog), best of {args.cold} | {min(cold):.2f} s "
           f"(all: {', '.join(f'{c:.2f}' for c in cold)}) | < 2 s: {'met' if min(cold) < 2 else 'NOT met'} |")
+    print(f"| overview, cold: CPU time of the process (load-independent) | {min(cold_cpu):.2f} s "
+          f"(all: {', '.join(f'{c:.2f}' for c in cold_cpu)}) | |")
     print(f"| overview, warm | {statistics.median(warm) * 1e3:.1f} ms | |")
+    print(f"| structure verdict on the overview (checked in a thread after the first answer) | "
+          f"{min(checked):.2f} s after the first request | |")
     print(f"| first sample page (loads the tokenizer) | {first * 1e3:.0f} ms | |")
     print(f"| sample page, {len(pages)} random samples | p50 {np.percentile(pages_ms, 50):.1f} ms, "
           f"p99 {np.percentile(pages_ms, 99):.1f} ms, max {pages_ms.max():.1f} ms | < 200 ms: "

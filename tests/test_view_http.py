@@ -5,6 +5,7 @@ import asyncio
 import io
 import json
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from support.view_data import (
     write_data_yaml,
 )
 
+from mmidx import format as fmt
 from mmidx.cli import build_parser
 from mmidx.dataset import MMIDXDataset
 from mmidx.view.app import create_app, is_loopback, serving
@@ -294,3 +296,36 @@ def test_integer_histogram_of_the_widest_int32_range_does_not_overflow():
     values = np.array([-(2**31), 0, 2**31 - 1], dtype=np.int32)
     histogram = integer_histogram("extremes", values, bars=4)
     assert histogram.counts == [1, 0, 1, 1] and histogram.labels[0].startswith("-2,147,483,648–")
+
+
+def structure_verdict(catalog, name):
+    """The catalog's structure verdict of ``name``, once its background check has finished."""
+    deadline = time.monotonic() + 60
+    while (verdict := catalog.structure(name)) is None:
+        assert time.monotonic() < deadline, "the structure check did not finish in 60 s"
+        time.sleep(0.05)
+    return verdict
+
+
+def test_the_overview_says_the_structure_is_sound_once_it_is_checked(planted):
+    assert structure_verdict(planted["catalog"], NAME) == "sound"
+    assert 'Structure: <span class="ok">sound</span>' in get(planted, "/").text
+
+
+def test_a_broken_index_is_named_on_the_overview_and_its_samples_are_refused_in_one_line(planted, tmp_path):
+    for path in planted["prefix"].parent.glob("planted.*"):
+        shutil.copy(path, tmp_path / path.name)
+    prefix = tmp_path / "planted"
+    idx = fmt.file_path(prefix, "idx")
+    header, data = fmt.read_token_index_header(idx), bytearray(idx.read_bytes())
+    second = header.documents_offset + 8 * 2  # document_indices[2], made smaller than document_indices[1]
+    data[second:second + 8] = (0).to_bytes(8, "little")
+    idx.write_bytes(bytes(data))
+    catalog = Catalog([str(prefix)])
+    client = TestClient(create_app(catalog, allowed_hosts=["testserver"]))
+    assert client.get("/").status_code == 200
+    assert "document indices decrease" in structure_verdict(catalog, NAME)
+    page = client.get("/").text
+    assert 'Structure: <span class="bad">BROKEN</span>' in page and "document indices decrease" in page
+    sample = client.get(f"/dataset/{NAME}/sample/1")
+    assert sample.status_code == 500 and "cannot be read" in sample.text and "Traceback" not in sample.text

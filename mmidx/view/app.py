@@ -106,7 +106,9 @@ class Viewer:
         return dataset[index]
 
     def overview(self, request: Request) -> Response:
-        entries = [(entry, self.catalog.overview(name)) for name, entry in self.catalog.datasets.items()]
+        overviews = {name: self.catalog.overview(name) for name in self.catalog.datasets}
+        entries = [(entry, overviews[name], self.catalog.structure(name))  # checks start after the overviews
+                   for name, entry in self.catalog.datasets.items()]
         return HTMLResponse(pages.overview_page(entries, self.catalog.packs_note, self.catalog.config is not None))
 
     @staticmethod

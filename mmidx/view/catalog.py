@@ -20,6 +20,7 @@ import numpy as np
 
 from mmidx.config import DataConfig
 from mmidx.dataset import MMIDXDataset
+from mmidx.format import FormatError
 from mmidx.sample_view import dataset_tokenizer
 
 T = TypeVar("T")
@@ -46,6 +47,10 @@ class _Once:
         self._values: dict[Any, Any] = {}
         self._locks: dict[Any, threading.Lock] = {}
         self._guard = threading.Lock()
+
+    def peek(self, key: Any, default: Any = None) -> Any:
+        """The value of ``key`` if it was computed, else ``default`` (never waits)."""
+        return self._values.get(key, default)
 
     def get(self, key: Any, compute: Callable[[], T]) -> T:
         if key in self._values:
@@ -99,6 +104,8 @@ class Catalog:
         else:
             self.packs_note = f"packs of {yamls[0]}"
         self._once = _Once()
+        self._started: set[Any] = set()
+        self._started_guard = threading.Lock()
 
     def __getitem__(self, name: str) -> ViewedDataset:
         """The dataset called ``name``; KeyError for any other name."""
@@ -120,12 +127,34 @@ class Catalog:
 
         return self.cached(("overview", name), lambda: overview(self[name].dataset))
 
+    def structure(self, name: str) -> str | None:
+        """"sound", or the first broken structural invariant of dataset ``name``
+        (:meth:`mmidx.dataset.MMIDXDataset.check_structure`), or None while it is being checked: the
+        first call starts the check in a thread, so no page waits for its O(n) passes."""
+        key = ("structure", name)
+        with self._started_guard:
+            if key not in self._started:
+                self._started.add(key)
+                threading.Thread(target=self._structure, args=(name,), name="mmidx-view-structure",
+                                 daemon=True).start()
+        return self._once.peek(key)
+
+    def _structure(self, name: str) -> str:
+        def verdict() -> str:
+            try:
+                self[name].dataset.check_structure()
+            except FormatError as error:
+                return str(error)
+            return "sound"
+
+        return self.cached(("structure", name), verdict)
+
     def warm(self) -> None:
         """Compute every overview, tokenizer and the pack index now (the server does it in a thread at
         start, so the first pages are served from memory). Best effort: a failure here is met again,
         and reported, by the request that needs the value."""
         for name in self.datasets:
-            for compute in (self.overview, self.tokenizer):
+            for compute in (self.overview, self.tokenizer, self._structure):
                 try:
                     compute(name)
                 except Exception:  # reported by the page that needs it

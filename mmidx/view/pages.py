@@ -46,15 +46,25 @@ def _report(report: dict[str, Any] | None) -> str:
     return "".join(parts)
 
 
-def overview_page(entries: list[tuple[Any, dict[str, Any]]], packs_note: str, packs: bool) -> str:
-    """``entries``: (catalog entry, :func:`mmidx.view.stats.overview`) of every dataset."""
+def _structure(verdict: str | None) -> str:
+    if verdict is None:
+        return ('<p class="note">Structure: being checked (every O(n) invariant of the index arrays); reload to '
+                "see the verdict.</p>")
+    if verdict == "sound":
+        return '<p>Structure: <span class="ok">sound</span> (every O(n) invariant of the index arrays holds).</p>'
+    return (f'<p>Structure: <span class="bad">BROKEN</span>: {esc(verdict)}. The histograms below may be wrong; '
+            "run <code>mmidx verify</code>.</p>")
+
+
+def overview_page(entries: list[tuple[Any, dict[str, Any], str | None]], packs_note: str, packs: bool) -> str:
+    """``entries``: (catalog entry, :func:`mmidx.view.stats.overview`, structure verdict) of every dataset."""
     rows = [[f'<a href="{esc(dataset_url(entry.name))}">{esc(entry.name)}</a>', esc(entry.group or "-"),
              esc(info["kind"]), f"{info['samples']:,}", f"{info['tokens']:,}", f"{info.get('images', 0):,}",
-             f"{info['bytes']:,}"] for entry, info in entries]
+             f"{info['bytes']:,}"] for entry, info, _ in entries]
     body = [table(["dataset", "group", "kind", "samples", "tokens", "images", "bytes"], rows, {3, 4, 5, 6}),
             f'<p class="note">{esc(packs_note)}' + (' — <a href="/packs">packs</a>, <a href="/pack/0">pack 0</a>'
                                                     if packs else "") + "</p>"]
-    for entry, info in entries:
+    for entry, info, verdict in entries:
         source = info["build"].get("source")
         body.append(f'<section class="card" id="{esc(entry.name)}"><h2>{esc(entry.name)}</h2>'
                     f'<p><code>{esc(entry.prefix)}</code> — format {esc(info["format_version"])}, {esc(info["kind"])}'
@@ -73,7 +83,7 @@ def overview_page(entries: list[tuple[Any, dict[str, Any]]], packs_note: str, pa
             body.append(f'<p>Precached encoding <b>{esc(encoding["name"])}</b>: {encoding["records"]:,} '
                         f'{esc(encoding["modality"])} records of {esc(encoding["encoder"])} ({esc(encoding["dtype"])}, '
                         f'{esc(encoding["store"])}).</p>')
-        body.append(_report(info["report"]))
+        body.append(_structure(verdict) + _report(info["report"]))
         body.append('<div class="charts">' + "".join(bar_chart(h) for h in info["histograms"]) + "</div></section>")
     return page("Overview", "".join(body), packs=packs)
 

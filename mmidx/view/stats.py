@@ -18,8 +18,9 @@ import numpy as np
 from mmidx import format as fmt
 from mmidx.build.report import report_path
 from mmidx.checks import counts_by_name, element_kind_counts, file_sizes, sample_token_counts
-from mmidx.dataset import MMIDXDataset
+from mmidx.dataset import MMIDXDataset, structure_problems
 from mmidx.encodings.store import describe, encoding_names
+from mmidx.format import FormatError
 from mmidx.sources import SKIP_REASONS, WARNING_REASONS
 from mmidx.storage import is_remote
 
@@ -58,7 +59,9 @@ def aspect_histogram(widths: np.ndarray, heights: np.ndarray) -> Histogram:
     wider or taller images are counted in the two outer bars."""
     if len(widths) == 0:
         return Histogram("aspect ratio (width / height)", [], [], 0)
-    steps = np.rint(np.log2(widths.astype(np.float64) / np.maximum(heights, 1)) * 8).astype(np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a width of 0 (a broken index) lands in the first bar
+        steps = np.rint(np.nan_to_num(np.log2(widths.astype(np.float64) / np.maximum(heights, 1)) * 8,
+                                      neginf=-17, posinf=17)).astype(np.int64)
     counts = np.bincount(np.clip(steps, -17, 17) + 17, minlength=35)
     labels = [f"< {2 ** (-16.5 / 8):.2f}", *(f"{2 ** (k / 8):.2f}" for k in range(-16, 17)),
               f"> {2 ** (16.5 / 8):.2f}"]
@@ -108,9 +111,11 @@ def overview(dataset: MMIDXDataset) -> dict[str, Any]:
     """Everything the overview page shows of one dataset, as plain data.
 
     Counts are those the metadata records (checked against the files when the dataset was opened),
-    so beyond the structure check (once per opening) the cost is the histograms' passes over arrays;
-    ``mmidx inspect``'s percentiles (:func:`mmidx.checks.summary`) are not computed here."""
-    dataset.check_structure()  # the histograms index with the index arrays
+    so the cost is the histograms' passes over arrays; ``mmidx inspect``'s percentiles
+    (:func:`mmidx.checks.summary`) are not computed here. Nothing is sized from a value of the
+    arrays (every histogram has at most ``MAX_BARS`` bars, kinds and codes are bytes), so the O(n)
+    structure check need not come first: the viewer runs it beside (:meth:`Catalog.structure`) and
+    the page says its verdict. An index the histograms cannot follow is explained by that check."""
     meta, plan, tokens = dataset.metadata or {}, dataset.plan, dataset.tokens
     info: dict[str, Any] = {
         "format_version": meta.get("format_version", "megatron"), "kind": dataset.kind,
@@ -125,5 +130,10 @@ def overview(dataset: MMIDXDataset) -> dict[str, Any]:
         info.update(views=len(plan["view_element_offsets"]) - 1, images=len(image_info), element_kinds=kinds,
                     formats=counts_by_name(fmt.IMAGE_FORMATS, image_info["format"]),
                     modes=counts_by_name(fmt.IMAGE_MODES, image_info["mode"]))
-    info.update(report=build_report(dataset.prefix), histograms=histograms(dataset, kinds))
+    try:
+        charts = histograms(dataset, kinds)
+    except IndexError as error:  # document indices out of range: the structure check says which invariant broke
+        problems = structure_problems(dataset)
+        raise FormatError(problems[0] if problems else f"{dataset.prefix}: {error}") from error
+    info.update(report=build_report(dataset.prefix), histograms=charts)
     return info
