@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from typing import Any
 
@@ -19,7 +20,13 @@ def cmd_view(args: argparse.Namespace) -> int:
 
     paths = [path if path.endswith((".yaml", ".yml")) else dataset_prefix(path) for path in args.paths]
     catalog = Catalog(paths)
-    sock = bind(args.host, args.port)
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as error:  # in use, or not an address of this machine
+        why = "in use: pick another --port (0: any free one)" if error.errno == errno.EADDRINUSE else \
+            f"not possible: {error.strerror or error}"
+        print(f"mmidx view: listening on {args.host}:{args.port} is {why}", file=sys.stderr)
+        return 1
     if not is_loopback(args.host):
         print(f"mmidx view: warning: listening on {args.host}, which other machines may reach: anyone who can "
               "connect can read these datasets (the default, 127.0.0.1, is this machine only)", file=sys.stderr)
@@ -27,6 +34,17 @@ def cmd_view(args: argparse.Namespace) -> int:
           f"{url_of(sock)} (Ctrl-C to stop)", flush=True)
     serve(catalog, sock)
     return 0
+
+
+def _port(text: str) -> int:
+    """A TCP port number, 0 to 65535 (0: any free port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535; 0: any free port)")
+    return port
 
 
 def register(commands: Any) -> None:
@@ -37,4 +55,4 @@ def register(commands: Any) -> None:
     sub.add_argument("--host", default="127.0.0.1",
                      help="address to listen on; anything but loopback makes the datasets readable from other "
                           "machines (a warning says so)")
-    sub.add_argument("--port", type=int, default=8765, help="port to listen on (0: any free port)")
+    sub.add_argument("--port", type=_port, default=8765, help="port to listen on (0: any free port)")

@@ -30,8 +30,9 @@ from support.view_data import (
 )
 
 from mmidx import format as fmt
-from mmidx.cli import build_parser
+from mmidx.cli import build_parser, main
 from mmidx.dataset import MMIDXDataset
+from mmidx.encodings.precache import Job, precache
 from mmidx.view.app import create_app, is_loopback, serving
 from mmidx.view.catalog import Catalog
 from mmidx.view.search import search_texts
@@ -329,3 +330,30 @@ def test_a_broken_index_is_named_on_the_overview_and_its_samples_are_refused_in_
     assert 'Structure: <span class="bad">BROKEN</span>' in page and "document indices decrease" in page
     sample = client.get(f"/dataset/{NAME}/sample/1")
     assert sample.status_code == 500 and "cannot be read" in sample.text and "Traceback" not in sample.text
+
+
+def test_mmidx_view_refuses_a_port_it_cannot_listen_on_in_one_line(planted, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["view", str(planted["prefix"]), "--port", str(port)]) == 1
+    assert capsys.readouterr().err == (f"mmidx view: listening on 127.0.0.1:{port} is in use: pick another --port "
+                                       "(0: any free one)\n")
+    with pytest.raises(SystemExit) as usage:
+        main(["view", str(planted["prefix"]), "--port", "99999"])
+    assert usage.value.code == 2 and "'99999' is not a port" in capsys.readouterr().err
+
+
+def test_the_sample_page_names_its_precached_encodings_and_their_record_shapes(planted, tmp_path):
+    for path in planted["prefix"].parent.glob("planted.*"):
+        shutil.copy(path, tmp_path / path.name)
+    prefix = tmp_path / "planted"
+    precache(str(prefix), Job("tx", "encoders:text", modality="text", dtype="fp32"), progress=False)
+    client = TestClient(create_app(Catalog([str(prefix)]), allowed_hosts=["testserver"]))
+    page = client.get(f"/dataset/{NAME}/sample/{TWO_VIEWS_SAMPLE}").text
+    texts = MMIDXDataset(prefix)[TWO_VIEWS_SAMPLE].texts
+    shapes = ", ".join(str((len(ids), 6)) for ids in texts)  # TinyText: (tokens, 6) per text
+    assert "tx: text encoding by encoders:text (fp32, " in page
+    assert f"this sample&#x27;s records: {shapes}" in page
+    assert "Precached encoding <b>tx</b>" in client.get("/").text

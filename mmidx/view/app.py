@@ -48,7 +48,7 @@ from mmidx.view.markup import STYLE, dataset_url, sample_url
 from mmidx.view.packs import pack_layout
 from mmidx.view.search import search_texts
 from mmidx.view.stats import integer_histogram
-from mmidx.view.thumbs import ImageCache, browser_image, served_as_stored, thumbnail
+from mmidx.view.thumbs import MAX_SIDE, ImageCache, browser_image, served_as_stored, thumbnail
 
 SAMPLES_PER_PAGE = 48
 PACKS_PER_PAGE = 100
@@ -67,7 +67,7 @@ HEADERS = {
 }
 
 
-class _Refused(Exception):
+class _Refused(ValueError):
     """A request answered with an error page: its status and one line."""
 
     def __init__(self, status: int, message: str):
@@ -179,7 +179,7 @@ class Viewer:
         images = []
         for j, record in enumerate(sample.images):
             served = "shown as stored" if served_as_stored(record) else \
-                f"shown re-encoded as PNG (at most {4096} pixels a side): browsers do not show it as stored"
+                f"shown re-encoded as PNG (at most {MAX_SIDE} pixels a side): browsers do not show it as stored"
             images.append((dataset_url(name, f"sample/{index}/image/{j}"),
                            dataset_url(name, f"sample/{index}/thumb/{j}"), served))
         samples_url = dataset_url(name, page=index // SAMPLES_PER_PAGE)

@@ -26,7 +26,7 @@ from mmidx.sample_view import dataset_tokenizer
 T = TypeVar("T")
 
 
-class PacksUnavailable(LookupError):
+class PacksUnavailable(RuntimeError):
     """The catalog has no packs to show: why, in one line (no data YAML, or its index failed to build)."""
 
 
