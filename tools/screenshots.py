@@ -62,7 +62,9 @@ def main() -> int:
         run(args.workdir, quick=True, progress=print)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with serving(Catalog([str(data_yaml)])) as url:
+    catalog = Catalog([str(data_yaml)])
+    catalog.warm()  # overviews, structure verdicts, tokenizers and packs computed before the first page
+    with serving(catalog) as url:
         driver = headless_chromium(args.width, args.height)
         try:
             for name, (path, what) in PAGES.items():
