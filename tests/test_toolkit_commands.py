@@ -28,8 +28,8 @@ from mmidx.toolkit.show import (
     LINE,
     PALETTE,
     TOP_LABELS,
-    _mask_panel,
-    _positions,
+    mask_pixels,
+    pixel_positions,
     render,
     split_scaled_edges,
 )
@@ -178,9 +178,9 @@ def test_show_zoom_panel_samples_the_dense_mask_on_split_scaled_axes(demo):
     assert edges[-1] == 400 and np.diff(edges).min() >= 23  # every split visible
     first = sum(batch.sample_lens[:zoom])
     starts = list(first + np.concatenate([[0], np.cumsum(splits)[:-1]]))
-    positions = _positions(starts, splits, edges)
+    positions = pixel_positions(starts, splits, edges)
     kinds, _ = kinds_of(batch, sum(batch.flat_split_metadata(pad=True)[2]))
-    panel = _mask_panel(predicate, positions, kinds)
+    panel = mask_pixels(predicate, positions, kinds)
     local = positions - first
     blocked = torch.isinf(masks[zoom][local[:, None], local[None, :]]).numpy()
     assert ((panel == 255).all(axis=2) == blocked).all()
@@ -281,6 +281,9 @@ BAD_INPUTS = [
     (["precache", "{prefix}", "--encoder", "support.encoders:vae", "--name", "x", "--dtype", "fp8"], 2),
     (["demo", "--workdir", "{file}/demo"], 1),
     (["demo", "--quick", "yes"], 2),
+    (["view", "/nonexistent/prefix"], 1),
+    (["view", "{badyaml}"], 1),
+    (["view", "{data}", "--port", "70000"], 2),
     # object storage (moto's S3 server; {closed}: a local port nothing listens on, {short}: a dataset
     # whose .images object is shorter than its metadata says)
     (["inspect", "s3://no-such-bucket/ds/vlm"], 1),

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 import mmidx
-from mmidx.cli import build, index, inspect, precache, toolkit
+from mmidx.cli import build, index, inspect, precache, toolkit, view
 from mmidx.cli.common import EXIT_STATUSES, HelpFormatter
 from mmidx.errors import MMIDXError
 
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"mmidx {mmidx.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for family in (inspect, index, toolkit, build, precache):
+    for family in (inspect, index, toolkit, build, precache, view):
         family.register(commands)
     return parser
 

@@ -41,17 +41,21 @@ def dataset_tokenizer(dataset: MMIDXDataset) -> tuple[Any, str | None]:
     return tokenizer, None
 
 
-def describe_sample(prefix: str | os.PathLike, index: int, *, view: int = 0,
-                    output_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Plain data describing sample ``index`` (view ``view``); its images are written under ``output_dir`` if given."""
-    dataset = MMIDXDataset(prefix)
+def describe_sample(prefix: str | os.PathLike | MMIDXDataset, index: int, *, view: int = 0,
+                    output_dir: str | os.PathLike | None = None,
+                    tokenizer: tuple[Any, str | None] | None = None) -> dict[str, Any]:
+    """Plain data describing sample ``index`` (view ``view``); its images are written under ``output_dir`` if given.
+
+    ``prefix`` may be an opened dataset, and ``tokenizer`` the (tokenizer, why not) of :func:`dataset_tokenizer`
+    already loaded (the viewer keeps both open); by default both are loaded here."""
+    dataset = prefix if isinstance(prefix, MMIDXDataset) else MMIDXDataset(prefix)
     if not 0 <= index < len(dataset):
         raise ValueError(f"{dataset.prefix}: sample {index} out of range: the dataset has {len(dataset):,} samples")
     sample = dataset[index]
     if not 0 <= view < sample.num_views:
         raise ValueError(f"{dataset.prefix}: view {view} out of range: sample {index} has {sample.num_views} "
                          f"view{'s' if sample.num_views != 1 else ''}")
-    tokenizer, no_tokenizer = dataset_tokenizer(dataset)
+    tokenizer, no_tokenizer = dataset_tokenizer(dataset) if tokenizer is None else tokenizer
     config = config_for([dataset.prefix])  # BAGEL's transforms for the dataset's source type
     group, geometry = config.groups[0], config.geometry
     images = []

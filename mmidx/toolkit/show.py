@@ -106,7 +106,7 @@ def split_scaled_edges(lengths: list[int], pixels: int, min_pixels: int) -> np.n
     return np.round(np.concatenate([[0], np.cumsum(widths)])).astype(np.int64)
 
 
-def _positions(starts: list[int], lengths: list[int], edges: np.ndarray) -> np.ndarray:
+def pixel_positions(starts: list[int], lengths: list[int], edges: np.ndarray) -> np.ndarray:
     """The token each pixel shows: span i's pixels ``edges[i]:edges[i+1]`` spread over its tokens."""
     out = []
     for start, length, left, right in zip(starts, lengths, edges[:-1], edges[1:], strict=True):
@@ -116,7 +116,9 @@ def _positions(starts: list[int], lengths: list[int], edges: np.ndarray) -> np.n
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-def _mask_panel(predicate: Any, positions: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+def mask_pixels(predicate: Any, positions: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """(P, P, 3) colours of the mask at ``positions`` (queries down, keys across): the key's kind where the
+    predicate allows attention, white where it blocks it."""
     q = torch.from_numpy(positions)
     allowed = predicate(None, None, q[:, None], q[None, :]).numpy()
     return np.where(allowed[..., None], PALETTE[kinds[positions]][None, :, :], 255).astype(np.uint8)
@@ -184,7 +186,7 @@ def _panel(image: Image.Image, top: int, positions: np.ndarray, kinds: np.ndarra
     canvas[strip_top:strip_top + STRIP, LEFT:LEFT + size] = PALETTE[kinds[positions]][None]
     canvas[strip_top + STRIP:strip_top + STRIP + LOSS_BAR, LEFT:LEFT + size][:, loss[positions]] = LOSS_COLOUR
     panel_top = strip_top + STRIP + LOSS_BAR + 2
-    canvas[panel_top:panel_top + size, LEFT:LEFT + size] = _mask_panel(predicate, positions, kinds)
+    canvas[panel_top:panel_top + size, LEFT:LEFT + size] = mask_pixels(predicate, positions, kinds)
     image.paste(Image.fromarray(canvas))
 
 
@@ -229,7 +231,7 @@ def render(batch: PackedBatch, *, width: int = 1024, zoom_sample: int | None = N
     _legend(draw, LINE + 5, font)
     starts = np.concatenate([[0], np.cumsum(shown)]).astype(np.int64)
     edges = np.round(starts / max(starts[-1], 1) * size).astype(np.int64)
-    _panel(image, main_top, _positions(list(starts[:-1]), list(shown), edges), kinds, loss, predicate)
+    _panel(image, main_top, pixel_positions(list(starts[:-1]), list(shown), edges), kinds, loss, predicate)
     _axes(image, main_top, size, edges, labels, font)
     draw = ImageDraw.Draw(image)
     y = main_top + TOP_LABELS + STRIP + LOSS_BAR + 2 + size + 8
@@ -252,6 +254,6 @@ def render(batch: PackedBatch, *, width: int = 1024, zoom_sample: int | None = N
     first = sum(batch.sample_lens[:zoom_sample])
     split_starts = list(first + np.concatenate([[0], np.cumsum(zoom_splits)[:-1]]).astype(np.int64))
     zoom_edges = split_scaled_edges(zoom_splits, size, 24)
-    _panel(image, zoom_top, _positions(split_starts, zoom_splits, zoom_edges), kinds, loss, predicate)
+    _panel(image, zoom_top, pixel_positions(split_starts, zoom_splits, zoom_edges), kinds, loss, predicate)
     _axes(image, zoom_top, size, zoom_edges, split_labels(batch, zoom_sample, kinds), font)
     return image

@@ -1,0 +1,54 @@
+"""``mmidx view``: serve a local, read-only web viewer of datasets and packs (:mod:`mmidx.toolkit.view`)."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import sys
+from typing import Any
+
+from mmidx.cli.common import PATHS_HELP, add_command, dataset_prefix
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from mmidx.toolkit.view.app import bind, is_loopback, serve, url_of  # one line when the web stack is missing
+    from mmidx.toolkit.view.catalog import Catalog
+
+    paths = [path if path.endswith((".yaml", ".yml")) else dataset_prefix(path) for path in args.paths]
+    catalog = Catalog(paths)
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as error:  # in use, or not an address of this machine
+        why = "in use: pick another --port (0: any free one)" if error.errno == errno.EADDRINUSE else \
+            f"not possible: {error.strerror or error}"
+        print(f"mmidx view: listening on {args.host}:{args.port} is {why}", file=sys.stderr)
+        return 1
+    if not is_loopback(args.host):
+        print(f"mmidx view: warning: listening on {args.host}, which other machines may reach: anyone who can "
+              "connect can read these datasets (the default, 127.0.0.1, is this machine only)", file=sys.stderr)
+    print(f"mmidx view: {len(catalog.datasets)} dataset{'s' if len(catalog.datasets) != 1 else ''} at "
+          f"{url_of(sock)} (Ctrl-C to stop)", flush=True)
+    serve(catalog, sock)
+    return 0
+
+
+def _port(text: str) -> int:
+    """A TCP port number, 0 to 65535 (0: any free port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535; 0: any free port)")
+    return port
+
+
+def register(commands: Any) -> None:
+    """Add ``mmidx view`` to the command line's subcommands."""
+    sub = add_command(commands, "view", cmd_view,
+                      "Serve a local, read-only web viewer: overview histograms, samples, packs and their attention.")
+    sub.add_argument("paths", nargs="+", metavar="PREFIX_OR_DATA_YAML", help=PATHS_HELP)
+    sub.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on; anything but loopback makes the datasets readable from other "
+                          "machines (a warning says so)")
+    sub.add_argument("--port", type=_port, default=8765, help="port to listen on (0: any free port)")

@@ -1,0 +1,380 @@
+"""The viewer's web application: routes from URLs to pages, images and errors (Starlette, served by uvicorn).
+
+Why Starlette and uvicorn: a small ASGI toolkit with no template engine, ORM or build step to carry,
+routing with typed path parameters (``{index:int}`` only matches digits), a test client, and a
+server that binds one socket; aiohttp would do as well but brings its own server and client
+stack. Pages are rendered in Python (:mod:`mmidx.toolkit.view.pages`), with no script.
+
+Safety: a URL names a dataset by its catalog name and samples, images and packs by numbers; no part
+of a URL is ever used as a path, so ``..`` (raw or percent-encoded) can only miss a route or a name
+and get the 404 page. Every response is bounded in size (pagination, cut texts, image limits) and in
+time: work runs in worker threads (at most ``WORKERS`` at once) and a request whose work takes more
+than ``TIME_LIMIT`` seconds is answered 503 (its result, once computed, is kept for the next one).
+Errors are one-line HTML pages, never a traceback.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import socket
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from mmidx.errors import MissingExtraError, MMIDXError
+
+try:
+    import anyio
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, Response
+    from starlette.routing import Route
+except ImportError as error:  # the optional web stack
+    raise MissingExtraError('mmidx view needs Starlette and uvicorn: pip install "mmidx[view]"') from error
+
+from mmidx import format as fmt
+from mmidx.format import FormatError
+from mmidx.images.decode import ImageError
+from mmidx.read.encoding_streams import describe, encoding_names
+from mmidx.toolkit.sample import describe_sample
+from mmidx.toolkit.view import pages
+from mmidx.toolkit.view.catalog import Catalog, PacksUnavailable
+from mmidx.toolkit.view.markup import STYLE, dataset_url, sample_url
+from mmidx.toolkit.view.packs import pack_layout
+from mmidx.toolkit.view.search import search_texts
+from mmidx.toolkit.view.stats import integer_histogram
+from mmidx.toolkit.view.thumbs import MAX_SIDE, ImageCache, browser_image, served_as_stored, thumbnail
+
+SAMPLES_PER_PAGE = 48
+PACKS_PER_PAGE = 100
+CAPTION_CHARS = 160
+MAX_QUERY = 200
+MAX_ENCODED_PAYLOADS = 8
+TIME_LIMIT = 20.0
+WORKERS = 8
+MAX_LAYOUTS = 64
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; img-src 'self' data:; style-src 'self'; form-action 'self'; "
+                               "base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class _Refused(MMIDXError):
+    """A request answered with an error page: its status and one line."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _number(text: str | None, what: str, default: int = 0) -> int:
+    """A non-negative integer query parameter; anything else is a 404 (as a bad number in the path is)."""
+    if text is None:
+        return default
+    if not text.isascii() or not text.isdigit() or len(text) > 18:
+        raise _Refused(404, f"{what} {text[:40]!r} is not a page or sample number")
+    return int(text)
+
+
+class Viewer:
+    """The routes' work over one catalog; every method runs in a worker thread and returns a Response."""
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+        self.images = ImageCache()
+        self._layouts: OrderedDict[int, Any] = OrderedDict()
+        self._pack_lock = threading.Lock()
+
+    def entry(self, name: str) -> Any:
+        try:
+            return self.catalog[name]
+        except KeyError:
+            raise _Refused(404, f"no dataset called {name[:80]!r} is served here") from None
+
+    def sample(self, name: str, index: int) -> Any:
+        dataset = self.entry(name).dataset
+        if not 0 <= index < len(dataset):
+            raise _Refused(404, f"sample {index} out of range: {name} has {len(dataset):,} samples")
+        return dataset[index]
+
+    def overview(self, request: Request) -> Response:
+        overviews = {name: self.catalog.overview(name) for name in self.catalog.datasets}
+        entries = [(entry, overviews[name], self.catalog.structure(name))  # checks start after the overviews
+                   for name, entry in self.catalog.datasets.items()]
+        return HTMLResponse(pages.overview_page(entries, self.catalog.packs_note, self.catalog.config is not None))
+
+    @staticmethod
+    def _caption(sample: Any, tokenizer: Any) -> str:
+        """The first text of the sample's first view (its caption or prompt), cut to ``CAPTION_CHARS``."""
+        payloads = [int(record["payload"]) for record in sample.elements(0) if record["kind"] == fmt.TEXT]
+        if not payloads:
+            return ""
+        ids = sample.text(payloads[0])
+        head = ids[:CAPTION_CHARS]  # decode only the head, however long the text
+        text = tokenizer.decode(head) if tokenizer is not None else " ".join(map(str, head.tolist()))
+        return text[:CAPTION_CHARS] + ("…" if len(ids) > CAPTION_CHARS or len(text) > CAPTION_CHARS else "")
+
+    def samples(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        entry = self.entry(name)
+        total = len(entry.dataset)
+        count = max(1, math.ceil(total / SAMPLES_PER_PAGE))
+        number = _number(request.query_params.get("page"), "page")
+        if number >= count:
+            raise _Refused(404, f"page {number} out of range: {name} has {count:,} pages of samples")
+        tokenizer, _ = self.catalog.tokenizer(name)
+        cells = []
+        for index in range(number * SAMPLES_PER_PAGE, min(total, (number + 1) * SAMPLES_PER_PAGE)):
+            sample = entry.dataset[index]
+            thumb = dataset_url(name, f"sample/{index}/thumb/0") if sample.num_images else None
+            cells.append((index, thumb, self._caption(sample, tokenizer)))
+        return HTMLResponse(pages.samples_page(entry, number, count, cells, total))
+
+    def search(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        entry = self.entry(name)
+        query = request.query_params.get("q", "").strip()
+        if len(query) > MAX_QUERY:
+            raise _Refused(400, f"the search text is {len(query)} characters long; at most {MAX_QUERY}")
+        start = _number(request.query_params.get("start"), "start")
+        tokenizer, why_not = self.catalog.tokenizer(name)
+        if not query:
+            return HTMLResponse(pages.search_page(entry, None, None))
+        if tokenizer is None:
+            return HTMLResponse(pages.search_page(entry, None, f"search decodes texts and needs the tokenizer: "
+                                                                f"{why_not}"))
+        return HTMLResponse(pages.search_page(entry, search_texts(entry.dataset, tokenizer, query, start), None))
+
+    def _encodings(self, entry: Any, sample: Any) -> list[str]:
+        lines = []
+        for name in encoding_names(entry.prefix):
+            try:
+                info = self.catalog.cached(("encoding", entry.name, name), lambda n=name: describe(entry.dataset, n))
+                count = sample.num_texts if info["modality"] == "text" else sample.num_images
+                shapes = [tuple(sample.encoding(name, payload).shape)
+                          for payload in range(min(count, MAX_ENCODED_PAYLOADS))]
+                more = f" (first {MAX_ENCODED_PAYLOADS} of {count})" if count > MAX_ENCODED_PAYLOADS else ""
+                lines.append(f"{name}: {info['modality']} encoding by {info['encoder']} ({info['dtype']}, "
+                             f"{info['store']}); this sample's records{more}: "
+                             + (", ".join(str(shape) for shape in shapes) or "none"))
+            except (FormatError, ValueError, IndexError, OSError) as error:
+                lines.append(f"{name}: cannot be read ({error})")
+        return lines
+
+    def sample_page(self, request: Request) -> Response:
+        name, index = request.path_params["name"], request.path_params["index"]
+        entry = self.entry(name)
+        sample = self.sample(name, index)
+        tokenizer = self.catalog.tokenizer(name)
+        views = [describe_sample(entry.dataset, index, view=view, tokenizer=tokenizer)
+                 for view in range(min(sample.num_views, pages.MAX_VIEWS))]
+        images = []
+        for j, record in enumerate(sample.images):
+            served = "shown as stored" if served_as_stored(record) else \
+                f"shown re-encoded as PNG (at most {MAX_SIDE} pixels a side): browsers do not show it as stored"
+            images.append((dataset_url(name, f"sample/{index}/image/{j}"),
+                           dataset_url(name, f"sample/{index}/thumb/{j}"), served))
+        samples_url = dataset_url(name, page=index // SAMPLES_PER_PAGE)
+        return HTMLResponse(pages.sample_page(entry, views, images, self._encodings(entry, sample), samples_url))
+
+    def _record(self, request: Request) -> tuple[Any, Any]:
+        name, index, j = (request.path_params[key] for key in ("name", "index", "image"))
+        sample = self.sample(name, index)
+        if not 0 <= j < sample.num_images:
+            raise _Refused(404, f"image {j} out of range: sample {index} of {name} has {sample.num_images} images")
+        return (name, index, j), sample.image(j)
+
+    def image(self, request: Request) -> Response:
+        key, record = self._record(request)
+        if served_as_stored(record):
+            data, media_type = browser_image(record)
+        else:
+            data, media_type = self.images.get(("full", *key), lambda: browser_image(record))
+        return Response(bytes(data), media_type=media_type, headers={"Cache-Control": "max-age=3600"})
+
+    def thumb(self, request: Request) -> Response:
+        key, record = self._record(request)
+        data, media_type = self.images.get(("thumb", *key), lambda: thumbnail(record))
+        return Response(data, media_type=media_type, headers={"Cache-Control": "max-age=3600"})
+
+    def _packs(self) -> Any:
+        try:
+            return self.catalog.pack_index()
+        except PacksUnavailable as error:
+            raise _Refused(404, str(error)) from None
+
+    def packs(self, request: Request) -> Response:
+        packs = self._packs()
+        total = len(packs.index)
+        count = max(1, math.ceil(total / PACKS_PER_PAGE))
+        number = _number(request.query_params.get("page"), "page")
+        if number >= count:
+            raise _Refused(404, f"page {number} out of range: there are {count:,} pages of packs")
+        maximum = packs.index.config.packing.max_num_tokens
+        fill = self.catalog.cached("pack_fill", lambda: integer_histogram(
+            "pack fill (planned tokens, % of max_num_tokens)", packs.tokens * 100 // maximum))
+        offsets = packs.index.arrays["pack_offsets"]
+        rows = [(k, int(offsets[k + 1]) - int(offsets[k]), int(packs.tokens[k]))
+                for k in range(number * PACKS_PER_PAGE, min(total, (number + 1) * PACKS_PER_PAGE))]
+        return HTMLResponse(pages.packs_page(packs.index.stats, rows, maximum, number, count, fill,
+                                             self.catalog.packs_note))
+
+    def pack(self, request: Request) -> Response:
+        packs = self._packs()
+        k = request.path_params["pack"]
+        if not 0 <= k < len(packs.index):
+            raise _Refused(404, f"pack {k} out of range: the index has {len(packs.index):,} packs")
+        with self._pack_lock:  # PackBuilder keeps per-build state: one pack at a time
+            layout = self._layouts.get(k)
+            if layout is None:
+                layout = pack_layout(packs, k, self.catalog.pack_names, sample_url)
+                self._layouts[k] = layout
+                while len(self._layouts) > MAX_LAYOUTS:
+                    self._layouts.popitem(last=False)
+            self._layouts.move_to_end(k)
+        return HTMLResponse(pages.pack_page(layout, len(packs.index)))
+
+
+class _Headers:
+    """ASGI middleware adding the security headers to every response (pages have no script to allow)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+        self.headers = [(key.lower().encode(), value.encode()) for key, value in HEADERS.items()]
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        async def with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
+
+
+def _error(status: int, message: str) -> HTMLResponse:
+    return HTMLResponse(pages.error_page(status, message), status_code=status)
+
+
+def create_app(catalog: Catalog, *, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+               time_limit: float = TIME_LIMIT) -> Starlette:
+    """The viewer of ``catalog`` as an ASGI app. Requests whose Host header is not in ``allowed_hosts``
+    are refused (a page on another site cannot reach a loopback viewer by DNS rebinding); ``["*"]``
+    allows any (for ``--host`` other than loopback)."""
+    viewer = Viewer(catalog)
+    limiter = anyio.CapacityLimiter(WORKERS)
+
+    def route(path: str, work: Callable[[Request], Response]) -> Route:
+        async def endpoint(request: Request) -> Response:
+            with anyio.move_on_after(time_limit):
+                try:
+                    return await anyio.to_thread.run_sync(work, request, abandon_on_cancel=True, limiter=limiter)
+                except _Refused as refused:
+                    return _error(refused.status, str(refused))
+                except (FormatError, ImageError) as error:  # damaged data: what is wrong, in one line
+                    return _error(500, f"cannot be read: {error}")
+            return _error(503, f"this page took longer than {time_limit:g} s to prepare; what was computed is "
+                               "kept: reload it in a moment")
+
+        return Route(path, endpoint, methods=["GET", "HEAD"])
+
+    async def style(request: Request) -> Response:
+        return Response(STYLE, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+    async def http_error(request: Request, error: HTTPException) -> Response:
+        message = {404: "not found: nothing is served at this address",
+                   405: "method not allowed: the viewer is read-only"}.get(error.status_code, str(error.detail))
+        return _error(error.status_code, message)
+
+    async def server_error(request: Request, error: Exception) -> Response:
+        return _error(500, f"internal error {type(error).__name__}: {str(error)[:200]}")
+
+    routes = [
+        route("/", viewer.overview),
+        Route("/style.css", style, methods=["GET", "HEAD"]),
+        route("/dataset/{name}", viewer.samples),
+        route("/dataset/{name}/samples", viewer.samples),
+        route("/dataset/{name}/search", viewer.search),
+        route("/dataset/{name}/sample/{index:int}", viewer.sample_page),
+        route("/dataset/{name}/sample/{index:int}/image/{image:int}", viewer.image),
+        route("/dataset/{name}/sample/{index:int}/thumb/{image:int}", viewer.thumb),
+        route("/packs", viewer.packs),
+        route("/pack/{pack:int}", viewer.pack),
+    ]
+    middleware = [Middleware(_Headers), Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
+    return Starlette(routes=routes, middleware=middleware,
+                     exception_handlers={HTTPException: http_error, Exception: server_error})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is reachable from this machine only."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``:``port`` (port 0: any free one), made before the server starts so the
+    printed URL names the real port and answers as soon as it is printed."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)  # connections wait in the backlog from now on, before the server's loop runs
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The http URL a bound socket answers at."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def serve(catalog: Catalog, sock: socket.socket) -> None:
+    """Serve ``catalog`` on ``sock`` until interrupted (Ctrl-C), warming its overviews, tokenizers and
+    pack index in a thread meanwhile."""
+    host = sock.getsockname()[0]
+    allowed = [*LOOPBACK_HOSTS, host] if is_loopback(host) else ["*"]
+    app = create_app(catalog, allowed_hosts=allowed)
+    threading.Thread(target=catalog.warm, name="mmidx-view-warm", daemon=True).start()
+    config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=1024,
+                            timeout_graceful_shutdown=2)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+@contextmanager
+def serving(catalog: Catalog, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve ``catalog`` from a thread of this process while the ``with`` block runs; yields the URL.
+
+    For notebooks, tests and scripts (``tools/screenshots.py``): ``mmidx view`` is the same server in
+    the foreground. The pack index and overviews are computed on first request, not warmed."""
+    sock = bind(host, port)
+    server = uvicorn.Server(uvicorn.Config(create_app(catalog, allowed_hosts=[*LOOPBACK_HOSTS, host]),
+                                           log_level="warning", access_log=False, limit_concurrency=1024))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="mmidx-view", daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError(f"the viewer's server did not start on {url_of(sock)}")
+            thread.join(0.01)
+        yield url_of(sock)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
