@@ -19,6 +19,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -52,15 +53,19 @@ class MMIDXDatasink(Datasink):
 
     def __init__(self, prefix: str | os.PathLike, tokenizer: str, options: SourceOptions | None = None,
                  source_name: str = "rows", max_skip_rate: float = 0.01, overwrite: bool = False):
-        self.prefix, self.tokenizer, self.options = os.fspath(prefix), tokenizer, options or SourceOptions()
+        prefix, self.options = os.fspath(prefix), options or SourceOptions()
+        self.prefix = prefix if is_remote(prefix) else os.path.abspath(prefix)  # tasks run in other folders
+        self.tokenizer = os.path.abspath(tokenizer) if os.path.isdir(tokenizer) else tokenizer
         self.source_name, self.max_skip_rate, self.overwrite = source_name, max_skip_rate, overwrite
         self.staging = self.prefix + ".ray-shards"
         self.identity: dict[str, Any] = {}
         self.report: BuildReport | None = None
+        self.started = 0.0
 
     def on_write_start(self, schema: Any = None) -> None:
         if not self.overwrite and not is_remote(self.prefix) and dataset_files(self.prefix):
             raise RayWriteError(f"{self.prefix}: a dataset is there already; delete it or pass overwrite=True")
+        self.started = time.perf_counter()
         self.identity = load_tokenizer(self.tokenizer, fresh=True).identity
         if schema is not None:
             spec = row_spec(schema, self.options, "the Ray Dataset")
@@ -90,6 +95,8 @@ class MMIDXDatasink(Datasink):
                             tokenizer=self.identity, special_tokens=tokenizer.special_tokens) as builder:
             for block in blocks:
                 table = ray.data.block.BlockAccessor.for_block(block).to_arrow()
+                if table.num_rows == 0:  # a block a filter emptied may have no columns at all
+                    continue
                 spec = row_spec(table.schema, self.options, "the Ray Dataset")
                 records = ((rows + i, record) for i, record in enumerate(table.select(spec.columns).to_pylist()))
                 for item in samples_of(records, lambda row, record, spec=spec: row_sample(
@@ -146,6 +153,7 @@ class MMIDXDatasink(Datasink):
             upload_dataset(local_prefix, self.prefix)
             shutil.rmtree(output, ignore_errors=True)
         self._clear_staging()
+        totals["seconds"]["wall"] = time.perf_counter() - self.started
         self.report = BuildReport({**judge(totals, self.max_skip_rate), "output": self.prefix, "units": len(returns),
                                    "reused_units": 0})
 

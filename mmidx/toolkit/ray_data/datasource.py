@@ -12,6 +12,8 @@ import pyarrow as pa
 
 from mmidx.config import DataConfig
 from mmidx.errors import import_extra
+from mmidx.ingest.shard import load_tokenizer
+from mmidx.io.storage import is_remote
 from mmidx.read.dataset import MMIDXDataset, Sample
 from mmidx.toolkit.sample import dataset_tokenizer
 
@@ -41,8 +43,10 @@ def dataset_prefixes(prefix_or_yaml: str | os.PathLike | Sequence[str | os.PathL
         if location.endswith((".yaml", ".yml")):
             config = DataConfig.from_yaml(location)
             return list(dict.fromkeys(prefix for group in config.groups for prefix in group.datasets))
-        return [location]
-    return [os.fspath(prefix) for prefix in prefix_or_yaml]
+        prefixes = [location]
+    else:
+        prefixes = [os.fspath(prefix) for prefix in prefix_or_yaml]
+    return [prefix if is_remote(prefix) else os.path.abspath(prefix) for prefix in prefixes]  # tasks run elsewhere
 
 
 def _row(dataset: MMIDXDataset, sample: Sample, columns: Sequence[str], tokenizer: Any) -> dict[str, Any]:
@@ -67,10 +71,22 @@ def _row(dataset: MMIDXDataset, sample: Sample, columns: Sequence[str], tokenize
     return {name: values[name] for name in columns}
 
 
-def _read_range(prefix: str, start: int, stop: int, columns: tuple[str, ...]) -> Iterator[pa.Table]:
+def _tokenizer(dataset: MMIDXDataset, location: str | None) -> Any:
+    """The dataset's tokenizer, loaded from ``location`` (where the driver found it), if it is the same one."""
+    if location is None:
+        return None
+    tokenizer = load_tokenizer(location)
+    if tokenizer.sha256 != dataset.tokenizer["sha256"]:
+        raise ValueError(f"{dataset.prefix}: the tokenizer at {location!r} on {os.uname().nodename} is not the one the "
+                         "dataset was built with; every node must see the same tokenizer files")
+    return tokenizer
+
+
+def _read_range(prefix: str, start: int, stop: int, columns: tuple[str, ...],
+                tokenizer_location: str | None) -> Iterator[pa.Table]:
     """Samples ``[start, stop)`` of the dataset at ``prefix`` as tables of up to ``ROWS_PER_BLOCK`` rows."""
     dataset = MMIDXDataset(prefix)
-    tokenizer = dataset_tokenizer(dataset)[0] if "texts" in columns else None
+    tokenizer = _tokenizer(dataset, tokenizer_location)
     schema = pa.schema([(name, COLUMNS[name]) for name in columns])
     for first in range(start, stop, ROWS_PER_BLOCK):
         rows = [_row(dataset, dataset[index], columns, tokenizer) for index in range(first, min(first + ROWS_PER_BLOCK,
@@ -92,13 +108,19 @@ class MMIDXDatasource(Datasource):
             raise ValueError(f"unknown columns {unknown}; choose from {', '.join(COLUMNS)}")
         self.columns = tuple(columns)
         self._sizes: list[tuple[str, int, int]] = []  # (prefix, samples, bytes)
+        self._tokenizers: dict[str, str | None] = {}  # prefix → where its tokenizer is (absolute if local)
         for prefix in prefixes:
             dataset = MMIDXDataset(prefix)
             if dataset.kind != "multimodal":
                 raise ValueError(f"{dataset.prefix}: a {dataset.kind} dataset; read_mmidx reads multimodal datasets")
-            if "texts" in self.columns and dataset_tokenizer(dataset)[0] is None:
-                raise ValueError(f"{dataset.prefix}: cannot decode its texts: {dataset_tokenizer(dataset)[1]}; leave "
-                                 "'texts' out of columns ('tokens' gives the token ids)")
+            self._tokenizers[dataset.prefix] = None
+            if "texts" in self.columns:
+                tokenizer, why = dataset_tokenizer(dataset)
+                if tokenizer is None:
+                    raise ValueError(f"{dataset.prefix}: cannot decode its texts: {why}; leave 'texts' out of "
+                                     "columns ('tokens' gives the token ids)")
+                name = dataset.tokenizer["name_or_path"]
+                self._tokenizers[dataset.prefix] = os.path.abspath(name) if os.path.isdir(name) else name
             plan = dataset.plan
             size = int(plan["image_offsets"][-1]) + len(dataset.tokens) * np.dtype(dataset.token_dtype).itemsize \
                 if plan is not None else 0
@@ -113,7 +135,7 @@ class MMIDXDatasource(Datasource):
         (each dataset gets tasks in proportion to its samples, at least one)."""
         total = sum(samples for _, samples, _ in self._sizes)
         schema = pa.schema([(name, COLUMNS[name]) for name in self.columns])
-        tasks, columns = [], self.columns
+        tasks, columns, tokenizers = [], self.columns, self._tokenizers
         for prefix, samples, size in self._sizes:
             pieces = max(1, min(samples, round(max(1, parallelism) * samples / max(1, total))))
             bounds = np.linspace(0, samples, pieces + 1).astype(np.int64)
@@ -123,7 +145,7 @@ class MMIDXDatasource(Datasource):
                 metadata = BlockMetadata(num_rows=stop - start, size_bytes=size * (stop - start) // max(1, samples),
                                          input_files=[prefix], exec_stats=None)
                 tasks.append(ReadTask(lambda prefix=prefix, start=start, stop=stop: _read_range(
-                    prefix, start, stop, columns), metadata, schema, per_task_row_limit))
+                    prefix, start, stop, columns, tokenizers[prefix]), metadata, schema, per_task_row_limit))
         return tasks
 
 
