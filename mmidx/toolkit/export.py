@@ -12,6 +12,8 @@ t2i, wds   ``wds``               WebDataset tars: ``KEY.<ext>`` image, ``KEY.txt
 edit       ``parquet``           BAGEL's edit parquet (``image_list``, ``instruction_list``) and
                                  ``parquet_info.json`` (row groups per file, as BAGEL reads it)
 vlm        ``jsonl``             LLaVA JSONL (``conversations``, ``image``) and ``images/`` files
+t2i, wds,  ``hf``                a ``datasets`` folder for ``load_from_disk``: :mod:`mmidx.toolkit.export_hf`
+vlm, hf
 =========  ====================  ==============================================================
 
 Texts are decoded with the dataset's tokenizer; a text that does not tokenize back to the same ids
