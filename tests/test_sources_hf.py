@@ -92,6 +92,30 @@ def test_hf_to_mmidx_to_hf_to_mmidx_writes_the_same_files(saved, tmp_path):
     assert meta_without_inputs(dataset.prefix) == meta_without_inputs(again.prefix)
 
 
+def test_a_dataset_saved_in_several_shards_exports_one_arrow_file_per_shard_and_rebuilds_the_same(rows, tmp_path):
+    t2i_dataset(rows).save_to_disk(str(tmp_path / "in"), num_shards=2)
+    original, _ = build("hf", [tmp_path / "in"], tmp_path / "first" / "out", views=VIEWS)
+    report = export_hf(original.prefix, tmp_path / "export")
+    assert report.lossy == {}
+    assert sorted(path.name for path in (tmp_path / "export").glob("*.arrow")) == [
+        "data-00000-of-00002.arrow", "data-00001-of-00002.arrow"]
+    assert len(datasets.load_from_disk(str(tmp_path / "export"))) == len(rows)
+    build("hf", [tmp_path / "export"], tmp_path / "again" / "out", views=VIEWS)
+    assert same_data_files(original.prefix, tmp_path / "again" / "out")
+
+
+def test_a_bagel_t2i_dataset_exports_to_hf_and_says_its_draws_change_with_the_file_name(rows, tmp_path):
+    path = write_t2i_parquet(tmp_path / "part.parquet", [row["image"]["bytes"] for row in rows],
+                             [{str(k): text for k, text in enumerate(row["captions"])} for row in rows], 3)
+    original, _ = build("t2i", [path], tmp_path / "out", views=VIEWS)
+    report = export_hf(original.prefix, tmp_path / "export")
+    assert report.lossy == {"the file name changes, so each view's caption is drawn anew": len(rows)}
+    again, _ = build("hf", [tmp_path / "export"], tmp_path / "again", views=VIEWS)
+    for index in range(len(rows)):
+        assert texts_of(again[index]) == texts_of(original[index])
+        assert bytes(again[index].image(0).data) == bytes(original[index].image(0).data)
+
+
 def test_conversation_rows_build_exactly_as_the_vlm_source_builds_the_same_llava_jsonl(tmp_path):
     conversations = conversation_dataset()
     build("hf", [save(conversations, tmp_path / "hf")], tmp_path / "from-hf")

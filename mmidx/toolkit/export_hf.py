@@ -129,7 +129,7 @@ def _write(dataset: MMIDXDataset, out: Path, report: ExportReport) -> None:
                          "writes itself")
     files, features = [], None
     for name, indices in by_source_file(dataset).items():
-        arrow = _ArrowFile(out / (name.split(".", 1)[0] + ".arrow"), datasets, {"images": True} if conversation
+        arrow = _ArrowFile(out / (Path(name).stem + ".arrow"), datasets, {"images": True} if conversation
                            else {"image": False})
         for index in indices:
             sample = dataset[index]
