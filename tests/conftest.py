@@ -69,3 +69,15 @@ def s3(tmp_path_factory):
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The one local Ray cluster of the test session (``ray.init(num_cpus=2)``); yields its address."""
+    ray = pytest.importorskip("ray")
+    tests = os.path.dirname(__file__)  # workers import the tests' encoders (mmidx precache --engine ray)
+    path = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                       runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield context.address_info["gcs_address"]
+    ray.shutdown()

@@ -1,6 +1,6 @@
 """The Ray engine: the same files and report as a local build, retries of killed workers, resumption.
 
-One real local Ray cluster (``ray.init(num_cpus=2)``) is started once per test session.
+One real local Ray cluster (``ray.init(num_cpus=2)``) is started once per test session (``cluster`` in conftest.py).
 """
 
 import json
@@ -20,16 +20,6 @@ from mmidx.ingest import BuildOptions, build_dataset, report_path
 from mmidx.sources import SourceOptions
 
 ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="session")
-def cluster():
-    tests = os.path.dirname(__file__)  # workers import the tests' encoders (mmidx precache --engine ray)
-    path = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
-    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                       runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield context.address_info["gcs_address"]
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -242,9 +242,10 @@ def write_readme_inputs(folder: Path) -> None:
         "vlm_sft": {"llava_ov": {"data_dir": "images", "jsonl_path": "llava.jsonl"}}}))
 
 
-def test_every_bash_and_python_block_runs_as_written(demo, s3, tmp_path, monkeypatch):
+def test_every_bash_and_python_block_runs_as_written(demo, s3, cluster, tmp_path, monkeypatch):
     """Each block that is not marked runs unchanged, in order, in a folder holding the inputs it names
-    (and, for the object-storage block, beside a local S3 server with the bucket it names)."""
+    (and, for the object-storage block, beside a local S3 server with the bucket it names; Ray Data's
+    blocks on the session's Ray cluster)."""
     s3.client.create_bucket(Bucket="my-bucket")
     runnable = [block for block in readme_blocks()
                 if block.language in RUN and not block.needs and block != quick_start()]

@@ -22,7 +22,8 @@ def _source_options(args: argparse.Namespace) -> Any:
         max_image_pixels=args.max_image_pixels, min_frames=args.min_frames, max_frames=args.max_frames,
         frame_quality=args.video_frame_quality, text_key=args.text_key, extra_keys=args.extra_keys,
         prompt_key=args.prompt_key, caption_key=args.caption_key, group_decay=args.group_decay,
-        grouping=not args.no_grouping, rows_per_shard=args.rows_per_shard,
+        grouping=not args.no_grouping, image_column=args.image_column, caption_columns=args.caption_column,
+        keep_columns=args.keep_columns, split=args.split, rows_per_shard=args.rows_per_shard,
         bytes_per_shard=args.bytes_per_shard)
 
 
@@ -58,7 +59,7 @@ def _register_build(commands: Commands) -> None:
     defaults = SourceOptions()
     sub = add_command(commands, "build", cmd_build,
                       "Build an mmidx dataset from raw sources (t2i/edit parquet, VLM/chat/text JSONL, RL prompt "
-                      "files, WebDataset tars), or every group of a BAGEL data config.")
+                      "files, WebDataset tars, Hugging Face datasets), or every group of a BAGEL data config.")
     sub.add_argument("--source", choices=SOURCE_NAMES, help="the kind of input")
     sub.add_argument("--input", nargs="+", action="extend", help="input files or folders (local or pyarrow URIs)")
     sub.add_argument("--output", type=dataset_prefix,
@@ -99,6 +100,12 @@ def _register_build(commands: Commands) -> None:
                           "1..frames, below: fewer groups preferred)")
     sub.add_argument("--no-grouping", action="store_true",
                      help="video_gen: the target frames of a clip are one split, as BAGEL's _add_video writes them")
+    sub.add_argument("--image-column", help="hf: the image (or image list) column (default: image, else images)")
+    sub.add_argument("--caption-column", type=_csv, default=(), metavar="COLUMN[,COLUMN...]",
+                     help="hf: caption column(s), each cell a string, list or struct of strings (default: the first "
+                          "of captions, caption, text, texts)")
+    sub.add_argument("--keep-columns", type=_csv, default=(), help="hf: comma-separated columns kept as extra JSON")
+    sub.add_argument("--split", help="hf: the split of a DatasetDict folder or of parquet files in the hub's layout")
     sub.add_argument("--rows-per-shard", type=int, default=defaults.rows_per_shard,
                      help="parquet rows per work unit (row groups are never split)")
     sub.add_argument("--bytes-per-shard", type=int, default=defaults.bytes_per_shard,

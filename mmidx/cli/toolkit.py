@@ -65,8 +65,9 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from mmidx.toolkit.export import export
+    from mmidx.toolkit.export_hf import export_hf
 
-    report = export(args.prefix, args.to, args.output)
+    report = export_hf(args.prefix, args.output) if args.to == "hf" else export(args.prefix, args.to, args.output)
     print(report.summary())
     return 0
 
@@ -105,9 +106,10 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
     sub = add_command(commands, "export", cmd_export,
                       "Write a dataset back to a raw layout BAGEL reads (t2i/edit parquet, LLaVA JSONL + images) "
-                      "or to WebDataset tars, with the original image bytes.")
+                      "or to WebDataset tars or a Hugging Face datasets folder (load_from_disk), with the original "
+                      "image bytes.")
     sub.add_argument("prefix", type=dataset_prefix, help=PREFIX_HELP)
-    sub.add_argument("--to", required=True, choices=("parquet", "jsonl", "wds"), help="layout to write")
+    sub.add_argument("--to", required=True, choices=("parquet", "jsonl", "wds", "hf"), help="layout to write")
     sub.add_argument("output", help="folder to write (created; must not hold files already)")
 
 

@@ -30,7 +30,7 @@ from typing import Any
 from mmidx.errors import MMIDXError
 from mmidx.sources.elements import Element, StoredImage
 
-SOURCE_NAMES = ("t2i", "edit", "vlm", "chat", "text", "prompts", "wds", "video_gen")
+SOURCE_NAMES = ("t2i", "edit", "vlm", "chat", "text", "prompts", "wds", "video_gen", "hf")
 
 SKIP_REASONS = {
     "undecodable_image": "image bytes that are not an image, or a truncated or corrupt image",
@@ -90,6 +90,10 @@ class SourceOptions:
     caption_key: str = "caption"
     group_decay: float = 1.0  # video_gen: split_integer_exp_decay's ng_sample_decay (1.0: group count uniform)
     grouping: bool = True  # video_gen: False makes the target frames one split (BAGEL's _add_video)
+    image_column: str | None = None  # hf: the image (or image list) column; None: "image", else "images"
+    caption_columns: tuple[str, ...] = ()  # hf: caption columns; (): the first of captions, caption, text, texts
+    keep_columns: tuple[str, ...] = ()  # hf: columns kept as each sample's extra JSON
+    split: str | None = None  # hf: the split of a DatasetDict folder or of parquet files in the hub's layout
     rows_per_shard: int = 20_000
     bytes_per_shard: int = 256 << 20
 

@@ -55,9 +55,14 @@ def caption_sample(row: int, captions: Sequence[str], image: StoredImage, rng: r
     table = TextTable()
     for caption in captions or [" "]:
         table.add(caption)
-    picks = caption_choices(rng, len(table.strings), context.options.views)
-    views = [[Element("text", pick, enable_cfg=True), Element("vae_image", 0, loss=True)] for pick in picks]
-    return SourceSample(row, table.encode(context), [image], views)
+    return SourceSample(row, table.encode(context), [image], caption_views(rng, len(table.strings),
+                                                                           context.options.views))
+
+
+def caption_views(rng: random.Random, captions: int, views: int) -> list[list[Element]]:
+    """The views of a t2i sample of ``captions`` distinct captions: text(caption, cfg) → noised vae image."""
+    return [[Element("text", pick, enable_cfg=True), Element("vae_image", 0, loss=True)]
+            for pick in caption_choices(rng, captions, views)]
 
 
 ConversationItem = tuple[str, str, bool]  # ("text", text, loss) or ("image", "", False)

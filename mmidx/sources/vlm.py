@@ -43,6 +43,7 @@ from mmidx.sources.common import (
     require_loss,
     samples_of,
 )
+from mmidx.sources.elements import StoredImage
 from mmidx.sources.inputs import jsonl_units, list_inputs, parent, read_jsonl, resolve
 from mmidx.sources.media import ingest_image_file, sample_video
 
@@ -113,15 +114,21 @@ def _placeholder_warnings(turns: Sequence[tuple[str, str]], images: int) -> list
     return [("image_placeholder_mismatch", f"{placeholders} <image> placeholder(s) for {images} image(s)")]
 
 
+def image_conversation(row: int, turns: Sequence[tuple[str, str]], images: Sequence[StoredImage],
+                       context: SourceContext) -> SourceSample:
+    """The one-view sample of a conversation over ``images`` (none: a text-only conversation)."""
+    views, tokens = _plan([turns], [list(range(len(images)))], context)
+    sample = assemble(row, views, tokens, images.__getitem__)
+    sample.warnings = _placeholder_warnings(turns, len(images))
+    return sample
+
+
 def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> SourceSample:
     turns = conversation_turns(record)
     root = context.options.image_root or parent(unit.path)
     if "image" in record:
         stored = [ingest_image_file(resolve(root, name), context) for name in _image_names(record["image"])]
-        views, tokens = _plan([turns], [list(range(len(stored)))], context)
-        sample = assemble(row, views, tokens, stored.__getitem__)
-        sample.warnings = _placeholder_warnings(turns, len(stored))
-        return sample
+        return image_conversation(row, turns, stored, context)
     if "video" in record:
         video, draws = sample_video(record["video"], root, context.rng(unit.path, row), context)
         union = sorted({number for draw in draws for number in draw})
@@ -132,10 +139,7 @@ def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> S
         frames = video.frames(union[j] for j in used)
         return assemble(row, views, tokens, lambda j: frames[union[j]],
                         {"video": record["video"], "video_frames": [union[j] for j in used]})
-    views, tokens = _plan([turns], [[]], context)
-    sample = assemble(row, views, tokens, lambda j: None)
-    sample.warnings = _placeholder_warnings(turns, 0)
-    return sample
+    return image_conversation(row, turns, [], context)
 
 
 def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip]:

@@ -12,6 +12,8 @@ t2i, wds   ``wds``               WebDataset tars: ``KEY.<ext>`` image, ``KEY.txt
 edit       ``parquet``           BAGEL's edit parquet (``image_list``, ``instruction_list``) and
                                  ``parquet_info.json`` (row groups per file, as BAGEL reads it)
 vlm        ``jsonl``             LLaVA JSONL (``conversations``, ``image``) and ``images/`` files
+t2i, wds,  ``hf``                a ``datasets`` folder for ``load_from_disk``: :mod:`mmidx.toolkit.export_hf`
+vlm, hf
 =========  ====================  ==============================================================
 
 Texts are decoded with the dataset's tokenizer; a text that does not tokenize back to the same ids
@@ -81,7 +83,7 @@ class ExportReport:
         return "\n".join(lines)
 
 
-class _Texts:
+class Texts:
     """Token ids → text with the dataset's tokenizer, counting texts that do not tokenize back the same."""
 
     def __init__(self, dataset: MMIDXDataset):
@@ -97,7 +99,7 @@ class _Texts:
         return text
 
 
-def _by_source_file(dataset: MMIDXDataset) -> dict[str, list[int]]:
+def by_source_file(dataset: MMIDXDataset) -> dict[str, list[int]]:
     """Sample numbers grouped by the source file they came from, in dataset order."""
     groups: dict[str, list[int]] = defaultdict(list)
     for index in range(len(dataset)):
@@ -110,16 +112,16 @@ def _rows_shifted(dataset: MMIDXDataset, indices: list[int]) -> bool:
     return any(dataset[index].origin[1] != row for row, index in enumerate(indices))
 
 
-def _captions(sample: Sample, texts: _Texts, report: ExportReport) -> list[str]:
+def _captions(sample: Sample, texts: Texts, report: ExportReport) -> list[str]:
     """The sample's captions in stored order (t2i and wds store every distinct caption, in the row's order)."""
     return [texts(sample, j, report) for j in range(sample.num_texts)]
 
 
-def _write_t2i_parquet(dataset: MMIDXDataset, out: Path, texts: _Texts, report: ExportReport) -> None:
+def _write_t2i_parquet(dataset: MMIDXDataset, out: Path, texts: Texts, report: ExportReport) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for name, indices in _by_source_file(dataset).items():
+    for name, indices in by_source_file(dataset).items():
         images, captions = [], []
         for index in indices:
             sample = dataset[index]
@@ -127,14 +129,14 @@ def _write_t2i_parquet(dataset: MMIDXDataset, out: Path, texts: _Texts, report: 
             captions.append(json.dumps({str(k): c for k, c in enumerate(_captions(sample, texts, report))}))
             report.samples += 1
             report.images += 1
-        _note_draws(dataset, indices, name.endswith(".parquet"), report)
+        note_draws(dataset, indices, name.endswith(".parquet"), report)
         path = out / (Path(name).stem + ".parquet")
         pq.write_table(pa.table({"image": pa.array(images, pa.binary()), "captions": pa.array(captions, pa.string())}),
                        path)
         report.files.append(str(path))
 
 
-def _note_draws(dataset: MMIDXDataset, indices: list[int], same_name: bool, report: ExportReport) -> None:
+def note_draws(dataset: MMIDXDataset, indices: list[int], same_name: bool, report: ExportReport) -> None:
     if not same_name:
         for index in indices:
             report.note("the file name changes, so each view's caption is drawn anew", index)
@@ -143,8 +145,8 @@ def _note_draws(dataset: MMIDXDataset, indices: list[int], same_name: bool, repo
             report.note("rows were skipped at build time, so later rows' captions are drawn anew", index)
 
 
-def _write_wds(dataset: MMIDXDataset, out: Path, texts: _Texts, report: ExportReport) -> None:
-    for name, indices in _by_source_file(dataset).items():
+def _write_wds(dataset: MMIDXDataset, out: Path, texts: Texts, report: ExportReport) -> None:
+    for name, indices in by_source_file(dataset).items():
         path = out / (name.split(".", 1)[0] + ".tar")
         with tarfile.open(path, "w") as archive:
             for row, index in enumerate(indices):
@@ -162,11 +164,11 @@ def _write_wds(dataset: MMIDXDataset, out: Path, texts: _Texts, report: ExportRe
                     archive.addfile(info, io.BytesIO(data))
                 report.samples += 1
                 report.images += 1
-        _note_draws(dataset, indices, name.endswith(".tar"), report)
+        note_draws(dataset, indices, name.endswith(".tar"), report)
         report.files.append(str(path))
 
 
-def _edit_row(sample: Sample, texts: _Texts, report: ExportReport) -> list[list[str]] | None:
+def _edit_row(sample: Sample, texts: Texts, report: ExportReport) -> list[list[str]] | None:
     """The instruction options of each step recovered from the sample's views; None if a step has none.
 
     A view is (condition image, text, noised image) once per step. Several steps in one view are
@@ -209,12 +211,12 @@ def _edit_row(sample: Sample, texts: _Texts, report: ExportReport) -> list[list[
     return options if all(options) else None
 
 
-def _write_edit_parquet(dataset: MMIDXDataset, out: Path, texts: _Texts, report: ExportReport) -> None:
+def _write_edit_parquet(dataset: MMIDXDataset, out: Path, texts: Texts, report: ExportReport) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     info = {}
-    for name, indices in _by_source_file(dataset).items():
+    for name, indices in by_source_file(dataset).items():
         image_lists, instruction_lists = [], []
         for index in indices:
             sample = dataset[index]
@@ -240,7 +242,7 @@ def _write_edit_parquet(dataset: MMIDXDataset, out: Path, texts: _Texts, report:
     (out / "parquet_info.json").write_text(json.dumps(info, indent=1))
 
 
-def _conversation(sample: Sample, texts: _Texts, report: ExportReport) -> list[dict]:
+def llava_conversation(sample: Sample, texts: Texts, report: ExportReport) -> list[dict]:
     """LLaVA turns whose ``change_format`` gives back the view's elements: gpt turns are the texts with loss;
     a run of other elements is one human turn, ``<image>`` where a ViT image stood."""
     turns: list[dict[str, Any]] = []
@@ -270,10 +272,19 @@ def _conversation(sample: Sample, texts: _Texts, report: ExportReport) -> list[d
     return turns
 
 
-def _write_llava_jsonl(dataset: MMIDXDataset, out: Path, texts: _Texts, report: ExportReport) -> None:
+def listed_images(sample: Sample) -> list[int]:
+    """The numbers of the stored images a conversation row lists, in order.
+
+    img_num counts the row's listed images (BAGEL's resize rule divides by it), but only the used ones,
+    always the first few, are stored: a used one is listed again in place of each unused one."""
+    listed = max([int(e["img_num"]) for e in sample.elements(0) if e["kind"] == fmt.VIT_IMAGE] or [0])
+    return list(range(sample.num_images)) + [0] * (listed - sample.num_images)
+
+
+def _write_llava_jsonl(dataset: MMIDXDataset, out: Path, texts: Texts, report: ExportReport) -> None:
     folder = out / "images"
     folder.mkdir()
-    for name, indices in _by_source_file(dataset).items():
+    for name, indices in by_source_file(dataset).items():
         path = out / (Path(name).stem + ".jsonl")
         with open(path, "w", encoding="utf-8") as stream:
             for index in indices:
@@ -283,13 +294,10 @@ def _write_llava_jsonl(dataset: MMIDXDataset, out: Path, texts: _Texts, report: 
                     file = f"{Path(name).stem}_{index:08d}_{j}.{EXTENSIONS.get(image.format, 'bin')}"
                     (folder / file).write_bytes(image.data)
                     names.append(f"images/{file}")
-                # img_num counts the row's listed images (BAGEL's resize rule divides by it), but only the used
-                # ones, always the first few, are stored: list a used one again in place of each unused one
-                listed = max([int(e["img_num"]) for e in sample.elements(0) if e["kind"] == fmt.VIT_IMAGE] or [0])
-                names += names[:1] * (listed - len(names))
+                names = [names[j] for j in listed_images(sample)]
                 if "video" in sample.extra:
                     report.note("a video row becomes a row of its stored frames (no frame deltas, one view)", index)
-                record: dict[str, Any] = {"conversations": _conversation(sample, texts, report)}
+                record: dict[str, Any] = {"conversations": llava_conversation(sample, texts, report)}
                 if names:
                     record["image"] = names[0] if len(names) == 1 else names
                 stream.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -298,7 +306,7 @@ def _write_llava_jsonl(dataset: MMIDXDataset, out: Path, texts: _Texts, report: 
         report.files.append(str(path))
 
 
-WRITERS: dict[tuple[str, str], Callable[[MMIDXDataset, Path, _Texts, ExportReport], None]] = {
+WRITERS: dict[tuple[str, str], Callable[[MMIDXDataset, Path, Texts, ExportReport], None]] = {
     ("t2i", "parquet"): _write_t2i_parquet, ("wds", "parquet"): _write_t2i_parquet,
     ("t2i", "wds"): _write_wds, ("wds", "wds"): _write_wds,
     ("edit", "parquet"): _write_edit_parquet, ("vlm", "jsonl"): _write_llava_jsonl,
@@ -319,16 +327,26 @@ def export(prefix: str | os.PathLike, layout: str, output: str | os.PathLike) ->
     if layout not in LAYOUTS[source]:
         raise ValueError(f"{dataset.prefix}: a {source} dataset exports --to {' or '.join(LAYOUTS[source])}, "
                          f"not {layout}")
+    texts = Texts(dataset)
+    report = write_folder(output, layout, lambda partial, report: WRITERS[source, layout](dataset, partial, texts,
+                                                                                         report))
+    if layout == "parquet" and source == "edit":
+        report.files.append(str(Path(output) / "parquet_info.json"))
+    return report
+
+
+def write_folder(output: str | os.PathLike, layout: str, write: Callable[[Path, ExportReport], None]) -> ExportReport:
+    """Run ``write(folder, report)`` into ``output + ".partial"`` and rename it to ``output`` when it returns, so
+    an interrupted export leaves no folder that looks finished; ``output`` must not hold files already."""
     out = Path(output)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: exists and is not an empty folder; choose a new one")
-    texts = _Texts(dataset)
     partial = Path(f"{out}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     report = ExportReport(str(out), layout)
     try:
-        WRITERS[source, layout](dataset, partial, texts, report)
+        write(partial, report)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -336,6 +354,4 @@ def export(prefix: str | os.PathLike, layout: str, output: str | os.PathLike) ->
         out.rmdir()
     partial.rename(out)
     report.files = [str(out / Path(path).relative_to(partial)) for path in report.files]
-    if layout == "parquet" and source == "edit":
-        report.files.append(str(out / "parquet_info.json"))
     return report
