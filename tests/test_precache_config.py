@@ -2,6 +2,7 @@
 text-input encodings in packs, a token-input one still packed per token, the same on a dataset in S3
 (moto's server), and a two-encoder run killed with SIGKILL resumed byte-identically."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from support.sources import loaded_tokenizer
 
 from mmidx import format as fmt
 from mmidx.cli import main
-from mmidx.config import DataConfig, DropoutConfig, GroupConfig
+from mmidx.config import DataConfig, DropoutConfig, GroupConfig, PackingConfig
 from mmidx.encodings.spec import PrecacheConfigError, jobs_of
 from mmidx.index.pack_index import PackItem
 from mmidx.pack.builder import PackBuilder
@@ -42,6 +43,20 @@ def captioned(tmp_path_factory):
     (folder / "data.yaml").write_text(yaml.safe_dump({"groups": {"t2i": {
         "datasets": [str(prefix)], "image_transform_args": TRANSFORM}}}))
     return folder, prefix
+
+
+@pytest.fixture(scope="module")
+def precached(captioned):
+    """The three-entry config run once over the local dataset: (folder, prefix, the lines it printed)."""
+    import contextlib
+    import io
+
+    folder, prefix = captioned
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["precache", str(folder / "data.yaml"), "--config", str(folder / "precache.yaml"), "--quiet",
+                     "--batch-size", "2"]) == 0
+    return folder, prefix, out.getvalue().splitlines()
 
 
 def _builder(prefix):
@@ -69,11 +84,9 @@ def test_a_config_entry_with_an_unknown_key_is_refused_listing_the_known_ones(tm
     assert "extension" in error and "modality" in error and len(error.splitlines()) == 1
 
 
-def test_two_encoders_run_once_write_both_streams_and_packs_carry_their_outputs(captioned, capsys):
-    folder, prefix = captioned
-    assert main(["precache", str(folder / "data.yaml"), "--config", str(folder / "precache.yaml"), "--quiet",
-                 "--batch-size", "2"]) == 0
-    assert sorted(line.split(":")[0] for line in capsys.readouterr().out.splitlines()) == ["t5", "tok", "vae"]
+def test_two_encoders_run_once_write_both_streams_and_packs_carry_their_outputs(precached, capsys):
+    _, prefix, lines = precached
+    assert sorted(line.split(":")[0] for line in lines) == ["t5", "tok", "vae"]
     assert main(["verify", str(prefix)]) == 0
     assert main(["inspect", str(prefix)]) == 0
     out = capsys.readouterr().out
@@ -108,8 +121,8 @@ def test_two_encoders_run_once_write_both_streams_and_packs_carry_their_outputs(
     assert rows >= 6  # captions kept by dropout 0.3 over 4 packs
 
 
-def test_the_same_on_a_dataset_in_s3_gives_batches_identical_to_a_local_copys(captioned, s3, tmp_path, capsys):
-    folder, prefix = captioned
+def test_the_same_on_a_dataset_in_s3_gives_batches_identical_to_a_local_copys(precached, s3, tmp_path, capsys):
+    folder, prefix, _ = precached
     uri = s3.upload(prefix, "s3://mmidx/precached/cap")
     remote_yaml = tmp_path / "remote.yaml"
     remote_yaml.write_text(yaml.safe_dump({"groups": {"t2i": {"datasets": [uri], "image_transform_args": TRANSFORM}}}))
@@ -136,6 +149,17 @@ def test_the_same_on_a_dataset_in_s3_gives_batches_identical_to_a_local_copys(ca
                 assert torch.equal(value, got[key]), key
             elif key != "batch_data_indexes":
                 assert value == got[key], key
+    from mmidx.index.pack_index import build_pack_index
+    from mmidx.train.loader import PackDataset, PackLoader
+
+    fresh = _builder(uri)  # through the loader: the records are fetched ahead with the pack's other ranges
+    packs = PackDataset(build_pack_index(dataclasses.replace(fresh.config, packing=PackingConfig(
+        expected_num_tokens=60, max_num_tokens=120, max_num_tokens_per_sample=60, prefer_buffer_before=30,
+        max_buffer_size=4)), num_samples=12), fresh)
+    assert len(list(PackLoader(packs, global_batch_size=1))) >= 2
+    streams = fresh.datasets[0][0]._files.encodings.values()
+    assert sorted(stream.name for stream in streams) == ["t5", "tok", "vae"]
+    assert all(stream.values.misses == 0 and stream.values.requests > 0 for stream in streams)
 
 
 def _run(folder, env=None):
