@@ -341,10 +341,10 @@ def run_latents(datasets: Path, groups: list[str], packs: int, geometry: dict[st
     result.update({f"{name}_ms": ms for name, ms in _worker_ms(builders, items).items()})
     clock = StageClock()  # the latent pack's remaining pixel work: its ViT images (VAE images are not decoded)
     timed = PackBuilder(config, encodings={"vae": vae.name}, stage=clock)
-    cpu = time.process_time()
+    start = time.perf_counter()  # wall time, as the stage clock's
     for k in range(len(items)):
         timed.build(k, items[k])
-    total = time.process_time() - cpu
+    total = time.perf_counter() - start
     pixel_share = sum(clock.seconds[stage] for stage in ("decode", "resize", "normalise")) / total
     result["vit_pixel_share"] = pixel_share
     sampled = builders["latents"].build(0, items[0])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -113,15 +114,17 @@ def latent_tensors(latents: list[torch.Tensor], seed: int, pack_index: int,
         raise FormatError("a pack mixes precached moments with single-tensor latents: precache every group's "
                           "VAE images with the same --store")
     height, width = max(value.shape[-2] for value in latents), max(value.shape[-1] for value in latents)
-    if moments:
-        padded = torch.zeros(len(latents), 2, channels, height, width, dtype=latents[0].dtype)
+    if moments:  # in the stored dtype, in a (float32) batch buffer viewed as that dtype
+        dtype = latents[0].dtype
+        shape = (len(latents), 2, channels, height, width)
+        nbytes = math.prod(shape) * dtype.itemsize
+        padded = allocate(-(-nbytes // 4)).view(torch.uint8)[:nbytes].view(dtype).view(shape)
     else:
         padded = allocate(len(latents), channels, height, width)
     for slot, value in enumerate(latents):
         h, w = value.shape[-2:]
-        if not moments:
-            padded[slot, :, h:].zero_()
-            padded[slot, :, :h, w:].zero_()
+        padded[slot, ..., h:, :].zero_()
+        padded[slot, ..., :h, w:].zero_()
         padded[slot, ..., :h, :w].copy_(value)
     if not moments:
         return {"padded_latent": padded}
