@@ -192,3 +192,46 @@ def test_kill_9_during_a_two_encoder_precache_then_rerun_is_byte_identical(capti
     for (name, role), content in expected.items():
         assert fmt.encoding_path(prefix, name, role).read_bytes() == content, (name, role)
     assert not list(folder.glob("cap.enc.*.partial")) and not list(folder.glob("cap.enc.*.job"))
+
+
+def test_a_text_input_stream_serves_only_under_its_own_name_and_a_token_stream_only_as_text(precached):
+    _, prefix, _ = precached
+    for uses, says in (((("text", "t5"),), "use it under its own name, not as text"),
+                       ((("t5", "tok"),), "use it as text, not as t5"),
+                       ((("t5", "vae"),), "t5 needs text encodings")):
+        config = DataConfig(groups=(GroupConfig("t2i", (str(prefix),), image_transform=VAE, encodings=uses),))
+        with pytest.raises(ValueError, match=says):
+            PackBuilder(config, special_tokens=SPECIAL)
+
+
+def test_a_version_2_stream_without_its_input_field_is_a_format_error(precached, tmp_path):
+    import shutil
+
+    from mmidx.format import FormatError
+    from mmidx.read.encoding_streams import EncodingStream
+
+    _, prefix, _ = precached
+    for path in prefix.parent.glob("cap.*"):
+        if not path.name.endswith((".lock", ".partial", ".job")):
+            shutil.copy(path, tmp_path / path.name)
+    path = fmt.encoding_path(tmp_path / "cap", "t5", "json")
+    meta = json.loads(path.read_bytes())
+    del meta["input"]
+    path.write_bytes(fmt.serialize_metadata(meta))  # re-signed: only the field check can tell
+    with pytest.raises(FormatError, match=rf"{path}.*\['input'\]"):
+        EncodingStream.open(tmp_path / "cap", "t5", MMIDXDataset(tmp_path / "cap").checksum)
+    meta["input"], meta["format_version"] = "text", 3
+    path.write_bytes(fmt.serialize_metadata(meta))
+    with pytest.raises(FormatError, match="version 3; this mmidx reads 1 to 2"):
+        EncodingStream.open(tmp_path / "cap", "t5", MMIDXDataset(tmp_path / "cap").checksum)
+
+
+def test_a_text_input_encoding_of_a_dataset_without_a_tokenizer_is_one_clear_error(tmp_path, capsys):
+    from support.precache import make_datasets
+
+    make_datasets(tmp_path)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"encodings": [CONFIG["encodings"][1]]}))
+    assert main(["precache", str(tmp_path / "t2i"), "--config", str(tmp_path / "p.yaml"), "--quiet"]) != 0
+    error = capsys.readouterr().err.strip()
+    assert "records no tokenizer" in error and "--tokenizer" in error and len(error.splitlines()) == 1
+    assert not list(tmp_path.glob("t2i.enc.t5.json"))
