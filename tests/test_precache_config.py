@@ -121,12 +121,12 @@ def test_two_encoders_run_once_write_both_streams_and_packs_carry_their_outputs(
     assert rows >= 6  # captions kept by dropout 0.3 over 4 packs
 
 
-def test_the_same_on_a_dataset_in_s3_gives_batches_identical_to_a_local_copys(precached, s3, tmp_path, capsys):
+def test_the_same_on_a_dataset_in_s3_gives_batches_identical_to_a_local_copys(precached, s3, capsys):
     folder, prefix, _ = precached
     uri = s3.upload(prefix, "s3://mmidx/precached/cap")
-    remote_yaml = tmp_path / "remote.yaml"
-    remote_yaml.write_text(yaml.safe_dump({"groups": {"t2i": {"datasets": [uri], "image_transform_args": TRANSFORM}}}))
-    assert main(["precache", str(remote_yaml), "--config", str(folder / "precache.yaml"), "--quiet",
+    s3.client.put_object(Bucket="mmidx", Key="precached/data.yaml", Body=yaml.safe_dump(  # the dataset beside it
+        {"groups": {"t2i": {"datasets": ["cap"], "image_transform_args": TRANSFORM}}}).encode())
+    assert main(["precache", "s3://mmidx/precached/data.yaml", "--config", str(folder / "precache.yaml"), "--quiet",
                  "--batch-size", "2"]) == 0
     keys = sorted(name for name in s3.client.list_objects_v2(Bucket="mmidx", Prefix="precached/")["Contents"]
                   for name in [name["Key"]] if ".enc." in name)

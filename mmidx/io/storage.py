@@ -171,6 +171,17 @@ def upload(source: Path, uri: str) -> None:
     retrying(uri, copy)
 
 
+def read_object(uri: str) -> bytes:
+    """The whole content of the (small) object at ``uri``."""
+    fs, path = filesystem(uri)
+
+    def read() -> bytes:
+        with fs.open_input_stream(path) as stream:
+            return stream.read()
+
+    return retrying(uri, read)
+
+
 def list_objects(uri: str) -> list[str]:
     """Paths, relative to the folder ``uri``, of every object under it (none when it does not exist)."""
     fs, path = filesystem(uri)
