@@ -26,8 +26,10 @@ torchvision's Python parts import beside a CPU torch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
+import os
 import statistics
 import sys
 import time
@@ -37,13 +39,13 @@ from typing import Any
 
 import torch
 import yaml
-from common import machine
 from PIL import Image
 
 from mmidx.config import DataConfig
 from mmidx.index.pack_index import build_pack_index
 from mmidx.pack.builder import PackBuilder
 from mmidx.pack.masks import block_mask, dense_masks
+from mmidx.toolkit.bench import StageClock, machine
 from mmidx.toolkit.demo import BAGEL_GROUPS
 from mmidx.toolkit.synthetic import CorpusSpec, write_corpus
 
@@ -275,29 +277,114 @@ class BenchVAE(torch.nn.Module):
         return mean, logvar
 
 
+class BenchVAE2(BenchVAE):
+    """A second frozen image encoder of the same transform, for the two-encoders-in-one-pass figure."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.down = torch.nn.Conv2d(3, 32, kernel_size=8, stride=8)
+
+
+def _precache_rate(config: DataConfig, jobs: list[Any], encoders: list[torch.nn.Module]) -> float:
+    """Images per CPU-second of one pass over the groups' VAE images with ``jobs`` (one thread)."""
+    from mmidx.encodings.encode import RunOptions
+    from mmidx.encodings.precache import precache_pass
+
+    images, cpu = 0, time.process_time()
+    for group in config.groups:
+        for prefix in group.datasets:
+            metas = precache_pass(prefix, jobs, {"vae": group.vae_transform, "vit": group.vit_transform},
+                                  RunOptions(progress=False, encoders=encoders))
+            images += metas[0]["counts"]["records"]
+    return images / (time.process_time() - cpu)
+
+
+def _worker_ms(builders: dict[str, PackBuilder], items: list[Any], rounds: int = 2) -> dict[str, float]:
+    """Median CPU ms of ``PackDataset[k]`` (``builder.build``: what a loader worker spends on pack k) per builder,
+    the builders interleaved pack by pack so that load from other jobs falls on all of them alike."""
+    for builder in builders.values():
+        builder.build(0, items[0])  # warm caches
+    spent: dict[str, list[float]] = {name: [] for name in builders}
+    for _ in range(rounds):
+        for k in range(len(items)):
+            for name, builder in builders.items():
+                cpu = time.process_time()
+                builder.build(k, items[k])
+                spent[name].append((time.process_time() - cpu) * 1e3)
+    return {name: statistics.median(values) for name, values in spent.items()}
+
+
 def run_latents(datasets: Path, groups: list[str], packs: int, geometry: dict[str, int], vit: bool) \
         -> dict[str, float]:
-    """Precache the groups' VAE images as moments and as a sample (images/s on this CPU), and (``vit``) their ViT
-    images, then flex packs with each against packs with pixels, in the same run."""
+    """Precache the groups' VAE images as moments with one encoder, then with two in one pass (images per
+    CPU-second), and (``vit``) their ViT images; then the worker-side CPU ms of a pack with pixels against
+    one with latents (and with ViT encodings), interleaved, and the ViT pixels' share of the latent pack."""
     from mmidx.encodings.encode import Job
-    from mmidx.encodings.precache import precache_dataset
 
     config, items = _config_and_items(datasets, groups, packs, geometry)
-    result: dict[str, float] = _throughput(PackBuilder(config), items, "pixels")
-    for store in ("moments", "sample", "vit") if vit else ("moments", "sample"):
-        job = Job(f"bench_{store}", "bench_pack:BenchViT", transform="vit", batch_size=8) \
-            if store == "vit" else Job(f"bench_{store}", "bench_pack:BenchVAE", store=store, batch_size=8)
-        encoder = (BenchViT() if store == "vit" else BenchVAE()).eval()
-        images, start = 0, time.perf_counter()
+    vae = Job("bench_moments", "bench_pack:BenchVAE", batch_size=8)
+    result = {"one_encoder_images_per_s": _precache_rate(config, [vae], [BenchVAE().eval()]),
+              "two_encoders_images_per_s": _precache_rate(
+                  config, [dataclasses.replace(vae, name="bench_moments_a"),
+                           Job("bench_mean_b", "bench_pack:BenchVAE2", store="mean", batch_size=8)],
+                  [BenchVAE().eval(), BenchVAE2().eval()])}
+    builders = {"pixels": PackBuilder(config), "latents": PackBuilder(config, encodings={"vae": vae.name})}
+    if vit:
+        job = Job("bench_vit", "bench_pack:BenchViT", transform="vit", batch_size=8)
+        from mmidx.encodings.precache import precache_dataset
+
         for group in config.groups:
             for prefix in group.datasets:
-                transform = group.vit_transform if store == "vit" else group.vae_transform
-                meta = precache_dataset(prefix, job, transform, progress=False, encoder=encoder)
-                images += meta["counts"]["records"]
-        result[f"{store}_precache_images_per_s"] = images / (time.perf_counter() - start)
-        uses = {"vae": "bench_sample", "vit": job.name} if store == "vit" else {"vae": job.name}
-        result.update(_throughput(PackBuilder(config, encodings=uses), items, store))
+                precache_dataset(prefix, job, group.vit_transform, progress=False, encoder=BenchViT().eval())
+        builders["frozen_vit"] = PackBuilder(config, encodings={"vae": vae.name, "vit": job.name})
+    result.update({f"{name}_ms": ms for name, ms in _worker_ms(builders, items).items()})
+    clock = StageClock()  # the latent pack's remaining pixel work: its ViT images (VAE images are not decoded)
+    timed = PackBuilder(config, encodings={"vae": vae.name}, stage=clock)
+    start = time.perf_counter()  # wall time, as the stage clock's
+    for k in range(len(items)):
+        timed.build(k, items[k])
+    total = time.perf_counter() - start
+    pixel_share = sum(clock.seconds[stage] for stage in ("decode", "resize", "normalise")) / total
+    result["vit_pixel_share"] = pixel_share
+    sampled = builders["latents"].build(0, items[0])
+    cpu = time.process_time()
+    sampled.to("cpu").to_dict()
+    result["draw_ms"] = (time.process_time() - cpu) * 1e3  # the trainer's side, here on the CPU
+    result["tokens"] = statistics.mean(builders["pixels"].build(k, items[k]).sequence_length for k in range(len(items)))
     return result
+
+
+def print_encodings(args: argparse.Namespace, sizes: list[int]) -> None:
+    """The --encodings table, per image size: worker-side ms per pack, pixels against latents, and precache
+    images/s with one and two encoders in a pass."""
+    print(f"{'JPEGs':<6} {'mode':<16} {'pixels ms':>10} {'latents ms':>11} {'×':>6} {'Amdahl bound':>13} "
+          f"{'of bound':>9} {'draw ms':>8} {'precache img/s 1 enc':>21} {'2 enc, one pass':>16}")
+    for size, mode in ((size, mode) for size in sizes for mode in ("t2i", "edit")):
+        _, datasets = prepare(Path(args.workdir), size)
+        # 1024² VAE images (BAGEL's t2i transform caps at 1024) need BAGEL's 1024 setting of max_latent_size
+        r = run_latents(datasets, MODES[mode], args.packs, {"max_latent_size": 64} if size > 512 else {},
+                        vit=mode == "edit")
+        print(f"{size:<6} ", end="")
+        rates = f"{r['one_encoder_images_per_s']:>21.1f} {r['two_encoders_images_per_s']:>16.1f}"
+        if mode == "t2i":
+            print(f"{'t2i':<16} {r['pixels_ms']:>10.1f} {r['latents_ms']:>11.1f} "
+                  f"{r['pixels_ms'] / r['latents_ms']:>6.1f} {'-':>13} {'-':>9} {r['draw_ms']:>8.1f} {rates}")
+            continue
+        bound = r["pixels_ms"] / (r["vit_pixel_share"] * r["latents_ms"])
+        speedup = r["pixels_ms"] / r["latents_ms"]
+        print(f"{'edit, ViT train':<16} {r['pixels_ms']:>10.1f} {r['latents_ms']:>11.1f} {speedup:>6.1f} "
+              f"{bound:>13.1f} {speedup / bound:>9.2f} {r['draw_ms']:>8.1f} {rates}")
+        print(f"{size:<6} {'edit, ViT frozen':<16} {r['pixels_ms']:>10.1f} {r['frozen_vit_ms']:>11.1f} "
+              f"{r['pixels_ms'] / r['frozen_vit_ms']:>6.1f} {'-':>13} {'-':>9} {r['draw_ms']:>8.1f} {rates}")
+    print("# ms: median CPU ms of PackDataset[k] (builder.build, what a loader worker spends) per ~32K-token pack,")
+    print("# pixels and latents interleaved pack by pack; latents: bf16 moments of a 32-channel conv+GroupNorm")
+    print("# stand-in VAE (8x down), shipped with their (seed, pack) key: the sample is drawn on the batch's")
+    print("# device ('draw ms': to('cpu').to_dict() of one pack here, on the trainer's side, not the worker's).")
+    print("# ViT frozen: the ViT images as bf16 outputs of a 1152-wide 14-pixel patch embedding as well.")
+    print("# Amdahl bound: pixels ms / the ViT pixel work left in the latent pack (decode+resize+normalise).")
+    print("# precache img/s: decode + BAGEL transform + encoder(s) + store per CPU-second, one thread, batches of 8;")
+    print("# '2 enc': a second conv encoder fed the same transformed pixels in the same pass.")
 
 
 def main() -> None:
@@ -308,37 +395,28 @@ def main() -> None:
     parser.add_argument("--bagel-src", help="checkout of ByteDance-Seed/Bagel to compare with")
     parser.add_argument("--bagel-site", help="folder with torchvision, decord, cv2 for BAGEL (see the docstring)")
     parser.add_argument("--encodings", action="store_true",
-                        help="only: precache the VAE (and edit's ViT) images of t2i and edit, and time packs with "
-                             "their encodings vs pixels")
-    parser.add_argument("--image-size", type=int, default=512,
+                        help="only: precache the VAE (and edit's ViT) images of t2i and edit with one and two "
+                             "encoders a pass, and time the worker side of packs with their encodings vs pixels "
+                             "(--image-size 512,1536: both sizes in one run)")
+    parser.add_argument("--image-size", default="512",
                         help="side of the generated JPEGs (BAGEL's t2i VAE transform resizes those over 1024)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    sizes = [int(size) for size in args.image_size.split(",")]
+    if args.encodings:
+        print(f"# bench_pack --encodings — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per "
+              f"mode, {' and '.join(f'{size}²' for size in sizes)} JPEGs")
+        print(f"# {machine('torch', 'Pillow')}")
+        print(f"# load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores; this machine is "
+              "shared with other jobs")
+        print_encodings(args, sizes)
+        print(f"# load average after: {os.getloadavg()[0]:.2f} (1 min)")
+        return
+    args.image_size = sizes[0]
     raw, datasets = prepare(Path(args.workdir), args.image_size)
     print(f"# bench_pack — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per mode, "
           f"{args.image_size}² JPEGs")
     print(f"# {machine('torch', 'Pillow')}")
-    if args.encodings:
-        print(f"{'mode':<5} {'pixels tok/s':>13} {'moments tok/s':>14} {'×':>5} {'sample tok/s':>13} {'×':>5} "
-              f"{'+vit tok/s':>11} {'×':>5} {'MB/pack px':>10} {'MB/pack lat':>11} {'precache img/s':>14}")
-        for mode in ("t2i", "edit"):
-            # 1024² VAE images (BAGEL's t2i transform caps at 1024) need BAGEL's 1024 setting of max_latent_size
-            r = run_latents(datasets, MODES[mode], args.packs, {"max_latent_size": 64} if args.image_size > 512 else {},
-                            vit=mode == "edit")
-            pixels = r["pixels_tokens_per_s"]
-            vit = f"{r['vit_tokens_per_s']:>11,.0f} {r['vit_tokens_per_s'] / pixels:>5.1f}" \
-                if "vit_tokens_per_s" in r else f"{'-':>11} {'-':>5}"
-            print(f"{mode:<5} {pixels:>13,.0f} {r['moments_tokens_per_s']:>14,.0f} "
-                  f"{r['moments_tokens_per_s'] / pixels:>5.1f} {r['sample_tokens_per_s']:>13,.0f} "
-                  f"{r['sample_tokens_per_s'] / pixels:>5.1f} {vit} {r['pixels_mb_per_pack']:>10.0f} "
-                  f"{r['sample_mb_per_pack']:>11.0f} {r['moments_precache_images_per_s']:>14.1f}", flush=True)
-        print("# tok/s: flex packs (split metadata, no masks), real tokens per CPU-second of this process.")
-        print("# Latents of a 32-channel conv+GroupNorm stand-in encoder (8x down), bf16: 'moments' (mean, logvar)")
-        print("# sampled per pack (seeded torch normals, mean + exp(logvar/2) * noise, in place), 'sample' drawn")
-        print("# once at precache time (a copy per pack). '+vit': the sample, and the ViT images as the bf16")
-        print("# outputs of a 1152-wide 14-pixel patch embedding (packed_vit_embeddings instead of pixels).")
-        print("# precache img/s: decode + BAGEL transform + that encoder + store, one thread, batches of 8.")
-        return
     header = (f"{'mode':<5} {'mmidx flex tok/s':>16} {'mmidx dense tok/s':>17} {'MB/pack':>8} {'dense ms':>9} "
               f"{'fill ms':>8} {'ratio':>6} {'BlockMask ms':>12}")
     if args.bagel_src:

@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from mmidx.images.transform import ImageTransform
+from mmidx.io.storage import is_remote, read_object
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,10 @@ class DataConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> DataConfig:
-        """Read a ``data.yaml``."""
+        """Read a ``data.yaml``: a path, or a URI in object storage (relative prefixes then resolve beside it)."""
+        if is_remote(path):
+            base = os.fspath(path).partition("?")[0].rsplit("/", 1)[0]
+            return cls.from_dict(yaml.safe_load(read_object(os.fspath(path)).decode("utf-8")) or {}, base_dir=base)
         with open(path, encoding="utf-8") as stream:
             return cls.from_dict(yaml.safe_load(stream) or {}, base_dir=Path(path).resolve().parent)
 

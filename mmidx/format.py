@@ -159,24 +159,31 @@ made of letters, digits, ``_`` and ``-``; :func:`encoding_path` names the files.
 
 * ``P.enc.NAME.bin``: the records' values back to back, each starting at a multiple of 64 bytes
   (zero padding between), little-endian, in the dtype the JSON names (bf16 as its 16 raw bits).
-* ``P.enc.NAME.idx``: magic ``b"MMIDXENC"``, uint64 version (1), uint64 record count ``n``, then
+* ``P.enc.NAME.idx``: magic ``b"MMIDXENC"``, uint64 version (that of the JSON), uint64 record count ``n``, then
   ``n`` ``ENCODING_RECORD`` (48 bytes): ``item`` int64 (the global image number, an index of
   ``image_info``, or the global sequence number of a text), ``img_num`` int32 (the element's
   img_num; 0 for texts), ``ndim`` int32 (1..4), ``shape`` 4 × int32 (unused dims 0), ``offset``
   int64 and ``nbytes`` int64 (the record's bytes in ``P.enc.NAME.bin``). Records are sorted by
   (item, img_num), each pair once. An image record is (C, h, w), or (2, C, h, w) for moments
-  (mean, then log-variance); a text record is (L, D), L the sequence's token count.
+  (mean, then log-variance); a text record is (L, D), L the sequence's token count (an encoder that
+  read the token ids); a *text-input* record (version 2) is (n, D): the rows an encoder with a
+  tokenizer of its own returned for the text's string (its masked-in rows when ``store_pad_tokens``
+  is false), n unrelated to the dataset's token count.
 * ``P.enc.NAME.json``: ``format`` = ``"mmidx-encoding"``, ``format_version``, ``name``,
   ``modality`` (image/text), ``transform`` (vae/vit; null for text) and ``transform_args``,
   ``img_num_rule``, ``encoder`` (the factory's spec string), ``weights_version`` (user-given or
   null), ``dtype``, ``store`` (moments/mean/sample/tensor), ``shape_rule``, ``dataset`` (the
   source's ``meta_sha256`` and counts), ``counts`` (records), ``files`` (bytes and xxh3_128 of the
   .bin and .idx) and ``meta_sha256`` over the rest, written in the canonical form of
-  ``P.meta.json``.
+  ``P.meta.json``. Version 2 adds ``input`` = ``"text"`` (required, text modality only),
+  ``store_pad_tokens`` and ``encoder_kwargs``; version 1 has no ``input`` (token-aligned texts).
 
 Readers check the magic, version, sizes, order and every record's offset, shape and size against
 the files before any view is made; a stream whose ``dataset`` checksum is not the dataset's own is
-refused. The same version rule as ``P.meta.json`` applies. Written like a build: ``.partial`` files,
+refused. Version rule: a stream is written with the lowest version that describes it (1 for image
+and token-aligned text records, byte-identical to earlier mmidx; 2 only for text-input records), and
+a reader reads every version up to its own and refuses newer ones, so an older mmidx refuses a
+text-input stream instead of misreading it as token-aligned. Written like a build: ``.partial`` files,
 data first, the JSON last; readers need the JSON, so an interrupted precache leaves nothing that opens.
 """
 
@@ -278,7 +285,7 @@ PLAN_OPTIONAL_ARRAYS: dict[str, np.dtype] = {
 SUFFIXES = {"idx": ".idx", "bin": ".bin", "images": ".images", "plan": ".plan", "meta": ".meta.json"}
 
 ENCODING_MAGIC = b"MMIDXENC"
-ENCODING_VERSION = 1
+ENCODING_VERSION = 2  # the newest stream version this mmidx reads (and writes, for text-input records)
 ENCODING_HEADER_SIZE = 24
 ENCODING_ALIGNMENT = 64  # each record's values start at a multiple of this in P.enc.NAME.bin
 ENCODING_ROLES = ("bin", "idx", "json")  # data files first, metadata last

@@ -14,6 +14,7 @@ process loads it again and refuses a tokenizer that changed on disk in between.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Sequence
@@ -118,4 +119,26 @@ def _reload(name_or_path: str, sha256: str) -> Tokenizer:
     if tokenizer.sha256 != sha256:
         raise TokenizerError(f"the tokenizer at {name_or_path!r} changed since the build started "
                              f"(sha256 {tokenizer.sha256[:12]}, was {sha256[:12]}); restart the build")
+    return tokenizer
+
+
+@functools.lru_cache(maxsize=8)
+def _loaded(name_or_path: str) -> Tokenizer:
+    return Tokenizer(name_or_path)
+
+
+def recorded_tokenizer(identity: dict[str, Any] | None, where: str) -> Tokenizer:
+    """The tokenizer a dataset's metadata records (``identity``), loaded once per process, refused (a
+    TokenizerError naming ``where``) unless it loads and is the very one the dataset was built with."""
+    if not identity:
+        raise TokenizerError(f"{where}: the dataset records no tokenizer, so its texts cannot be decoded; "
+                             "build it with --tokenizer")
+    try:
+        tokenizer = _loaded(identity["name_or_path"])
+    except (TokenizerError, OSError, ValueError) as error:
+        raise TokenizerError(f"{where}: its tokenizer {identity['name_or_path']!r} does not load "
+                             f"({str(error).splitlines()[0][:120]})") from error
+    if tokenizer.sha256 != identity.get("sha256"):
+        raise TokenizerError(f"{where}: the tokenizer at {identity['name_or_path']!r} is not the one the dataset "
+                             "was built with")
     return tokenizer

@@ -99,18 +99,66 @@ def test_records_round_trip_exactly_and_packs_carry_them(data, monkeypatch):
         no_dropout.build(1, [PackItem(1, 0, 0, 0)])  # an edit sample's ViT image keeps its pixels
 
 
-def test_moments_are_sampled_per_pack_and_batches_stay_a_function_of_the_pack(data):
+def _reference_noise(seed, pack, slot, shape):
+    """Normals of the noise module's docstring, written out here: Philox4x32-10 blocks (the function itself is
+    checked against Random123's known answers) through a float64 Box-Muller in numpy."""
+    from mmidx.encodings.noise import philox4x32
+
+    count = int(np.prod(shape))
+    block = torch.arange((count + 3) // 4)
+    x = [v.numpy() for v in philox4x32([block, block * 0 + slot, block * 0 + pack, block * 0], (seed, 0))]
+    normals = []
+    for a, b in ((x[0], x[1]), (x[2], x[3])):
+        radius = np.sqrt(-2 * np.log(((a >> 8) + 1) / 2**24))
+        normals.append((radius * np.cos(2 * np.pi * (b >> 8) / 2**24), radius * np.sin(2 * np.pi * (b >> 8) / 2**24)))
+    lanes = np.stack([normals[0][0], normals[0][1], normals[1][0], normals[1][1]], axis=1).reshape(-1)
+    return torch.from_numpy(lanes[:count].reshape(shape)).float()
+
+
+def test_philox_matches_random123s_known_answers():
+    from mmidx.encodings.noise import philox4x32
+
+    cases = [((0, 0, 0, 0), (0, 0), (0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8)),
+             ((0xffffffff,) * 4, (0xffffffff,) * 2, (0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd)),
+             ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
+              (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1))]
+    for counter, key, expected in cases:
+        assert tuple(int(v) for v in philox4x32([torch.tensor([c]) for c in counter], key)) == expected
+
+
+def test_moments_ship_with_their_key_and_are_sampled_where_the_batch_moves(data):
     _precache(data, "mom", Job("mom", "support.encoders:vae", dtype="fp32", batch_size=3))
     builder = PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"vae": "mom"})
-    items = [PackItem(0, 0, 0, 0), PackItem(0, 0, 2, 0)]  # the same image size twice
-    first, again, other = builder.build(5, items), builder.build(5, items), builder.build(6, items)
+    items = [PackItem(0, 0, 0, 0), PackItem(0, 0, 2, 0), PackItem(0, 0, 1, 0)]  # two images of one size
+    shipped = builder.build(5, items)
+    assert "padded_latent" not in shipped.tensors  # nothing sampled in the loader
+    assert shipped.tensors["latent_noise_key"].tolist() == [3, 5]
+    first, again, other = shipped.to("cpu"), builder.build(5, items).to("cpu"), builder.build(6, items).to("cpu")
     assert torch.equal(first.padded_latent, again.padded_latent)
     assert not torch.equal(first.padded_latent, other.padded_latent)
-    moments = MMIDXDataset(data / "t2i")[0].encoding("mom", 0)
-    c, h, w = moments.shape[1:]
-    key = int(np.random.Philox(key=3, counter=[0, 1, 0, 5]).random_raw())  # the rule of batch.py's docstring
-    noise = torch.randn((c, h, w), generator=torch.Generator().manual_seed(key))
-    torch.testing.assert_close(first.padded_latent[0, :, :h, :w], moments[0] + torch.exp(0.5 * moments[1]) * noise)
+    assert "padded_latent_moments" not in first.to_dict() and "latent_noise_key" not in first.to_dict()
+    dataset = MMIDXDataset(data / "t2i")
+    for slot, sample in enumerate((0, 2, 1)):
+        moments = dataset[sample].encoding("mom", 0)
+        c, h, w = moments.shape[1:]
+        expected = moments[0] + torch.exp(0.5 * moments[1]) * _reference_noise(3, 5, slot, (c, h, w))
+        torch.testing.assert_close(first.padded_latent[slot, :, :h, :w], expected, rtol=1e-5, atol=1e-5)
+        assert not first.padded_latent[slot, :, h:].any() and not first.padded_latent[slot, :, :, w:].any()
+    assert not torch.equal(first.padded_latent[0, :, :2, :2], first.padded_latent[1, :, :2, :2])  # own noise
+
+
+def test_moments_sampled_on_a_device_agree_with_the_cpu(data):
+    """The same code on CUDA where there is one (on CPU in CI: ``device="cpu"``, through pin_memory too)."""
+    _precache(data, "momd", Job("momd", "support.encoders:vae", batch_size=3))  # bf16 moments
+    builder = PackBuilder(_config(data), special_tokens=SPECIAL, encodings={"vae": "momd"})
+    items = [PackItem(0, 0, s, 0) for s in range(len(SIZES))]
+    cpu = builder.build(2, items).to("cpu").padded_latent
+    assert builder.build(2, items).tensors["padded_latent_moments"].dtype == torch.bfloat16
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        moved = builder.build(2, items)
+        moved = moved.pin_memory() if device == "cuda" else moved
+        torch.testing.assert_close(moved.to(device).padded_latent.cpu(), cpu, rtol=1e-5, atol=1e-5)
 
 
 def test_vit_encodings_are_the_encoder_on_the_packs_own_vit_pixels_in_token_order(data):

@@ -8,7 +8,8 @@ Every module of ``SOURCE_ROOT/mmidx`` (``.py`` files, and ``csrc/*.pyx`` as ``mm
 importable from the installed package, and the package must not be the source tree itself (an
 editable install or the current directory would hide a subpackage missing from the wheel). A module may
 fail to import only for a missing optional framework: a package that the installed metadata lists under
-an extra (``pip install mmidx[ray]``), never a module of mmidx and never a core dependency.
+an extra (``pip install mmidx[ray]``), or with mmidx's own ``MissingExtraError`` naming an extra the package
+declares; never for a module of mmidx or a core dependency.
 Exit status 0 when all is well; 1 with one line per problem otherwise.
 """
 
@@ -43,16 +44,24 @@ def optional_packages() -> set[str]:
 
 def main(root: Path) -> int:
     import mmidx
+    from mmidx.errors import MissingExtraError
 
     installed = Path(mmidx.__file__).resolve().parent
     if installed.is_relative_to(root.resolve()):
         print(f"mmidx is imported from the source tree ({installed}), not from an installed wheel")
         return 1
     optional, problems, skipped = optional_packages(), [], []
+    extras = set(importlib.metadata.metadata("mmidx").get_all("Provides-Extra") or [])
     modules = source_modules(root)
     for name in modules:
         try:
             importlib.import_module(name)
+        except MissingExtraError as error:  # mmidx's own line for an optional framework: it names the extra
+            extra = re.search(r"mmidx\[(\w+)\]", str(error))
+            if extra and extra.group(1) in extras:
+                skipped.append(f"{name} (needs the extra {extra.group(1)})")
+            else:
+                problems.append(f"{name}: {error} (no such extra in the package's metadata)")
         except ModuleNotFoundError as error:
             missing = (error.name or "").split(".")[0]
             if missing in optional:

@@ -2,46 +2,61 @@
 
 ``padded_latent`` is BAGEL's ``vae_model.encode(padded_images)`` in its padded layout: (n, C, max h,
 max w) float32, each latent top-left, zeros elsewhere, in the order of ``patchified_vae_latent_shapes``.
-Moments are sampled per pack: the noise of VAE slot s of pack k is ``torch.randn`` from a torch
-generator seeded with the first 64-bit output of Philox keyed by (seed, counter (0, 1, s, k)) (torch's
-CPU generator keeps its low 32 bits, so two slots share a noise stream with probability 2^-32 per
-pair): a pure function of (config, seed, pack) like every other draw of a pack, and 2-4x cheaper than
-Philox's own normals.
+Moments are not sampled in the loader: the pack ships ``padded_latent_moments`` (n, 2, C, max h, max w)
+in the stored dtype, ``latent_sizes`` (n, 2) and ``latent_noise_key`` (seed, pack), and the sample is
+drawn where the batch lives (:mod:`mmidx.encodings.noise`), a pure function of (config, seed, pack).
+
+Text-input encodings (an encoder with a tokenizer of its own, e.g. T5 or CLIP: one record per text)
+used as ``U`` appear as ``text_encoding_U`` (rows, max n, D) float32 zero-padded, one row per text
+kept in the pack, in pack order, with ``text_encoding_U_lengths``, ``text_encoding_U_samples`` (the
+sample's position in the pack) and ``text_encoding_U_elements`` (the element's number in its view).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
 import torch
 
-from mmidx import format as fmt
 from mmidx.config import DataConfig, GroupConfig
 from mmidx.format import FormatError
-from mmidx.read.encoding_streams import IMG_NUM_RULE, EncodingStream, open_stream
+from mmidx.read.encoding_streams import IMG_NUM_RULE, EncodingStream, open_stream, stream_location
 
 USES = {"vae": ("image", "vae"), "vit": ("image", "vit"), "text": ("text", None)}  # what each use's stream holds
+TEXT_INPUT_USE = ("text", None)  # any other use (a name of letters, digits and _) is a text-input encoding
+
+
+def text_encoding_keys(use: str) -> tuple[str, str, str, str]:
+    """The batch keys of the text-input encoding used as ``use``: values, lengths, samples, elements."""
+    key = f"text_encoding_{use}"
+    return key, f"{key}_lengths", f"{key}_samples", f"{key}_elements"
 
 
 def group_encodings(config: DataConfig, override: Mapping[str, str] | None) -> list[dict[str, str]]:
-    """Per group, the stream name of each use ("vae", "vit", "text"): ``override`` for all, else the group's own."""
+    """Per group, the stream name of each use ("vae", "vit", "text", or a text-input encoding's own name):
+    ``override`` for all, else the group's own."""
     chosen = []
     for group in config.groups:
         names = dict(override if override is not None else group.encodings or {})
-        unknown = sorted(set(names) - set(USES))
-        if unknown:
-            raise ValueError(f"group {group.name!r}: encodings {unknown} are unknown; the uses are {sorted(USES)}")
+        bad = sorted(use for use in names if use not in USES and (not use.isidentifier() or not use.isascii()))
+        if bad:
+            raise ValueError(f"group {group.name!r}: encoding uses {bad} are not names; the uses are "
+                             f"{sorted(USES)} or a text-input encoding's name (letters, digits, _)")
         chosen.append(names)
     return chosen
 
 
 def mismatch(meta: dict[str, Any], group: GroupConfig, use: str) -> str | None:
     """What differs between a stream's recorded inputs and what ``group`` feeds ``use``, or None."""
-    modality, transform = USES[use]
+    modality, transform = USES.get(use, TEXT_INPUT_USE)
+    text_input = meta.get("input") == "text"
+    if modality == "text" and meta["modality"] == "text" and text_input != (use not in USES):
+        return "it holds text-input encodings (one record per text); use it under its own name, not as text" \
+            if text_input else f"it holds token-aligned text encodings; use it as text, not as {use}"
     if meta["modality"] != modality or meta.get("transform") != transform:
         return f"it holds {meta['modality']} encodings of the {meta.get('transform')} transform, {use} needs " \
                f"{modality} encodings{f' of the {transform} transform' if transform else ''}"
@@ -68,7 +83,7 @@ def checked_streams(config: DataConfig, datasets: list[list[Any]], names: list[d
                 stream = open_stream(dataset, name)  # refuses another version of the dataset
                 problem = mismatch(stream.meta, group, use)
                 if problem:
-                    raise ValueError(f"{fmt.encoding_path(dataset.prefix, name, 'json')} cannot serve as {use} "
+                    raise ValueError(f"{stream_location(dataset.prefix, name, 'json')} cannot serve as {use} "
                                      f"encodings of group {group.name!r}: {problem}; precache it again")
 
 
@@ -79,42 +94,56 @@ def latent(stream: EncodingStream, item: int, img_num: int, height: int, width: 
     moments = stream.meta["store"] == "moments"
     if value.dim() != 3 + moments or (moments and value.shape[0] != 2) or not h or not w or height % h or \
             width % w or height // h != width // w or down % (height // h):
-        raise FormatError(f"{fmt.encoding_path(stream.prefix, stream.name, 'idx')}: image {item}'s record has shape "
+        raise FormatError(f"{stream_location(stream.prefix, stream.name, 'idx')}: image {item}'s record has shape "
                           f"{tuple(value.shape)}, which is no latent of a {height}x{width} image under a "
                           f"{down}-pixel latent patch: corrupted or from another transform")
     return value
 
 
-def noise_generator(seed: int, pack_index: int, slot: int) -> torch.Generator:
-    """The generator of the noise of VAE slot ``slot`` of pack ``pack_index`` (the rule of the module's docstring)."""
-    key = np.random.Philox(key=seed, counter=[0, 1, slot, pack_index]).random_raw()
-    return torch.Generator().manual_seed(int(key))
-
-
-def padded_latent(latents: list[torch.Tensor], seed: int, pack_index: int,
-                  allocate: Callable[..., torch.Tensor] = torch.empty) -> torch.Tensor:
-    """(n, C, max h, max w) float32 from ``allocate``, each latent top-left, zeros elsewhere; moments sampled
-    per pack slot, written in place (mean + exp(logvar / 2) * noise, with no float copy of the moments)."""
+def latent_tensors(latents: list[torch.Tensor], seed: int, pack_index: int,
+                   allocate: Callable[..., torch.Tensor] = torch.empty) -> dict[str, torch.Tensor]:
+    """The batch keys of a pack's precached latents: ``padded_latent`` (n, C, max h, max w) float32, each latent
+    top-left, zeros elsewhere; or, for moments, ``padded_latent_moments`` (n, 2, C, max h, max w) in the stored
+    dtype with ``latent_sizes`` and ``latent_noise_key``, sampled where the batch lives."""
     channels = latents[0].shape[-3]
     if any(value.shape[-3] != channels for value in latents):
         raise FormatError("the precached latents of one pack have different channel counts: the streams come from "
                           "different encoders; use one encoding name for every group")
+    moments = latents[0].dim() == 4
+    if any((value.dim() == 4) != moments for value in latents):
+        raise FormatError("a pack mixes precached moments with single-tensor latents: precache every group's "
+                          "VAE images with the same --store")
     height, width = max(value.shape[-2] for value in latents), max(value.shape[-1] for value in latents)
-    padded = allocate(len(latents), channels, height, width)
-    noise = torch.empty(channels * height * width)
+    if moments:  # in the stored dtype, in a (float32) batch buffer viewed as that dtype
+        dtype = latents[0].dtype
+        shape = (len(latents), 2, channels, height, width)
+        nbytes = math.prod(shape) * dtype.itemsize
+        padded = allocate(-(-nbytes // 4)).view(torch.uint8)[:nbytes].view(dtype).view(shape)
+    else:
+        padded = allocate(len(latents), channels, height, width)
     for slot, value in enumerate(latents):
         h, w = value.shape[-2:]
-        padded[slot, :, h:].zero_()
-        padded[slot, :, :h, w:].zero_()
-        target = padded[slot, :, :h, :w]
-        if value.dim() == 4:
-            draw = torch.randn((channels, h, w), generator=noise_generator(seed, pack_index, slot),
-                               out=noise[: channels * h * w].view(channels, h, w))
-            torch.mul(value[1], 0.5, out=target)
-            target.exp_().mul_(draw).add_(value[0])
-        else:
-            target.copy_(value)
-    return padded
+        padded[slot, ..., h:, :].zero_()
+        padded[slot, ..., :h, w:].zero_()
+        padded[slot, ..., :h, :w].copy_(value)
+    if not moments:
+        return {"padded_latent": padded}
+    sizes = torch.tensor([tuple(value.shape[-2:]) for value in latents], dtype=torch.int64)
+    return {"padded_latent_moments": padded, "latent_sizes": sizes,
+            "latent_noise_key": torch.tensor([seed, pack_index], dtype=torch.int64)}
+
+
+def padded_text_encoding(values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, max n, D) float32, each text's (n, D) record top-aligned and zeros below, and the (rows,) lengths."""
+    dims = values[0].shape[1]
+    if any(value.dim() != 2 or value.shape[1] != dims for value in values):
+        raise FormatError("the text-input encodings of one pack have different widths: the streams come from "
+                          "different encoders; use one encoding name for every group")
+    lengths = torch.tensor([len(value) for value in values], dtype=torch.int64)
+    padded = torch.zeros(len(values), int(lengths.max()) if len(values) else 0, dims)
+    for row, value in enumerate(values):
+        padded[row, :len(value)] = value
+    return padded, lengths
 
 
 def vit_embedding(stream: EncodingStream, item: int, img_num: int, height: int, width: int) -> torch.Tensor:
@@ -122,7 +151,7 @@ def vit_embedding(stream: EncodingStream, item: int, img_num: int, height: int, 
     ViT patches."""
     value = stream.tensor(item, img_num)
     if value.dim() != 3 or tuple(value.shape[:2]) != (height, width):
-        raise FormatError(f"{fmt.encoding_path(stream.prefix, stream.name, 'idx')}: image {item}'s record has shape "
+        raise FormatError(f"{stream_location(stream.prefix, stream.name, 'idx')}: image {item}'s record has shape "
                           f"{tuple(value.shape)}, not ({height}, {width}, D) for its {height}x{width} ViT patches: "
                           "corrupted or from another encoder (patch size) or transform")
     return value
@@ -144,10 +173,11 @@ def packed_vit_embeddings(values: list[torch.Tensor], allocate: Callable[..., to
     return packed
 
 
-def text_embedding(stream: EncodingStream, sequence: int, length: int) -> torch.Tensor:
-    """The stored (L, D) embedding of a text sequence of ``length`` tokens."""
+def text_embedding(stream: EncodingStream, sequence: int, length: int | None) -> torch.Tensor:
+    """The stored (L, D) embedding of a text sequence of ``length`` tokens (of any length for a text-input
+    stream: ``length`` None)."""
     value = stream.tensor(sequence, 0)
-    if value.dim() != 2 or value.shape[0] != length:
-        raise FormatError(f"{fmt.encoding_path(stream.prefix, stream.name, 'idx')}: sequence {sequence}'s record has "
-                          f"shape {tuple(value.shape)}, not ({length}, D): corrupted or from another dataset")
+    if value.dim() != 2 or (length is not None and value.shape[0] != length):
+        raise FormatError(f"{stream_location(stream.prefix, stream.name, 'idx')}: sequence {sequence}'s record has "
+                          f"shape {tuple(value.shape)}, not ({length or 'n'}, D): corrupted or from another dataset")
     return value

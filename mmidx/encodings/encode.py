@@ -1,6 +1,7 @@
-"""Running a frozen encoder over a dataset: the job (``Job``), the units of work (images grouped by output
-shape, or text sequences: ``plan_units``), and one batch encoded (``encode_batch``), shared by the local
-and the Ray engines of :mod:`mmidx.encodings.precache`.
+"""Running frozen encoders over a dataset: the job of each (``Job``), the units of work (images grouped by
+output shape, or text sequences: ``plan_units``), and one batch encoded by every encoder of a pass
+(``encode_batch``: pixels, token ids or strings made once and fed to each), shared by the local and
+the Ray engines of :mod:`mmidx.encodings.precache`.
 """
 
 from __future__ import annotations
@@ -20,29 +21,60 @@ from mmidx.images.decode import ImageError, decode_rgb_pixels
 from mmidx.images.transform import ImageTransform
 from mmidx.read.dataset import MMIDXDataset
 from mmidx.read.encoding_streams import DTYPES
+from mmidx.tokenizer import recorded_tokenizer
 
 RECORD_SIZE = fmt.ENCODING_RECORD.itemsize
 
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """What one precache computes: the options that decide its bytes."""
+    """What one encoding of a precache computes: the options that decide its bytes.
+
+    ``encoder`` is ``pkg.module:factory`` or ``pkg.module.Class``, called with ``encoder_kwargs``.
+    A text encoder reads the dataset's token ids (``input="tokens"``: (B, L) of one length, its
+    output stored token for token) or the texts' strings (``input="text"``: a list of str, decoded
+    with the dataset's tokenizer, for encoders with a tokenizer of their own); with
+    ``store_pad_tokens=False`` it returns ``(embeddings, mask)`` and only the masked-in rows are kept."""
 
     name: str
-    encoder: str  # "pkg.module:factory"
+    encoder: str  # "pkg.module:factory" or "pkg.module.Class"
     modality: str = "image"  # image | text
     transform: str = "vae"  # vae | vit: which of the group's transforms (and element kind) feeds the encoder
     store: str = "moments"  # moments | mean | sample (a single-tensor output is stored as is)
     dtype: str = "bf16"
     batch_size: int = 16
     weights_version: str | None = None
+    input: str = "tokens"  # text encoders: tokens | text
+    store_pad_tokens: bool = True  # text: False = the encoder returns (embeddings, mask); masked-in rows kept
+    encoder_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.modality not in ("image", "text") or self.transform not in ("vae", "vit") or \
-                self.store not in ("moments", "mean", "sample") or self.dtype not in DTYPES or self.batch_size < 1:
+                self.store not in ("moments", "mean", "sample") or self.dtype not in DTYPES or self.batch_size < 1 \
+                or self.input not in ("tokens", "text"):
             raise ValueError(f"bad precache options {self}: modality image|text, transform vae|vit, "
-                             "store moments|mean|sample, dtype bf16|fp16|fp32, batch size >= 1")
+                             "store moments|mean|sample, dtype bf16|fp16|fp32, batch size >= 1, input tokens|text")
+        if self.modality == "text" and self.input == "tokens" and not self.store_pad_tokens:
+            raise ValueError(f"encoding {self.name!r}: store_pad_tokens: false needs input: text (token-input "
+                             "encodings are stored token for token, aligned with packed_text_ids)")
         fmt.encoding_path("p", self.name, "json")  # the name check
+
+    @property
+    def reads(self) -> tuple[str, str | None, int]:
+        """What the encoder is fed, batched how: one pass makes it once for every job that reads the same."""
+        return self.modality, self.transform if self.modality == "image" else None, self.batch_size
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        """The options as plain data (what a resumed run must share, and the JSON records)."""
+        return json_safe(dataclasses.asdict(self))
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as JSON would give it back (tuples as lists, keys as strings)."""
+    import json
+
+    return json.loads(json.dumps(value, sort_keys=True, default=repr))
 
 
 @dataclasses.dataclass
@@ -54,46 +86,76 @@ class RunOptions:
     progress: bool = True
     engine: str = "local"  # local | ray
     ray_address: str | None = None
-    encoder: Callable[..., Any] | None = None  # an encoder already loaded (local engine only)
+    encoders: list[Callable[..., Any]] | None = None  # encoders already loaded, one per job (local engine only)
 
 
-def encoder_factory(spec: str) -> Callable[[], Any]:
-    """The ``factory`` that ``pkg.module:factory`` names, imported (a ValueError saying what is wrong if not)."""
-    module_name, _, attribute = spec.partition(":")
+def encoder_factory(spec: str) -> Callable[..., Any]:
+    """The factory or class that ``pkg.module:factory`` or ``pkg.module.Class`` names, imported (a ValueError
+    saying what is wrong if not)."""
+    module_name, colon, attribute = spec.partition(":")
+    if not colon:
+        module_name, _, attribute = spec.rpartition(".")
     if not module_name or not attribute:
-        raise ValueError(f"--encoder {spec!r}: give it as pkg.module:factory")
+        raise ValueError(f"encoder {spec!r}: give it as pkg.module:factory or pkg.module.Class")
     try:
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
-        raise ValueError(f"--encoder {spec!r}: cannot import it ({error}); is its package on PYTHONPATH?") from error
+        raise ValueError(f"encoder {spec!r}: cannot import it ({error}); is its package on PYTHONPATH?") from error
 
 
-def load_encoder(spec: str, device: str = "cpu") -> Callable[..., Any]:
-    """``factory()`` of ``pkg.module:factory``, on ``device`` and in eval mode when it is a module."""
-    encoder = encoder_factory(spec)()
+def load_encoder(job: Job, device: str = "cpu") -> Callable[..., Any]:
+    """The job's encoder, ``factory(**encoder_kwargs)``, on ``device`` and in eval mode when it is a module:
+    its ``encode`` method when it has one (the seed's convention), else the object itself."""
+    try:
+        encoder = encoder_factory(job.encoder)(**job.encoder_kwargs)
+    except TypeError as error:
+        raise ValueError(f"encoding {job.name!r}: {job.encoder}(**{job.encoder_kwargs}) fails: {error}") from error
     if isinstance(encoder, torch.nn.Module):
         encoder.eval().requires_grad_(False).to(device)
-    return encoder
+    encode = getattr(encoder, "encode", None)
+    return encode if callable(encode) else encoder
 
 
-def _outputs(result: Any, store: str, items: np.ndarray, img_nums: np.ndarray) -> tuple[torch.Tensor, str]:
-    """The (B, ...) values to store and the store name recorded: moments stack (mean, logvar) on dim 1."""
+def _outputs(result: Any, job: Job, items: np.ndarray, img_nums: np.ndarray) -> tuple[list[torch.Tensor], str]:
+    """The values to store, one per record, and the store name recorded: moments stack (mean, logvar) on dim 0
+    of each record; a text encoder's (embeddings, mask) keeps each text's masked-in rows."""
+    if job.modality == "text":
+        if job.store_pad_tokens:
+            if not isinstance(result, torch.Tensor) or result.dim() != 3 or len(result) != len(items):
+                raise ValueError(f"encoding {job.name!r}: the text encoder must return a (B, L, D) tensor "
+                                 f"(store_pad_tokens: true), not {_described(result)}")
+            return list(result.unbind(0)), "tensor"
+        if not (isinstance(result, (tuple, list)) and len(result) == 2 and all(
+                isinstance(part, torch.Tensor) for part in result)) or result[0].dim() != 3 or \
+                tuple(result[1].shape) != tuple(result[0].shape[:2]) or len(result[0]) != len(items):
+            raise ValueError(f"encoding {job.name!r}: with store_pad_tokens: false the text encoder must return "
+                             f"(embeddings (B, L, D), mask (B, L)), not {_described(result)}")
+        embeddings, mask = result[0], result[1].bool()
+        return [rows[keep] for rows, keep in zip(embeddings, mask, strict=True)], "tensor"
     if isinstance(result, torch.Tensor):
-        return result, "tensor"
+        return list(result.unbind(0)), "tensor"
     if isinstance(result, (tuple, list)) and len(result) == 2:
         mean, logvar = result
     elif hasattr(result, "mean") and hasattr(result, "logvar"):  # e.g. a diagonal Gaussian posterior
         mean, logvar = result.mean, result.logvar
     else:
-        raise ValueError("the encoder returned neither a tensor, nor (mean, logvar), nor an object with .mean "
-                         f"and .logvar, but {type(result).__name__}")
-    if store == "moments":
-        return torch.stack([mean, logvar], dim=1), store
-    if store == "mean":
-        return mean, store
+        raise ValueError(f"encoding {job.name!r}: the encoder returned neither a tensor, nor (mean, logvar), nor "
+                         f"an object with .mean and .logvar, but {_described(result)}")
+    if job.store == "moments":
+        return list(torch.stack([mean, logvar], dim=1).unbind(0)), job.store
+    if job.store == "mean":
+        return list(mean.unbind(0)), job.store
     noise = torch.stack([torch.from_numpy(record_noise(int(item), int(img_num), tuple(mean.shape[1:])))
                          for item, img_num in zip(items, img_nums, strict=True)]).to(mean.device)
-    return mean + torch.exp(0.5 * logvar.float()) * noise, store
+    return list((mean + torch.exp(0.5 * logvar.float()) * noise).unbind(0)), job.store
+
+
+def _described(result: Any) -> str:
+    if isinstance(result, torch.Tensor):
+        return f"a tensor of shape {tuple(result.shape)}"
+    if isinstance(result, (tuple, list)):
+        return f"a {type(result).__name__} of {len(result)}: {', '.join(_described(part) for part in result)}"
+    return type(result).__name__
 
 
 def record_noise(item: int, img_num: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -151,27 +213,54 @@ def plan_units(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None
     return Units(items, img_nums, shapes, bounds)
 
 
-def encode_batch(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, units: Units, b: int,
-                 encoder: Callable[..., Any], device: str,
-                 pool: ThreadPoolExecutor | None = None) -> tuple[torch.Tensor, str]:
-    """Batch ``b``'s values on the CPU in the stored dtype, and the store its output type gives."""
+def encode_batch(dataset: MMIDXDataset, jobs: list[Job], transform: ImageTransform | None, units: Units, b: int,
+                 encoders: list[Callable[..., Any]], device: str, pool: ThreadPoolExecutor | None = None,
+                 skip: frozenset[int] = frozenset()) -> list[tuple[list[torch.Tensor], str] | None]:
+    """Batch ``b`` encoded by every job's encoder (but those numbered in ``skip``, whose result is None): per
+    job, one CPU tensor per record in the stored dtype, and the store its output type gives. The input is
+    made once for all: pixels, token ids, or the texts' strings."""
     start, end = units.bounds[b], units.bounds[b + 1]
-    inputs = _inputs(dataset, job, transform, units, start, end, pool)
+    images = jobs[0].modality == "image"
+    pixels = _pixels(dataset, transform, units, start, end, pool).to(device) if images else None
+    ids: torch.Tensor | None = None
+    strings: list[str] | None = None
+    results: list[tuple[list[torch.Tensor], str] | None] = []
     with torch.inference_mode():
-        result = encoder(inputs.to(device))
-        values, store = _outputs(result, job.store, units.items[start:end], units.img_nums[start:end])
-        values = values.to("cpu", DTYPES[job.dtype])
-        if job.modality == "image" and job.transform == "vit" and values.dim() == 4:
-            values = values.permute(0, 2, 3, 1)  # token-major (h, w, D): packs copy rows, no transpose
-        return values, store
+        for number, (job, encoder) in enumerate(zip(jobs, encoders, strict=True)):
+            if number in skip:
+                results.append(None)
+                continue
+            if images:
+                inputs: Any = pixels
+            elif job.input == "tokens":
+                ids = _token_ids(dataset, units, start, end).to(device) if ids is None else ids
+                inputs = ids
+            else:
+                strings = _strings(dataset, units, start, end) if strings is None else strings
+                inputs = strings
+            values, store = _outputs(encoder(inputs), job, units.items[start:end], units.img_nums[start:end])
+            values = [value.to("cpu", DTYPES[job.dtype]) for value in values]
+            if images and job.transform == "vit" and values and values[0].dim() == 3:
+                values = [value.permute(1, 2, 0) for value in values]  # token-major (h, w, D): packs copy rows
+            results.append((values, store))
+    return results
 
 
-def _inputs(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, units: Units, start: int, end: int,
+def _token_ids(dataset: MMIDXDataset, units: Units, start: int, end: int) -> torch.Tensor:
+    """(B, L) token ids of one batch of text sequences (of one length)."""
+    return torch.stack([torch.from_numpy(dataset.get_tokens(int(item)).astype(np.int64))
+                        for item in units.items[start:end]])
+
+
+def _strings(dataset: MMIDXDataset, units: Units, start: int, end: int) -> list[str]:
+    """The texts of one batch, decoded with the tokenizer the dataset was built with."""
+    tokenizer = recorded_tokenizer(dataset.tokenizer, dataset.prefix)
+    return [tokenizer.decode(dataset.get_tokens(int(item)).tolist()) for item in units.items[start:end]]
+
+
+def _pixels(dataset: MMIDXDataset, transform: ImageTransform | None, units: Units, start: int, end: int,
             pool: ThreadPoolExecutor | None) -> torch.Tensor:
-    """The encoder's input of one batch: (B, 3, H, W) pixels exactly as packs make them, or (B, L) token ids."""
-    if job.modality == "text":
-        return torch.stack([torch.from_numpy(dataset.get_tokens(int(item)).astype(np.int64))
-                            for item in units.items[start:end]])
+    """(B, 3, H, W) pixels of one batch, exactly as packs make them."""
     height, width = (int(n) for n in units.shapes[start])
     batch = torch.empty(end - start, 3, height, width, dtype=torch.float32)
     table = dataset.plan["image_info"]

@@ -1,17 +1,23 @@
-"""``mmidx precache``: run a frozen encoder once over a dataset's images or texts and store its outputs.
+"""``mmidx precache``: run frozen encoders once over a dataset's images or texts and store their outputs.
 
-Each distinct (image, img_num) of the chosen element kind (or each text sequence) is one record.
-Images go through the very transform a packed batch applies to them (same decode, same fused
-resize-and-normalise kernel, so the encoder sees the pack's pixels bit for bit) and are batched by
-output shape, so nothing is padded. The job is crash-safe and resumable like a build: values are
-appended to ``P.enc.NAME.bin.partial``, and after each batch is on disk its records to
-``P.enc.NAME.idx.partial``; a rerun keeps the whole batches both files hold and goes on, so the
-finished streams are byte-identical to those of an uninterrupted run. The table and the JSON are
-written last, under ``.partial`` names renamed into place (JSON last).
+Encoders that read the same input run in one pass: each batch of images is read, decoded and transformed
+once and fed to every encoder of that transform, each batch of texts made once (token ids, or strings)
+and fed to every text encoder. Each distinct (image, img_num) of the chosen element kind (or each text
+sequence) is one record. Images go through the very transform a packed batch applies to them (same
+decode, same fused resize-and-normalise kernel, so the encoder sees the pack's pixels bit for bit) and
+are batched by output shape, so nothing is padded. The job is crash-safe and resumable like a build:
+values are appended to ``P.enc.NAME.bin.partial``, and after each batch is on disk its records to
+``P.enc.NAME.idx.partial``; a rerun keeps the whole batches both files hold and goes on, so the finished
+streams are byte-identical to those of an uninterrupted run (each encoding of a pass resumes from its
+own last whole batch). The table and the JSON are written last, under ``.partial`` names renamed into
+place (JSON last). A dataset in object storage is read through the same reader, its streams built in
+local scratch (``$MMIDX_CACHE_DIR``, so a rerun resumes there) and uploaded beside it, data first and
+the JSON last, as ``mmidx build --output s3://`` uploads a dataset.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -33,14 +39,17 @@ from mmidx.encodings.encode import (
     Units,
     encode_batch,
     encoder_factory,
+    json_safe,
     load_encoder,
     plan_units,
 )
 from mmidx.images.transform import ImageTransform
+from mmidx.ingest.remote import scratch_prefix
 from mmidx.io.files import errors_naming
 from mmidx.io.lock import output_lock
+from mmidx.io.storage import is_remote
 from mmidx.read.dataset import MMIDXDataset
-from mmidx.read.encoding_streams import IMG_NUM_RULE, refuse_remote, write_table
+from mmidx.read.encoding_streams import IMG_NUM_RULE, stream_version, upload_stream, write_table
 
 
 class _Partial:
@@ -105,11 +114,13 @@ class _Partial:
 
 SHAPE_RULES = {"image": "(C, h, w) per image; moments (2, C, h, w) = (mean, logvar)",
                "vit": "(h, w, D) per image: the encoder's (D, h, w) in ViT token order",
-               "text": "(L, D) per sequence"}
+               "text": "(L, D) per sequence",
+               "text_input": "(n, D) per text: the encoder's rows for the text's string (its masked-in rows "
+                             "with store_pad_tokens false)"}
 
 
 def _transform_args(transform: ImageTransform | None) -> dict[str, Any] | None:
-    return None if transform is None else json.loads(json.dumps(dataclasses.asdict(transform)))
+    return None if transform is None else json_safe(dataclasses.asdict(transform))
 
 
 def precache_dataset(prefix: str, job: Job, transform: ImageTransform | None, *, device: str = "cpu",
@@ -119,77 +130,128 @@ def precache_dataset(prefix: str, job: Job, transform: ImageTransform | None, *,
 
     ``engine="ray"`` encodes on ``workers`` Ray actors (each loads the encoder once, on ``device``) and
     writes their batches here in order, so the streams are byte-identical to a local run's."""
-    run = RunOptions(device, workers, progress, engine, ray_address, encoder)
-    refuse_remote(prefix)
+    run = RunOptions(device, workers, progress, engine, ray_address, None if encoder is None else [encoder])
+    return precache_pass(prefix, [job], {job.transform: transform}, run)[0]
+
+
+def precache_pass(prefix: str, jobs: list[Job], transforms: dict[str, ImageTransform | None],
+                  run: RunOptions) -> list[dict[str, Any]]:
+    """Compute (or finish) every job's stream for the dataset at ``prefix`` (a path or a URI), the jobs that
+    read the same input in one pass; ``transforms`` gives the "vae" and "vit" transforms; returns each
+    stream's metadata, in the order of ``jobs``."""
+    names = [job.name for job in jobs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"encoding keys {sorted(n for n in set(names) if names.count(n) > 1)} appear twice: "
+                         "each stream needs its own key")
+    remote = is_remote(prefix)
+    local = str(scratch_prefix(prefix)) if remote else prefix
+    if remote:
+        Path(local).parent.mkdir(parents=True, exist_ok=True)
     dataset = MMIDXDataset(prefix)
-    units = plan_units(dataset, job, transform if job.modality == "image" else None)
-    transform_args = _transform_args(transform) if job.modality == "image" else None
-    fingerprint = {**dataclasses.asdict(job), "transform_args": transform_args, "dataset": dataset.checksum}
-    with output_lock(f"{prefix}.enc.{job.name}", "precache"):
-        partial = _Partial(prefix, job.name, fingerprint, units.bounds)
-        try:
-            store = _run(dataset, job, transform, units, partial, run)
-        finally:
+    metas: dict[str, dict[str, Any]] = {}
+    passes: dict[tuple[Any, ...], list[int]] = {}
+    for number, job in enumerate(jobs):
+        passes.setdefault(job.reads, []).append(number)
+    for numbers in passes.values():
+        chosen = [jobs[n] for n in numbers]
+        encoders = [run.encoders[n] for n in numbers] if run.encoders is not None else None
+        transform = transforms.get(chosen[0].transform) if chosen[0].modality == "image" else None
+        for meta in _one_pass(dataset, local, chosen, transform, dataclasses.replace(run, encoders=encoders)):
+            metas[meta["name"]] = meta
+    if remote:
+        for job in jobs:
+            upload_stream(local, prefix, job.name)
+    return [metas[name] for name in names]
+
+
+def _one_pass(dataset: MMIDXDataset, local: str, jobs: list[Job], transform: ImageTransform | None,
+              run: RunOptions) -> list[dict[str, Any]]:
+    """The jobs that read the same input, in one pass over the dataset; their streams written at ``local``."""
+    units = plan_units(dataset, jobs[0], transform)
+    transform_args = _transform_args(transform) if jobs[0].modality == "image" else None
+    with contextlib.ExitStack() as stack:
+        partials = []
+        for job in jobs:
+            stack.enter_context(output_lock(f"{local}.enc.{job.name}", "precache"))
+            fingerprint = {**job.fingerprint, "transform_args": transform_args, "dataset": dataset.checksum}
+            partials.append(_Partial(local, job.name, fingerprint, units.bounds))
+            stack.callback(partials[-1].close)
+        stores = _run(dataset, jobs, transform, units, partials, run)
+        for partial in partials:
             partial.close()
-        return _commit(prefix, job, dataset, transform_args, units, partial, store)
+        return [_commit(local, job, dataset, transform_args, partial, store)
+                for job, partial, store in zip(jobs, partials, stores, strict=True)]
 
 
-def _run(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, units: Units, partial: _Partial,
-         run: RunOptions) -> str:
-    """Encode the batches the partial files do not hold yet, in order; returns the store recorded."""
+def _run(dataset: MMIDXDataset, jobs: list[Job], transform: ImageTransform | None, units: Units,
+         partials: list[_Partial], run: RunOptions) -> list[str]:
+    """Encode the batches the partial files do not hold yet, in order; returns the store each job recorded."""
     batches = len(units.bounds) - 1
-    store = partial.store or job.store
-    if partial.batches == batches:
-        return store
-    todo = range(partial.batches, batches)
+    stores = [partial.store or job.store for job, partial in zip(jobs, partials, strict=True)]
+    first = min(partial.batches for partial in partials)
+    if first == batches:
+        return stores
+    todo = range(first, batches)
+    skips = [frozenset(n for n, partial in enumerate(partials) if partial.batches > b) for b in todo]
     if run.engine == "ray":
         from mmidx.encodings.ray_precache import ray_batches
 
-        results = ray_batches(dataset.prefix, job, transform, units, todo, run)
+        results = ray_batches(dataset.prefix, jobs, transform, units, todo, skips, run)
     else:
-        results = _local_batches(dataset, job, transform, units, todo, run)
-    started, done = time.perf_counter(), 0
-    for b, (values, store) in zip(todo, results, strict=True):
+        results = _local_batches(dataset, jobs, transform, units, todo, skips, run)
+    started, done, name = time.perf_counter(), 0, "+".join(job.name for job in jobs)
+    for b, outputs in zip(todo, results, strict=True):
         start, end = units.bounds[b], units.bounds[b + 1]
-        partial.note_store(store)
-        partial.append(list(values.unbind(0)), units.items[start:end], units.img_nums[start:end])
+        for number, (partial, output) in enumerate(zip(partials, outputs, strict=True)):
+            if output is None:
+                continue
+            values, stores[number] = output
+            partial.note_store(stores[number])
+            partial.append(values, units.items[start:end], units.img_nums[start:end])
         done += end - start
         if run.progress:
             rate = done / max(time.perf_counter() - started, 1e-9)
-            print(f"\rprecache {job.name}: {end}/{units.bounds[-1]} {job.modality}s ({rate:.1f}/s)",
+            print(f"\rprecache {name}: {end}/{units.bounds[-1]} {jobs[0].modality}s ({rate:.1f}/s)",
                   end="", file=sys.stderr, flush=True)
     if run.progress:
         print(file=sys.stderr)
-    return store
+    return stores
 
 
-def _local_batches(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None, units: Units,
-                   todo: range, run: RunOptions) -> Iterator[tuple[torch.Tensor, str]]:
+def _local_batches(dataset: MMIDXDataset, jobs: list[Job], transform: ImageTransform | None, units: Units,
+                   todo: range, skips: list[frozenset[int]], run: RunOptions) \
+        -> Iterator[list[tuple[list[torch.Tensor], str] | None]]:
     """Batches ``todo`` encoded in this process (decode and transform on ``run.workers`` threads)."""
-    encoder = run.encoder if run.encoder is not None else load_encoder(job.encoder, run.device)
+    encoders = run.encoders if run.encoders is not None else [load_encoder(job, run.device) for job in jobs]
     pool = ThreadPoolExecutor(run.workers) if run.workers > 1 else None
     try:
-        for b in todo:
-            yield encode_batch(dataset, job, transform, units, b, encoder, run.device, pool)
+        for b, skip in zip(todo, skips, strict=True):
+            yield encode_batch(dataset, jobs, transform, units, b, encoders, run.device, pool, skip)
     finally:
         if pool is not None:
             pool.shutdown()
 
 
-def _commit(prefix: str, job: Job, dataset: MMIDXDataset, transform_args: dict[str, Any] | None, units: Units,
+def _commit(prefix: str, job: Job, dataset: MMIDXDataset, transform_args: dict[str, Any] | None,
             partial: _Partial, store: str) -> dict[str, Any]:
     """Sort the records, write the table and the JSON, and rename everything into place (JSON last)."""
     records = partial.records[np.lexsort((partial.records["img_num"], partial.records["item"]))]
-    write_table(partial.paths["idx"], records)
+    text_input = job.modality == "text" and job.input == "text"
+    version = stream_version(text_input)
+    write_table(partial.paths["idx"], records, version)
     files = {role: {"bytes": partial.paths[role].stat().st_size, fmt.FILE_HASH: fmt.hash_file(partial.paths[role])}
              for role in ("bin", "idx")}
-    meta = {"format": "mmidx-encoding", "format_version": fmt.ENCODING_VERSION, "name": job.name,
+    meta = {"format": "mmidx-encoding", "format_version": version, "name": job.name,
             "modality": job.modality, "transform": job.transform if job.modality == "image" else None,
             "transform_args": transform_args, "img_num_rule": IMG_NUM_RULE if job.modality == "image" else None,
             "encoder": job.encoder, "weights_version": job.weights_version, "dtype": job.dtype, "store": store,
-            "shape_rule": SHAPE_RULES["vit" if job.modality == "image" and job.transform == "vit" else job.modality],
+            "shape_rule": SHAPE_RULES["vit" if job.modality == "image" and job.transform == "vit" else
+                                      "text_input" if text_input else job.modality],
             "dataset": {"checksum": dataset.checksum, "samples": len(dataset)},
             "counts": {"records": len(records)}, "files": files}
+    if text_input:  # version 2: what the text encoder read, and whether pad rows were kept
+        meta.update(input="text", store_pad_tokens=job.store_pad_tokens,
+                    encoder_kwargs=json_safe(job.encoder_kwargs))
     fmt.write_metadata(partial.paths["json"], meta)  # the canonical form of P.meta.json
     final = {role: fmt.encoding_path(prefix, job.name, role) for role in fmt.ENCODING_ROLES}
     final["json"].unlink(missing_ok=True)  # the old stream stops opening before any of its files is replaced
@@ -200,25 +262,27 @@ def _commit(prefix: str, job: Job, dataset: MMIDXDataset, transform_args: dict[s
     return meta
 
 
-def precache(path: str, job: Job, *, device: str = "cpu", workers: int = 1, progress: bool = True,
+def precache(path: str, jobs: Job | list[Job], *, device: str = "cpu", workers: int = 1, progress: bool = True,
              engine: str = "local", ray_address: str | None = None) -> list[dict[str, Any]]:
-    """Precache every dataset of a data YAML (each through its group's transform), or one dataset prefix
-    (BAGEL's transforms for its source type); returns each stream's metadata."""
+    """Precache every dataset of a data YAML (each through its group's transforms), or one dataset prefix
+    (BAGEL's transforms for its source type), local or in object storage, with every job (several
+    encoders in one pass); returns each stream's metadata."""
     from mmidx.config import config_for
 
+    jobs = [jobs] if isinstance(jobs, Job) else list(jobs)
     config = config_for([path])
-    transforms: dict[str, ImageTransform | None] = {}
+    transforms: dict[str, dict[str, ImageTransform | None]] = {}
     for group in config.groups:
-        transform = None if job.modality == "text" else group.vae_transform if job.transform == "vae" else \
-            group.vit_transform
         for prefix in group.datasets:
-            if transforms.setdefault(prefix, transform) != transform:
-                raise ValueError(f"{prefix} is in groups with different {job.transform} transforms: one encoding "
-                                 "stream has one transform; precache it under two names from two data YAMLs")
-    # the encoder is loaded (locally) or its factory imported (Ray) once, before anything is written
-    encoder = load_encoder(job.encoder, device) if engine == "local" else None
-    if encoder is None:
-        encoder_factory(job.encoder)
-    return [precache_dataset(prefix, job, transform, device=device, workers=workers, progress=progress,
-                             encoder=encoder, engine=engine, ray_address=ray_address)
-            for prefix, transform in transforms.items()]
+            used = transforms.setdefault(prefix, {"vae": group.vae_transform, "vit": group.vit_transform})
+            for kind, transform in (("vae", group.vae_transform), ("vit", group.vit_transform)):
+                if used[kind] != transform and any(j.modality == "image" and j.transform == kind for j in jobs):
+                    raise ValueError(f"{prefix} is in groups with different {kind} transforms: one encoding stream "
+                                     "has one transform; precache it under two names from two data YAMLs")
+    # the encoders are loaded (locally) or their factories imported (Ray) once, before anything is written
+    encoders = [load_encoder(job, device) for job in jobs] if engine == "local" else None
+    if encoders is None:
+        for job in jobs:
+            encoder_factory(job.encoder)
+    run = RunOptions(device, workers, progress, engine, ray_address, encoders)
+    return [meta for prefix, used in transforms.items() for meta in precache_pass(prefix, jobs, used, run)]

@@ -2,10 +2,8 @@
 
 The small files (``.meta.json``, ``.idx``, ``.plan``) are downloaded once into a local cache folder
 named by the metadata's ``meta_sha256``, checked against the checksums the metadata records, and
-mapped as local files are. ``.bin`` and ``.images`` stay in storage: :class:`RemoteFile` is the byte
-source the readers use instead of a map (``source[a:b]`` is exactly bytes [a, b), or a
-:class:`StorageError`), serving reads from chunks fetched ahead of need (:mod:`mmidx.read.prefetch`) or,
-failing that, from one ranged request. Query options of a URI (``?endpoint_override=...``) are kept
+mapped as local files are. ``.bin`` and ``.images`` stay in storage, read by byte range through
+:class:`~mmidx.io.remote_file.RemoteFile`. Query options of a URI (``?endpoint_override=...``) are kept
 on every file of the dataset; ``AWS_ENDPOINT_URL`` and the usual AWS variables apply too.
 """
 
@@ -17,7 +15,6 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,7 +25,6 @@ from mmidx.format import FormatError
 
 RETRIES = 4  # attempts of a transient failure (connection reset, throttling, 5xx) before it is an error
 BACKOFF_S = 0.2  # doubled after each failed attempt
-FETCH_THREADS = 8  # ranged requests in flight per process
 _T = TypeVar("_T")
 
 
@@ -194,6 +190,17 @@ def upload(source: Path, uri: str) -> None:
     retrying(uri, copy)
 
 
+def read_object(uri: str) -> bytes:
+    """The whole content of the (small) object at ``uri``."""
+    fs, path = filesystem(uri)
+
+    def read() -> bytes:
+        with fs.open_input_stream(path) as stream:
+            return stream.read()
+
+    return retrying(uri, read)
+
+
 def list_objects(uri: str) -> list[str]:
     """Paths, relative to the folder ``uri``, of every object under it (none when it does not exist)."""
     fs, path = filesystem(uri)
@@ -245,101 +252,6 @@ def cached_small_files(prefix: str) -> tuple[dict[str, Any], dict[str, Path]]:
                 unverified.unlink(missing_ok=True)
         paths[role] = local
     return meta, paths
-
-
-_pools: dict[int, ThreadPoolExecutor] = {}
-
-
-def fetch_pool() -> ThreadPoolExecutor:
-    """This process's pool of ranged requests (a forked worker makes its own)."""
-    pid = os.getpid()
-    if pid not in _pools:
-        _pools[pid] = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="mmidx-fetch")
-    return _pools[pid]
-
-
-class RemoteFile:
-    """A dataset file in object storage read by byte range: ``len()`` is its size, ``source[a:b]`` the
-    bytes [a, b) as a memoryview, exactly that many or a :class:`StorageError`.
-
-    Chunks fetched ahead (:meth:`fetch`, tagged by pack) serve the reads they cover until they are
-    :meth:`release`-d; other reads are one ranged request each. ``requests`` counts requests made,
-    ``misses`` the reads no fetched chunk served.
-    """
-
-    def __init__(self, uri: str, size: int):
-        self.uri, self.size = uri, size
-        self.requests = self.misses = 0
-        self._fs, self._path = filesystem(uri)
-        self._handle: Any = None
-        self._lock = threading.Lock()
-        self._chunks: dict[Any, list[tuple[int, int, Future]]] = {}
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return RemoteFile, (self.uri, self.size)
-
-    def _read(self, start: int, stop: int) -> bytes:
-        def read() -> bytes:
-            if self._handle is None:
-                self._handle = self._fs.open_input_file(self._path)
-            return self._handle.read_at(stop - start, start)
-
-        with self._lock:
-            self.requests += 1
-        data = retrying(self.uri, read)
-        if len(data) != stop - start:
-            raise StorageError(f"{self.uri}: object shorter than the metadata says (bytes [{start}, {stop}) "
-                               f"asked, {len(data)} came): re-upload the dataset")
-        return data
-
-    def __getitem__(self, key: slice) -> memoryview:
-        start, stop, step = key.indices(self.size)
-        if step != 1 or key.start is None or key.stop is None or stop < start:
-            raise IndexError(f"{self.uri}: read by slices [a:b] inside [0, {self.size}], not {key}")
-        if start == stop:
-            return memoryview(b"")
-        with self._lock:
-            chunk = next((chunk for chunks in self._chunks.values() for chunk in chunks
-                          if chunk[0] <= start and stop <= chunk[1]), None)
-        if chunk is None:
-            self.misses += 1
-            return memoryview(self._read(start, stop))
-        return memoryview(chunk[2].result())[start - chunk[0]:stop - chunk[0]]
-
-    def fetch(self, tag: Any, ranges: list[tuple[int, int]]) -> int:
-        """Start fetching ``ranges`` (inside the file) for ``tag``; the bytes asked."""
-        pool = fetch_pool()
-        futures = [(start, stop, pool.submit(self._read, start, stop)) for start, stop in ranges]
-        with self._lock:
-            self._chunks.setdefault(tag, []).extend(futures)
-        return sum(stop - start for start, stop in ranges)
-
-    def release(self, tag: Any) -> None:
-        """Drop the chunks fetched for ``tag`` (a failed fetch is raised by the read that needs it)."""
-        with self._lock:
-            self._chunks.pop(tag, None)
-
-    def fetched(self, tag: Any) -> bool:
-        """Whether chunks were fetched for ``tag`` and not released."""
-        with self._lock:
-            return tag in self._chunks
-
-
-def data_file(prefix: str, role: str, meta: dict[str, Any]) -> RemoteFile:
-    """The data file ``role`` ("bin", "images") of the remote dataset ``prefix``, checked to hold
-    exactly the bytes its metadata records."""
-    uri, expected = file_uri(prefix, role), meta["files"][role]["bytes"]
-    size = object_size(uri)
-    if size < expected:
-        raise StorageError(f"{uri}: object shorter than the metadata says ({size} bytes, {expected} recorded): "
-                           "the upload did not finish; re-upload the dataset")
-    if size > expected:
-        raise StorageError(f"{uri}: {size} bytes, the metadata records {expected}: the object was replaced; "
-                           "re-upload the dataset")
-    return RemoteFile(uri, size)
 
 
 # Files in the order a copy writes them: data first, the index and metadata last, so that a copy

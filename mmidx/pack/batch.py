@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from mmidx.encodings import batch as encoded
+from mmidx.encodings.noise import sample_latents
 from mmidx.pack.buffers import _batch_buffer
 from mmidx.pack.pixels import DeferredImages, Stage, _ImageJob, _padded_images, _Pixels, _untimed, _vit_tokens
 
@@ -32,6 +33,8 @@ class _Pack:
     vae_latents: list[torch.Tensor] = field(default_factory=list)  # precached, instead of vae_images
     text_embeddings: list[torch.Tensor] = field(default_factory=list)
     text_embedding_indexes: list[np.ndarray] = field(default_factory=list)
+    text_encodings: dict[str, list[tuple[torch.Tensor, int, int]]] = field(default_factory=dict)  # (value, sample,
+    # element) of each text kept, per text-input encoding used
     vae_shapes: list[tuple[int, int]] = field(default_factory=list)
     latent_position_ids: list[torch.Tensor] = field(default_factory=list)
     vae_indexes: list[np.ndarray] = field(default_factory=list)
@@ -62,7 +65,8 @@ def _cat(arrays: list[np.ndarray], dtype: Any) -> torch.Tensor:
 class PackedBatch:
     """One packed batch: BAGEL's keys as tensors, plus the split metadata masks are built from.
 
-    ``to(device)`` (and BAGEL's ``cuda(device)``) moves every tensor; ``attention_masks()`` /
+    ``to(device)`` (and BAGEL's ``cuda(device)``) moves every tensor and draws there the posterior sample of
+    precached moments (:mod:`mmidx.encodings.noise`); ``attention_masks()`` /
     ``to_dict()`` build the masks on the batch's device (dense per-sample masks, or a FlexAttention
     ``BlockMask``), so masks never travel between processes. ``batch_data_indexes`` has one entry per
     sample with BAGEL's ``dataset_name`` (the group), ``worker_id`` (the DataLoader worker that built
@@ -98,10 +102,15 @@ class PackedBatch:
         }
         if pack.vae_latents:
             with stage("assemble"):
-                tensors["padded_latent"] = encoded.padded_latent(pack.vae_latents, *noise, _batch_buffer)
+                tensors.update(encoded.latent_tensors(pack.vae_latents, *noise, _batch_buffer))
         if pack.text_embeddings:
             tensors.update(packed_text_embeddings=torch.cat([value.float() for value in pack.text_embeddings]),
                            packed_text_embedding_indexes=_cat(pack.text_embedding_indexes, np.int64))
+        for use, rows in pack.text_encodings.items():
+            values, lengths, samples, elements = encoded.text_encoding_keys(use)
+            tensors[values], tensors[lengths] = encoded.padded_text_encoding([row[0] for row in rows])
+            tensors[samples] = torch.tensor([row[1] for row in rows], dtype=torch.int64)
+            tensors[elements] = torch.tensor([row[2] for row in rows], dtype=torch.int64)
         if pack.vae_images or pack.vae_latents:
             if pack.vae_images and not deferred:
                 with stage("normalise"):
@@ -153,10 +162,15 @@ class PackedBatch:
         raise AttributeError(f"PackedBatch has no {name!r} (present keys: {sorted(tensors)})")
 
     def _materialize(self) -> None:
-        """Decode deferred images where the batch is (a no-op for batches decoded in the loader)."""
+        """Decode deferred images and sample precached moments where the batch is (a no-op for batches decoded
+        in the loader and latents stored as one tensor)."""
         if self.__dict__.get("deferred") is not None:
             self.tensors.update(self.deferred.render(self.device))
             self.deferred = None
+        tensors = self.__dict__.get("tensors", {})
+        if "padded_latent_moments" in tensors:
+            tensors["padded_latent"] = sample_latents(tensors.pop("padded_latent_moments"),
+                                                      tensors.pop("latent_sizes"), tensors.pop("latent_noise_key"))
 
     def _map(self, function: Any, deferred: DeferredImages | None) -> PackedBatch:
         tensors = {key: function(value) if isinstance(value, torch.Tensor) else value

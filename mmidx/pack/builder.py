@@ -80,7 +80,8 @@ class PackBuilder:
     ``padded_images`` (their images are never decoded); with "vit" (a frozen ViT's precached
     patch-embedding outputs), ViT elements bring ``packed_vit_embeddings`` (tokens, D) in the rows of
     ``packed_vit_tokens``, which is left out; texts bring ``packed_text_embeddings`` at
-    ``packed_text_embedding_indexes``; streams computed from other inputs are refused.
+    ``packed_text_embedding_indexes``; any other use names a text-input encoding (one record per text,
+    keys in :mod:`mmidx.encodings.batch`); streams computed from other inputs are refused.
     """
 
     def __init__(self, config: DataConfig, *, use_flex: bool = True,
@@ -153,6 +154,21 @@ class PackBuilder:
         """The dataset-wide number of the stored image of ``job`` (what encoding streams are keyed by)."""
         return int(sample.dataset.plan["sample_image_offsets"][sample.index]) + job.key[3]
 
+    @staticmethod
+    def _text_encodings(pack: _Pack, uses: dict[str, str], sample: Sample, payload: int, length: int,
+                        element: int) -> None:
+        """The precached encodings of a kept text: token-aligned rows at its tokens' indexes ("text"), and a
+        record per text-input encoding used."""
+        first = sample.dataset.tokens.document_range(sample.index)[0]
+        for use, name in uses.items():
+            if use == "text":
+                pack.text_embeddings.append(encoded.text_embedding(open_stream(sample.dataset, name), first + payload,
+                                                                   length))
+                pack.text_embedding_indexes.append(np.arange(pack.curr + 1, pack.curr + length + 1))
+            elif use not in encoded.USES:
+                value = encoded.text_embedding(open_stream(sample.dataset, name), first + payload, None)
+                pack.text_encodings.setdefault(use, []).append((value, len(pack.sample_lens), element))
+
     def _add_sample(self, pack: _Pack, item: PackItem, sample: Sample,
                     elements: np.ndarray, uniforms: np.ndarray, normals: np.ndarray) -> None:
         group: GroupConfig = self.config.groups[item.group]
@@ -185,11 +201,8 @@ class PackBuilder:
             if kind == fmt.TEXT:
                 ids = sample.text(payload).astype(np.int64)
                 shifted = len(ids) + 1
-                if "text" in uses:
-                    first = sample.dataset.tokens.document_range(sample.index)[0]
-                    pack.text_embeddings.append(encoded.text_embedding(
-                        open_stream(sample.dataset, uses["text"]), first + payload, len(ids)))
-                    pack.text_embedding_indexes.append(np.arange(pack.curr + 1, pack.curr + shifted))
+                if uses:
+                    self._text_encodings(pack, uses, sample, payload, len(ids), e)
                 pack.text_ids.append(np.concatenate([[special["bos_token_id"]], ids]))
                 pack.text_indexes.append(np.arange(pack.curr, pack.curr + shifted))
                 if flags & fmt.FLAG_LOSS:

@@ -19,7 +19,8 @@ import numpy as np
 from mmidx import format as fmt
 from mmidx._reader import ImageTable, TokenStream, map_readonly
 from mmidx.format import FormatError
-from mmidx.io.storage import RemoteFile, cached_small_files, data_file, is_remote
+from mmidx.io.remote_file import RemoteFile, data_file
+from mmidx.io.storage import cached_small_files, is_remote
 from mmidx.read.invariants import _check_counts, _check_file_sizes, _check_plan, element_problem, structure_problems
 
 
@@ -160,7 +161,8 @@ class Sample:
     def encoding(self, name: str, payload: int, img_num: int = 1) -> Any:
         """The precached encoding ``name`` of the sample's image (or text) ``payload``, as a zero-copy
         torch tensor: (C, h, w), or (2, C, h, w) moments (mean, log-variance), (h, w, D) tokens of a ViT
-        stream (``--transform vit``), or (L, D) for a text."""
+        stream (``--transform vit``), or (L, D) for a text ((n, D) from an encoder that read its string).
+        A stream beside a dataset in object storage is read by byte range."""
         from mmidx.read.encoding_streams import open_stream
 
         stream = open_stream(self._dataset, name)

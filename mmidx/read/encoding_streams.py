@@ -2,6 +2,9 @@
 
 A stream is opened once per process and read by (item, img_num) in O(log n) with zero-copy torch
 views of the mapped ``.bin``; every offset, shape and size a view is made from is checked first.
+Beside a dataset in object storage, the JSON and the ``.idx`` are downloaded once into the cache
+(checked against the JSON's checksums) and the ``.bin`` is read by byte range
+(:class:`~mmidx.io.remote_file.RemoteFile`, served from chunks the pack prefetcher fetched ahead).
 """
 
 from __future__ import annotations
@@ -17,11 +20,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import torch
 
 from mmidx import format as fmt
 from mmidx.format import FormatError
-from mmidx.io.storage import is_remote
+from mmidx.io.remote_file import RemoteFile
+from mmidx.io.storage import (
+    StorageError,
+    cache_root,
+    download,
+    filesystem,
+    hash_object,
+    is_remote,
+    join,
+    list_objects,
+    object_size,
+    retrying,
+    upload,
+)
 
 ENCODING_FORMAT = "mmidx-encoding"
 # --dtype names → (torch dtype, the JSON's name); bf16 is stored as its raw 16 bits.
@@ -32,17 +49,41 @@ MAX_DIM = 2**31 - 1
 IMG_NUM_RULE = "BAGEL: max_pixels // img_num"
 
 
-def write_table(path: Path, records: np.ndarray) -> None:
+def stream_version(text_input: bool) -> int:
+    """The version a stream is written with: the lowest that describes it (2 only for text-input records)."""
+    return 2 if text_input else 1
+
+
+def stream_location(prefix: str | os.PathLike, name: str, role: str) -> str:
+    """The path or URI (query options kept) of the file ``role`` of stream ``name`` beside dataset ``prefix``."""
+    prefix = os.fspath(prefix)
+    if not is_remote(prefix):
+        return str(fmt.encoding_path(prefix, name, role))
+    fmt.encoding_path("p", name, role)  # the name check
+    return join(prefix, f".enc.{name}.{role}", separator="")
+
+
+def write_table(path: Path, records: np.ndarray, version: int = 1) -> None:
     """Write the ``.idx`` table (records sorted by (item, img_num)) and fsync it."""
     with open(path, "wb") as stream:
-        stream.write(fmt.ENCODING_MAGIC + struct.pack("<QQ", fmt.ENCODING_VERSION, len(records)))
+        stream.write(fmt.ENCODING_MAGIC + struct.pack("<QQ", version, len(records)))
         stream.write(np.ascontiguousarray(records, fmt.ENCODING_RECORD).tobytes())
         stream.flush()
         os.fsync(stream.fileno())
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """The stream's metadata, refused unless it parses, checks itself, is canonical and has the fields readers use."""
+def read_json(path: Path, where: str | None = None) -> dict[str, Any]:
+    """The stream's metadata, refused unless it parses, checks itself, is canonical and has the fields readers use
+    (errors name ``where``, the file as the user knows it, when it was downloaded to ``path``)."""
+    try:
+        return _read_json(path)
+    except FormatError as error:
+        if where is None:
+            raise
+        raise StorageError(str(error).replace(str(path), where)) from None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         raw = path.read_bytes()
         meta = json.loads(raw.decode("utf-8"))
@@ -55,8 +96,8 @@ def read_json(path: Path) -> dict[str, Any]:
     if fmt.sign_metadata(meta)["meta_sha256"] != meta.get("meta_sha256") or raw != fmt.serialize_metadata(meta):
         raise FormatError(f"{path}: the encoding metadata fails its own checksum or was edited: corrupted")
     version = meta.get("format_version")
-    if version != fmt.ENCODING_VERSION:
-        raise FormatError(f"{path}: encoding format version {version!r}; this mmidx reads "
+    if type(version) is not int or not 1 <= version <= fmt.ENCODING_VERSION:
+        raise FormatError(f"{path}: encoding format version {version!r}; this mmidx reads 1 to "
                           f"{fmt.ENCODING_VERSION} (upgrade mmidx for newer ones)")
     def one_of(key: str, choices: Any) -> bool:
         return isinstance(meta.get(key), str) and meta[key] in choices
@@ -68,6 +109,8 @@ def read_json(path: Path) -> dict[str, Any]:
               "dtype": one_of("dtype", DTYPES), "dataset": isinstance(meta.get("dataset"), dict),
               "transform": optional("transform", str), "transform_args": optional("transform_args", dict),
               "img_num_rule": optional("img_num_rule", str),
+              "input": meta.get("input") == ("text" if version == 2 else None) and (
+                  version == 1 or meta.get("modality") == "text"),
               "files": isinstance(meta.get("files"), dict) and all(
                   isinstance(meta["files"].get(role), dict) and type(meta["files"][role].get("bytes")) is int
                   for role in ("bin", "idx"))}
@@ -77,24 +120,67 @@ def read_json(path: Path) -> dict[str, Any]:
     return meta
 
 
-def _map(path: Path, expected: int) -> mmap.mmap | bytes:
+def _map(path: Path, expected: int, where: str | None = None) -> mmap.mmap | bytes:
     """``path`` mapped copy-on-write (torch views need a writable buffer; nothing is ever written back)."""
     try:
         with open(path, "rb") as stream:
             size = os.fstat(stream.fileno()).st_size
             if size != expected:
-                raise FormatError(f"{path}: {size} bytes, its metadata says {expected}: truncated or replaced")
+                raise FormatError(f"{where or path}: {size} bytes, its metadata says {expected}: truncated or replaced")
             return mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_COPY) if size else b""
     except OSError as error:
-        raise FormatError(f"{path}: cannot open ({error.strerror}): the encoding is incomplete") from error
+        raise FormatError(f"{where or path}: cannot open ({error.strerror}): the encoding is incomplete") from error
 
 
-def refuse_remote(prefix: str) -> None:
-    """Precached encodings live beside a dataset on a local or shared filesystem; say so for a URI."""
-    if is_remote(prefix):
-        raise FormatError(f"{prefix}: precached encodings are written and read beside datasets on a local or "
-                          f"shared filesystem, not in object storage: fetch it (mmidx fetch {prefix} DIR) and "
-                          "precache the copy")
+def _fetched_table(prefix: str, name: str) -> tuple[dict[str, Any], Path, RemoteFile]:
+    """A remote stream's checked metadata, its ``.idx`` downloaded once into the cache (checked against the
+    metadata's checksum) and its ``.bin`` as a byte source."""
+    json_uri, idx_uri, bin_uri = (stream_location(prefix, name, role) for role in ("json", "idx", "bin"))
+    incoming = cache_root() / "incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    fresh = incoming / f"{os.getpid()}.{name}.enc.json"
+    try:
+        try:
+            download(json_uri, fresh)
+        except StorageError as error:
+            if "no such object" not in str(error):
+                raise
+            raise FormatError(f"{json_uri}: missing: no precached encoding {name!r} for {prefix} "
+                              f"(run `mmidx precache {prefix} --name {name} ...`)") from None
+        meta = read_json(fresh, json_uri)
+    finally:
+        fresh.unlink(missing_ok=True)
+    folder = cache_root() / meta["meta_sha256"]
+    folder.mkdir(parents=True, exist_ok=True)
+    table, entry = folder / "encoding.idx", meta["files"]["idx"]
+    if not table.exists():
+        unverified = folder / f"encoding.idx.{os.getpid()}.unverified"
+        try:
+            download(idx_uri, unverified)
+            algorithm = next((a for a in fmt.FILE_HASHES if a in entry), fmt.FILE_HASH)
+            if unverified.stat().st_size != entry["bytes"] or fmt.hash_file(unverified, algorithm) != entry.get(
+                    algorithm):
+                raise StorageError(f"{idx_uri}: its checksum or size differs from {name}.json: replaced or "
+                                   "corrupted; precache it again")
+            os.replace(unverified, table)
+        finally:
+            unverified.unlink(missing_ok=True)
+    size, expected = object_size(bin_uri), meta["files"]["bin"]["bytes"]
+    if size != expected:
+        raise StorageError(f"{bin_uri}: {size} bytes, its metadata records {expected}: the upload did not finish "
+                           "or the object was replaced; precache it again")
+    return meta, table, RemoteFile(bin_uri, size)
+
+
+def upload_stream(local: str | os.PathLike, prefix: str, name: str) -> None:
+    """Copy the finished stream ``name`` built beside the local ``local`` to beside the remote dataset ``prefix``:
+    the old stream's JSON deleted first, then the data files, the JSON last (no copy stopped midway opens)."""
+    json_uri = stream_location(prefix, name, "json")
+    fs, path = filesystem(json_uri)
+    if retrying(json_uri, lambda: fs.get_file_info(path)).type != pafs.FileType.NotFound:
+        retrying(json_uri, lambda: fs.delete_file(path))
+    for role in fmt.ENCODING_ROLES:  # data first, metadata last
+        upload(fmt.encoding_path(local, name, role), stream_location(prefix, name, role))
 
 
 @dataclass
@@ -112,23 +198,28 @@ class EncodingStream:
     def open(cls, prefix: str | os.PathLike, name: str, dataset_checksum: str | None = None) -> EncodingStream:
         """Open ``P.enc.NAME``; refuse it if any file is inconsistent or (given) it was computed from other data."""
         prefix = os.fspath(prefix)
-        refuse_remote(prefix)
-        json_path, idx_path, bin_path = (fmt.encoding_path(prefix, name, role) for role in ("json", "idx", "bin"))
-        if not json_path.exists():
-            raise FormatError(f"{json_path}: missing: no precached encoding {name!r} for {prefix} "
-                              f"(run `mmidx precache {prefix} --name {name} ...`)")
-        meta = read_json(json_path)
+        json_path, idx_path = (stream_location(prefix, name, role) for role in ("json", "idx"))
+        values: Any
+        if is_remote(prefix):
+            meta, local_table, values = _fetched_table(prefix, name)
+        else:
+            if not Path(json_path).exists():
+                raise FormatError(f"{json_path}: missing: no precached encoding {name!r} for {prefix} "
+                                  f"(run `mmidx precache {prefix} --name {name} ...`)")
+            meta, local_table = read_json(Path(json_path)), Path(idx_path)
+            values = _map(Path(stream_location(prefix, name, "bin")), meta["files"]["bin"]["bytes"])
         recorded = meta["dataset"].get("checksum")
         if dataset_checksum is not None and recorded != dataset_checksum:
             raise FormatError(f"{json_path}: computed from another version of {prefix} (dataset checksum "
                               f"{recorded!r}, the dataset's is {dataset_checksum!r}): precache it again")
-        table = _map(idx_path, meta["files"]["idx"]["bytes"])
+        table = _map(local_table, meta["files"]["idx"]["bytes"], idx_path)
         size = len(table)
         if size < fmt.ENCODING_HEADER_SIZE or bytes(table[:8]) != fmt.ENCODING_MAGIC:
             raise FormatError(f"{idx_path}: not an mmidx encoding table (magic or size): corrupted")
         version, count = struct.unpack_from("<QQ", table, 8)
-        if version != fmt.ENCODING_VERSION:
-            raise FormatError(f"{idx_path}: encoding table version {version}; this mmidx reads {fmt.ENCODING_VERSION}")
+        if version != meta["format_version"]:
+            raise FormatError(f"{idx_path}: encoding table version {version}, its JSON says {meta['format_version']}: "
+                              "corrupted or mixed with another stream's files")
         if count != (size - fmt.ENCODING_HEADER_SIZE) / fmt.ENCODING_RECORD.itemsize:
             raise FormatError(f"{idx_path}: {count} records do not fill the file ({size} bytes): truncated or "
                               "corrupted")
@@ -140,7 +231,7 @@ class EncodingStream:
         keys = records["item"] * 2**32 + img_num
         if count and np.any(np.diff(keys) <= 0):
             raise FormatError(where + "records are not sorted by (item, img_num), each once: corrupted")
-        return cls(prefix, name, meta, records, keys, _map(bin_path, meta["files"]["bin"]["bytes"]))
+        return cls(prefix, name, meta, records, keys, values)
 
     def __post_init__(self) -> None:
         self.dtype: torch.dtype = DTYPES[self.meta["dtype"]]
@@ -156,7 +247,7 @@ class EncodingStream:
         """The stored value of (item, img_num) as a zero-copy tensor (moments: (2, C, h, w) = mean, log-variance)."""
         number = self.find(item, img_num)
         if number is None:
-            raise FormatError(f"{fmt.encoding_path(self.prefix, self.name, 'idx')}: no record for item {item} "
+            raise FormatError(f"{stream_location(self.prefix, self.name, 'idx')}: no record for item {item} "
                               f"with img_num {img_num}: the encoding does not cover this data; precache it again")
         return self.view(number)
 
@@ -167,11 +258,13 @@ class EncodingStream:
         itemsize = self.itemsize
         if not 1 <= ndim <= 4 or min(shape) < 0 or max(shape) > MAX_DIM or nbytes != math.prod(shape) * itemsize \
                 or offset < 0 or offset % fmt.ENCODING_ALIGNMENT or offset > len(self.values) - nbytes:
-            raise FormatError(f"{fmt.encoding_path(self.prefix, self.name, 'idx')}: record {number} (shape {shape}, "
+            raise FormatError(f"{stream_location(self.prefix, self.name, 'idx')}: record {number} (shape {shape}, "
                               f"{nbytes} bytes at {offset}) does not fit {self.name}.bin "
                               f"({len(self.values)} bytes): corrupted")
         if nbytes == 0:
             return torch.zeros(shape, dtype=self.dtype)
+        if isinstance(self.values, RemoteFile):  # one ranged read (or a prefetched chunk), copied once
+            return torch.frombuffer(bytearray(self.values[offset:offset + nbytes]), dtype=self.dtype).view(shape)
         return torch.frombuffer(self.values, dtype=self.dtype, count=nbytes // itemsize, offset=offset).view(shape)
 
 
@@ -186,10 +279,17 @@ def open_stream(dataset: Any, name: str) -> EncodingStream:
 
 def encoding_names(prefix: str | os.PathLike) -> list[str]:
     """The names of the precached encodings beside the dataset at ``prefix`` (those with a JSON)."""
-    path = Path(os.fspath(prefix))
-    start, end = f"{path.name}.enc.", ".json"
-    return sorted(entry.name[len(start):-len(end)] for entry in path.parent.glob(f"{glob.escape(path.name)}.enc.*.json")
-                  if "." not in entry.name[len(start):-len(end)])
+    prefix = os.fspath(prefix)
+    if is_remote(prefix):
+        base, mark, query = prefix.partition("?")
+        folder, _, stem = base.rstrip("/").rpartition("/")
+        names = [name for name in list_objects(f"{folder}{mark}{query}") if "/" not in name]
+    else:
+        stem = Path(prefix).name
+        names = [entry.name for entry in Path(prefix).parent.glob(f"{glob.escape(stem)}.enc.*.json")]
+    start, end = f"{stem}.enc.", ".json"
+    return sorted(name[len(start):-len(end)] for name in names
+                  if name.startswith(start) and name.endswith(end) and "." not in name[len(start):-len(end)])
 
 
 def stream_problems(dataset: Any, name: str) -> list[str]:
@@ -199,12 +299,14 @@ def stream_problems(dataset: Any, name: str) -> list[str]:
     except FormatError as error:
         return [str(error)]
     problems = []
+    remote = is_remote(dataset.prefix)
     for role in ("bin", "idx"):
-        path = fmt.encoding_path(dataset.prefix, name, role)
+        path = stream_location(dataset.prefix, name, role)
         entry = stream.meta["files"][role]
         algorithm = next((a for a in fmt.FILE_HASHES if a in entry), None)
-        if algorithm is None or fmt.hash_file(path, algorithm) != entry[algorithm]:
-            problems.append(f"{path}: checksum differs from {path.name[:-len(role)]}json: modified or corrupted")
+        if algorithm is None or (hash_object(path, algorithm) if remote else fmt.hash_file(path, algorithm)) != \
+                entry[algorithm]:
+            problems.append(f"{path}: checksum differs from {name}.json: modified or corrupted")
     records, itemsize = stream.records, stream.itemsize
     ndim = records["ndim"].astype(np.int64)
     dims = np.where(np.arange(4) < ndim[:, None], records["shape"].astype(np.int64), 1)
@@ -214,7 +316,7 @@ def stream_problems(dataset: Any, name: str) -> list[str]:
     sizes = np.prod(np.clip(dims, 0, MAX_DIM).astype(np.float64), axis=1) * itemsize  # float: no overflow
     bad |= sizes != records["nbytes"]
     if np.any(bad):
-        problems.append(f"{fmt.encoding_path(dataset.prefix, name, 'idx')}: {int(np.count_nonzero(bad))} records "
+        problems.append(f"{stream_location(dataset.prefix, name, 'idx')}: {int(np.count_nonzero(bad))} records "
                         f"(first: {int(np.flatnonzero(bad)[0])}) do not fit their shape or the .bin: corrupted")
     return problems
 

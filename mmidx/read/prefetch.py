@@ -3,9 +3,10 @@
 Order is a pure function of (config, seed, pack number), so a worker knows the packs it will build
 next (:class:`WorkerSchedule`). For each, :class:`PackPrefetcher` computes from the local index the
 byte ranges of its samples' tokens and images (a sample's texts are contiguous in ``.bin``, its
-images in ``.images``), sorts and coalesces nearby ranges, and fetches them on the process's thread
+images in ``.images``) and of their records in the remote precached-encoding streams opened so far,
+sorts and coalesces nearby ranges, and fetches them on the process's thread
 pool while the current pack is built, as long as the bytes requested stay under a bound. Reads are
-served from those chunks (:class:`mmidx.io.storage.RemoteFile`); a pack's chunks are dropped once it is
+served from those chunks (:class:`mmidx.io.remote_file.RemoteFile`); a pack's chunks are dropped once it is
 built. Batches do not depend on any of this: a read that finds no chunk makes its own request.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mmidx.io.storage import RemoteFile
+from mmidx.io.remote_file import RemoteFile
 from mmidx.read.dataset import MMIDXDataset
 
 # Ranges nearer than GAP are fetched as one request: reading the gap costs less than another request
@@ -67,6 +68,30 @@ def sample_ranges(dataset: MMIDXDataset, samples: np.ndarray) -> dict[RemoteFile
         valid = (0 <= first) & (first < last) & (last < len(image_offsets))
         found[remote["images"]] = _inside(image_offsets[first[valid]], image_offsets[last[valid]],
                                           len(remote["images"]))
+    found.update(encoding_ranges(dataset, samples))
+    return found
+
+
+def encoding_ranges(dataset: MMIDXDataset, samples: np.ndarray) -> dict[RemoteFile, list[tuple[int, int]]]:
+    """Byte ranges, in each remote encoding stream the dataset has opened, of the records of ``samples``'
+    images (or texts): every record keyed by one of their items (the records of a sample are contiguous
+    in the sorted table, their values wherever their batch put them)."""
+    found: dict[RemoteFile, list[tuple[int, int]]] = {}
+    for stream in dataset._files.encodings.values():
+        if not isinstance(stream.values, RemoteFile):
+            continue
+        if stream.meta["modality"] == "text":
+            numbers = dataset.tokens.document_indices
+        elif dataset.plan is not None:
+            numbers = dataset.plan["sample_image_offsets"]
+        else:
+            continue
+        first = np.searchsorted(stream.keys, np.asarray(numbers[samples], dtype=np.int64) * 2**32)
+        last = np.searchsorted(stream.keys, np.asarray(numbers[samples + 1], dtype=np.int64) * 2**32)
+        records = np.concatenate([np.arange(a, b) for a, b in zip(first.tolist(), last.tolist(), strict=True)] or
+                                 [np.zeros(0, np.int64)])
+        starts = stream.records["offset"][records].astype(np.int64)
+        found[stream.values] = _inside(starts, starts + stream.records["nbytes"][records], len(stream.values))
     return found
 
 

@@ -27,18 +27,12 @@ EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": 
 
 def dataset_tokenizer(dataset: MMIDXDataset) -> tuple[Any, str | None]:
     """(tokenizer or None, why not): the tokenizer recorded in the metadata, if it loads and is the same one."""
-    from mmidx.tokenizer import Tokenizer, TokenizerError
+    from mmidx.tokenizer import TokenizerError, recorded_tokenizer
 
-    identity = dataset.tokenizer
-    if not identity:
-        return None, "the dataset records no tokenizer"
     try:
-        tokenizer = Tokenizer(identity["name_or_path"])
-    except (TokenizerError, OSError, ValueError) as error:
-        return None, f"tokenizer {identity['name_or_path']!r} does not load ({str(error).splitlines()[0][:120]})"
-    if tokenizer.sha256 != identity.get("sha256"):
-        return None, f"the tokenizer at {identity['name_or_path']!r} is not the one the dataset was built with"
-    return tokenizer, None
+        return recorded_tokenizer(dataset.tokenizer, str(dataset.prefix)), None
+    except TokenizerError as error:
+        return None, str(error).split(": ", 1)[1]
 
 
 def describe_sample(prefix: str | os.PathLike | MMIDXDataset, index: int, *, view: int = 0,

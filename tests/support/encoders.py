@@ -77,3 +77,23 @@ def vit():
 def text():
     torch.manual_seed(1)
     return TinyText()
+
+
+class StringText(torch.nn.Module):
+    """A text encoder with a tokenizer of its own (as T5 or CLIP): strings → characters (ids ord(c) % 1000),
+    padded to the batch's longest, → ((B, L, dim) embeddings, (B, L) mask). The seed's ``encode`` method."""
+
+    def __init__(self, dim=6, max_length=64):
+        super().__init__()
+        torch.manual_seed(3)
+        self.embed = torch.nn.Embedding(1000, dim)
+        self.mix = torch.nn.Linear(dim, dim)
+        self.max_length = max_length
+
+    def encode(self, texts):
+        _maybe_die()
+        ids = [[ord(c) % 1000 for c in text[: self.max_length]] or [0] for text in texts]
+        length = max(len(row) for row in ids)
+        padded = torch.tensor([row + [0] * (length - len(row)) for row in ids])
+        mask = torch.tensor([[1] * len(row) + [0] * (length - len(row)) for row in ids])
+        return self.mix(self.embed(padded)), mask

@@ -40,3 +40,18 @@ def make_datasets(folder):
                 Element("text", 0, loss=True), Element("vae_image", 1, loss=True, img_num=2)]])
         builder.finalize()
     return folder
+
+
+def make_captioned(folder, tokenizer):
+    """A t2i dataset whose captions are real text of ``tokenizer`` (recorded in its metadata)."""
+    from support.sources import WORDS
+
+    rng = np.random.default_rng(5)
+    with DatasetBuilder(folder / "cap", vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.identity,
+                        special_tokens={k: v for k, v in tokenizer.special_tokens.items() if k != "eod"}) as builder:
+        for i, (width, height) in enumerate(SIZES):
+            caption = " ".join(rng.choice(WORDS, size=3 + i))
+            builder.add_sample([tokenizer.encode(caption)], [_noise_png(width, height, i)],
+                               [[Element("text", 0, enable_cfg=True), Element("vae_image", 0, loss=True)]])
+        builder.finalize()
+    return folder / "cap"

@@ -1,0 +1,112 @@
+"""``RemoteFile``: the byte source that stands for a dataset's ``.bin`` or ``.images`` in object storage.
+
+``source[a:b]`` is exactly bytes [a, b) of the object, or a :class:`~mmidx.io.storage.StorageError`: served from
+chunks fetched ahead of need (:mod:`mmidx.read.prefetch`, on a per-process thread pool) or, failing that, from
+one ranged request retried as :func:`~mmidx.io.storage.retrying` does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from mmidx.io.storage import StorageError, file_uri, filesystem, object_size, retrying
+
+FETCH_THREADS = 8  # ranged requests in flight per process
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def fetch_pool() -> ThreadPoolExecutor:
+    """This process's pool of ranged requests (a forked worker makes its own)."""
+    pid = os.getpid()
+    if pid not in _pools:
+        _pools[pid] = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="mmidx-fetch")
+    return _pools[pid]
+
+
+class RemoteFile:
+    """A dataset file in object storage read by byte range: ``len()`` is its size, ``source[a:b]`` the
+    bytes [a, b) as a memoryview, exactly that many or a :class:`StorageError`.
+
+    Chunks fetched ahead (:meth:`fetch`, tagged by pack) serve the reads they cover until they are
+    :meth:`release`-d; other reads are one ranged request each. ``requests`` counts requests made,
+    ``misses`` the reads no fetched chunk served.
+    """
+
+    def __init__(self, uri: str, size: int):
+        self.uri, self.size = uri, size
+        self.requests = self.misses = 0
+        self._fs, self._path = filesystem(uri)
+        self._handle: Any = None
+        self._lock = threading.Lock()
+        self._chunks: dict[Any, list[tuple[int, int, Future]]] = {}
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RemoteFile, (self.uri, self.size)
+
+    def _read(self, start: int, stop: int) -> bytes:
+        def read() -> bytes:
+            if self._handle is None:
+                self._handle = self._fs.open_input_file(self._path)
+            return self._handle.read_at(stop - start, start)
+
+        with self._lock:
+            self.requests += 1
+        data = retrying(self.uri, read)
+        if len(data) != stop - start:
+            raise StorageError(f"{self.uri}: object shorter than the metadata says (bytes [{start}, {stop}) "
+                               f"asked, {len(data)} came): re-upload the dataset")
+        return data
+
+    def __getitem__(self, key: slice) -> memoryview:
+        start, stop, step = key.indices(self.size)
+        if step != 1 or key.start is None or key.stop is None or stop < start:
+            raise IndexError(f"{self.uri}: read by slices [a:b] inside [0, {self.size}], not {key}")
+        if start == stop:
+            return memoryview(b"")
+        with self._lock:
+            chunk = next((chunk for chunks in self._chunks.values() for chunk in chunks
+                          if chunk[0] <= start and stop <= chunk[1]), None)
+        if chunk is None:
+            self.misses += 1
+            return memoryview(self._read(start, stop))
+        return memoryview(chunk[2].result())[start - chunk[0]:stop - chunk[0]]
+
+    def fetch(self, tag: Any, ranges: list[tuple[int, int]]) -> int:
+        """Start fetching ``ranges`` (inside the file) for ``tag``; the bytes asked."""
+        pool = fetch_pool()
+        futures = [(start, stop, pool.submit(self._read, start, stop)) for start, stop in ranges]
+        with self._lock:
+            self._chunks.setdefault(tag, []).extend(futures)
+        return sum(stop - start for start, stop in ranges)
+
+    def release(self, tag: Any) -> None:
+        """Drop the chunks fetched for ``tag`` (a failed fetch is raised by the read that needs it)."""
+        with self._lock:
+            self._chunks.pop(tag, None)
+
+    def fetched(self, tag: Any) -> bool:
+        """Whether chunks were fetched for ``tag`` and not released."""
+        with self._lock:
+            return tag in self._chunks
+
+
+def data_file(prefix: str, role: str, meta: dict[str, Any]) -> RemoteFile:
+    """The data file ``role`` ("bin", "images") of the remote dataset ``prefix``, checked to hold
+    exactly the bytes its metadata records."""
+    uri, expected = file_uri(prefix, role), meta["files"][role]["bytes"]
+    size = object_size(uri)
+    if size < expected:
+        raise StorageError(f"{uri}: object shorter than the metadata says ({size} bytes, {expected} recorded): "
+                           "the upload did not finish; re-upload the dataset")
+    if size > expected:
+        raise StorageError(f"{uri}: {size} bytes, the metadata records {expected}: the object was replaced; "
+                           "re-upload the dataset")
+    return RemoteFile(uri, size)
