@@ -93,12 +93,10 @@ def describe_sample(prefix: str | os.PathLike | MMIDXDataset, index: int, *, vie
             "extra": sample.extra, "tokenizer_note": no_tokenizer}
 
 
-def _flags(element: dict[str, Any]) -> str:
-    names = [name for name in ("loss", "enable_cfg", "special_token_loss") if element[name]]
-    if element["split_start"]:
-        names.append("split_start")
-    if element["split_end"]:
-        names.append("split_end")
+def element_flags(element: dict[str, Any]) -> str:
+    """An element's flags as a person reads them: ``loss, enable_cfg, split_start, frame_delta 2`` ("-": none)."""
+    names = [name for name in ("loss", "enable_cfg", "special_token_loss", "split_start", "split_end")
+             if element[name]]
     if element["frame_delta"] is not None:
         names.append(f"frame_delta {element['frame_delta']}")
     if element["special_token_label"] is not None:
@@ -122,7 +120,7 @@ def format_sample(info: dict[str, Any]) -> str:
     lines.append(f"  {'#':>3}  {'kind':<10} {'tokens':>7}  flags")
     for number, element in enumerate(info["elements"]):
         tokens = f"{element['tokens']:,}" if element["tokens"] is not None else "?"
-        lines.append(f"  {number:>3}  {element['type']:<10} {tokens:>7}  {_flags(element)}")
+        lines.append(f"  {number:>3}  {element['type']:<10} {tokens:>7}  {element_flags(element)}")
         if element["type"] == "text":
             text = element["decoded"] if element["decoded"] is not None else str(element["token_ids"])
             lines += [f"{'':>8}│ {line}" for line in text.splitlines() or [""]]

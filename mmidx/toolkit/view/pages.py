@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mmidx.toolkit.sample import element_flags
 from mmidx.toolkit.show import COLOURS, LOSS_COLOUR
 from mmidx.toolkit.view.markup import bar_chart, dataset_url, esc, page, sample_url, table
 from mmidx.toolkit.view.packs import PackLayout
@@ -138,22 +139,10 @@ def search_page(entry: Any, result: SearchResult | None, note: str | None) -> st
     return page(f"{entry.name}: search", "".join(body))
 
 
-def _flags(element: dict[str, Any]) -> str:
-    names = [name for name in ("loss", "enable_cfg", "special_token_loss", "split_start", "split_end")
-             if element[name]]
-    if element["frame_delta"] is not None:
-        names.append(f"frame_delta {element['frame_delta']}")
-    if element["special_token_label"] is not None:
-        names.append(f"label {element['special_token_label']}")
-    if element["img_num"] != 1:
-        names.append(f"img_num {element['img_num']}")
-    return ", ".join(names) or "-"
-
-
 def _element(element: dict[str, Any], thumbs: list[str]) -> str:
     tokens = f"{element['tokens']:,} tokens" if element["tokens"] is not None else "tokens unknown"
     head = (f'<div class="head"><span class="kind">{esc(element["type"])}</span> · {tokens} · '
-            f"{esc(_flags(element))}</div>")
+            f"{esc(element_flags(element))}</div>")
     classes = " ".join(name for name, key in (("loss", "loss"), ("cfg", "enable_cfg")) if element[key])
     if element["type"] == "text":
         text = element["decoded"] if element["decoded"] is not None else str(element["token_ids"])
