@@ -418,6 +418,7 @@ def _csv(value: str) -> tuple[str, ...]:
 
 
 def _source_options(args: argparse.Namespace) -> Any:
+    from mmidx.cli_urls import url_source_options
     from mmidx.sources import SourceOptions
 
     return SourceOptions(
@@ -425,7 +426,7 @@ def _source_options(args: argparse.Namespace) -> Any:
         max_image_pixels=args.max_image_pixels, min_frames=args.min_frames, max_frames=args.max_frames,
         frame_quality=args.video_frame_quality, text_key=args.text_key, extra_keys=args.extra_keys,
         prompt_key=args.prompt_key, caption_key=args.caption_key, rows_per_shard=args.rows_per_shard,
-        bytes_per_shard=args.bytes_per_shard)
+        bytes_per_shard=args.bytes_per_shard, **url_source_options(args))
 
 
 def _os_error_line(error: OSError) -> str:
@@ -445,9 +446,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     multi = (args.config, args.dataset_info, args.output_dir)
     if not (all(single) and not any(multi)) and not (all(multi) and not any(single)):
         args.usage_error("give either --source, --input and --output, or --config, --dataset-info and --output-dir")
-    settings = {"tokenizer": args.tokenizer, "workers": args.workers, "max_skip_rate": args.max_skip_rate,
+    from mmidx.cli_urls import max_skip_rate
+
+    settings = {"tokenizer": args.tokenizer, "workers": args.workers, "max_skip_rate": max_skip_rate(args),
                 "progress": not args.quiet, "engine": args.engine, "ray_address": args.ray_address,
-                "force": args.force}
+                "force": args.force or args.retry_failed}  # a retry replaces the build it retries
     try:
         if all(single):
             reports = [build_dataset(BuildOptions(args.source, tuple(args.input), output=args.output,
@@ -471,12 +474,14 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _register_build(commands: Commands) -> None:
+    from mmidx.cli_urls import add_url_arguments
     from mmidx.sources import SOURCE_NAMES, SourceOptions
 
     defaults = SourceOptions()
     sub = add_command(commands, "build", cmd_build,
                       "Build an mmidx dataset from raw sources (t2i/edit parquet, VLM/chat/text JSONL, RL prompt "
-                      "files, WebDataset tars), or every group of a BAGEL data config.")
+                      "files, WebDataset tars, URL tables downloaded while building), or every group of a BAGEL "
+                      "data config.")
     sub.add_argument("--source", choices=SOURCE_NAMES, help="the kind of input")
     sub.add_argument("--input", nargs="+", action="extend", help="input files or folders (local or pyarrow URIs)")
     sub.add_argument("--output", type=dataset_prefix,
@@ -497,11 +502,12 @@ def _register_build(commands: Commands) -> None:
     sub.add_argument("--node-rank", type=int, default=0, help="this node's number in 0..num-nodes-1")
     sub.add_argument("--seed", type=int, default=defaults.seed, help="seed of every random draw")
     sub.add_argument("--image-root", help="folder that image and video names in JSONL rows are relative to")
-    sub.add_argument("--max-image-size", type=int, help="downsize and re-encode images whose long edge is larger")
+    sub.add_argument("--max-image-size", "--max-image-side", type=int,
+                     help="downsize and re-encode images whose long edge is larger (lossy; recorded)")
     sub.add_argument("--max-image-pixels", type=int,
                      help="refuse images with more pixels (decompression bombs; default 2^27)")
-    sub.add_argument("--max-skip-rate", type=float, default=0.01,
-                     help="fail when a larger fraction of the rows is skipped")
+    sub.add_argument("--max-skip-rate", type=float,
+                     help="fail when a larger fraction of the rows is skipped (default 0.01; --source urls: 1.0)")
     sub.add_argument("--min-frames", type=int, default=defaults.min_frames, help="fewest frames drawn per video")
     sub.add_argument("--max-frames", type=int, default=defaults.max_frames, help="most frames drawn per video")
     sub.add_argument("--video-frame-quality", type=int, metavar="Q",
@@ -519,6 +525,7 @@ def _register_build(commands: Commands) -> None:
     sub.add_argument("--force", action="store_true",
                      help="replace a dataset at the output built from other inputs or options (a rerun with the "
                           "same ones reuses it, or what a killed run finished, without it)")
+    add_url_arguments(sub)
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -543,8 +550,9 @@ def _register_merge(commands: Commands) -> None:
                       "order, into its dataset; or concatenate whole datasets of one kind and tokenizer.")
     sub.add_argument("output", type=dataset_prefix, help="output dataset prefix")
     sub.add_argument("input", nargs="+", type=dataset_prefix, help="shard folders of one build, or dataset prefixes")
-    sub.add_argument("--max-skip-rate", type=float, default=0.01,
-                     help="shard folders: fail when a larger fraction of the rows was skipped")
+    sub.add_argument("--max-skip-rate", type=float,
+                     help="shard folders: fail when a larger fraction of the rows was skipped (default 0.01; "
+                          "--source urls: 1.0)")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -31,7 +31,8 @@ from mmidx.build.plan import (
 )
 from mmidx.build.report import BuildReport, add_counts, judge, new_counts, report_path
 from mmidx.builder import merge_datasets
-from mmidx.sources import SKIP_REASONS, WARNING_REASONS
+from mmidx.fetch.ledger import merge_ledgers
+from mmidx.sources import SKIP_REASONS, WARNING_REASONS, default_max_skip_rate
 
 
 def _remove_dataset(prefix: str | os.PathLike) -> None:
@@ -56,6 +57,7 @@ def finish_build(output: str, record: dict[str, Any], shards: list[str], reports
         merge_datasets([shard_prefix(folder) for folder in shards], output, build_config=record["config"])
     else:
         _remove_dataset(output)
+    merge_ledgers(shards, output)
     totals["seconds"].update(merge=time.perf_counter() - merge_started, wall=time.perf_counter() - started)
     data = judge({"output": os.fspath(output), "source": record["source"], "key": record["key"],
                   "meta_sha256": meta_sha256(output), "units": len(shards), "reused_units": reused,
@@ -67,8 +69,10 @@ def finish_build(output: str, record: dict[str, Any], shards: list[str], reports
 
 
 def merge_into(output: str | os.PathLike, inputs: list[str | os.PathLike], *,
-               max_skip_rate: float = 0.01) -> BuildReport:
-    """``mmidx merge``: join shard folders of one build (any order) or whole datasets (in order) into ``output``."""
+               max_skip_rate: float | None = None) -> BuildReport:
+    """``mmidx merge``: join shard folders of one build (any order) or whole datasets (in order) into ``output``.
+
+    ``max_skip_rate`` None: the default of the build's source (:func:`mmidx.sources.default_max_skip_rate`)."""
     started = time.perf_counter()
     output = os.fspath(output)
     if not inputs:
@@ -83,9 +87,11 @@ def merge_into(output: str | os.PathLike, inputs: list[str | os.PathLike], *,
         return _merge_datasets(output, [os.fspath(item) for item in inputs], started)
 
 
-def _merge_shard_sets(output: str, inputs: list[str], plans: list[dict[str, Any]], max_skip_rate: float,
+def _merge_shard_sets(output: str, inputs: list[str], plans: list[dict[str, Any]], max_skip_rate: float | None,
                       started: float) -> BuildReport:
     first = plans[0]
+    if max_skip_rate is None:
+        max_skip_rate = default_max_skip_rate(first["source"])
     for folder, plan in zip(inputs[1:], plans[1:], strict=True):
         for what, value in (("kind of source", "source"), ("tokenizer", "tokenizer"), ("mmidx version", "mmidx")):
             mine = plan["config"].get(value) if value != "source" else plan["source"]

@@ -55,7 +55,7 @@ def _write_shard(plan: BuildPlan, index: int, folder: Path, tokenizer: Tokenizer
     """Build unit ``index`` into the dataset ``folder/shard`` and write ``folder/report.json``."""
     unit = plan.units[index]
     source = get_source(plan.options.source)
-    context = SourceContext(tokenizer, plan.options.source_options)
+    context = SourceContext(tokenizer, plan.options.source_options, side_folder=os.fspath(folder))
     counts = new_counts()
     started = last = time.perf_counter()
     pending = [0, 0, 0]  # rows, images, tokens not yet reported

@@ -23,13 +23,14 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import ModuleType
 from typing import Any
 
 from mmidx.builder import Element, StoredImage
+from mmidx.fetch import outcomes
 
-SOURCE_NAMES = ("t2i", "edit", "vlm", "chat", "text", "prompts", "wds")
+SOURCE_NAMES = ("t2i", "edit", "vlm", "chat", "text", "prompts", "wds", "urls")
 
 SKIP_REASONS = {
     "undecodable_image": "image bytes that are not an image, or a truncated or corrupt image",
@@ -44,12 +45,14 @@ SKIP_REASONS = {
     "empty_text": "text, prompt or document that is missing or empty",
     "unreadable_row_group": "parquet row group that cannot be read (every row of it is counted)",
     "unreadable_file": "input file that cannot be opened or read to its end",
+    **outcomes.SKIP_REASONS,  # fetch:<class>, one per download failure class (sources urls, prompts)
 }
 
 WARNING_REASONS = {
     "image_placeholder_mismatch": "LLaVA row whose <image> count differs from its image count; built BAGEL's way "
                                   "(images beyond the placeholders are not placed, placeholders beyond the images "
                                   "are dropped)",
+    **outcomes.WARNING_OUTCOMES,
 }
 
 
@@ -88,6 +91,24 @@ class SourceOptions:
     caption_key: str = "caption"
     rows_per_shard: int = 20_000
     bytes_per_shard: int = 256 << 20
+    # urls (and prompts' http(s) images): which columns, and how to fetch (mmidx.fetch.client.FetchSettings)
+    url_column: str = "url"
+    caption_column: str = "caption"
+    keep_columns: tuple[str, ...] = ()
+    fetch_concurrency: int = field(default=64, metadata={"recorded": False})  # never changes a byte
+    per_host: int = field(default=16, metadata={"recorded": False})
+    fetch_timeout: float = 20.0
+    fetch_retries: int = 2
+    max_image_bytes: int = 32 << 20
+    ignore_opt_out: bool = False
+    user_agent_token: str = ""
+    resolve: tuple[str, ...] = field(default=(), metadata={"recorded": False})  # "host=address", as curl's
+    retry_failed: str | None = None  # prefix of an earlier urls build: refetch only its transient failures
+
+    def recorded(self) -> dict[str, Any]:
+        """The options that decide what is built, as the build config records them (not how fast it is
+        fetched: concurrency and per-host caps never change a byte, so a rerun may change them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("recorded", True)}
 
     def __post_init__(self) -> None:
         if self.views < 1:
@@ -103,6 +124,12 @@ class SourceOptions:
             raise ValueError("fix_start is a frame offset (>= 0) that only sample 'middle' uses")
         if self.rows_per_shard < 1 or self.bytes_per_shard < 1:
             raise ValueError("rows_per_shard and bytes_per_shard must be positive")
+        if self.fetch_concurrency < 1 or self.per_host < 1 or not self.fetch_timeout > 0 or self.fetch_retries < 0 \
+                or self.max_image_bytes < 1:
+            raise ValueError("need fetch_concurrency >= 1, per_host >= 1, fetch_timeout > 0, fetch_retries >= 0 and "
+                             "max_image_bytes >= 1")
+        if not all("=" in entry for entry in self.resolve):
+            raise ValueError(f"resolve entries are HOST=ADDRESS, not {list(self.resolve)}")
         if self.max_image_pixels is not None:
             pil_limit = pil_pixel_limit()
             if not 1 <= self.max_image_pixels <= pil_limit:
@@ -187,6 +214,7 @@ class SourceContext:
     tokenizer: Any  # mmidx.tokenizer.Tokenizer (kept duck-typed so tests may pass a stand-in)
     options: SourceOptions
     seconds: dict[str, float] = field(default_factory=dict)
+    side_folder: str | None = None  # where a unit may write side files published with its shard (fetch ledger)
 
     def rng(self, path: str, row: int) -> random.Random:
         """The random generator of one row: a function of (seed, file name, row) only.
@@ -210,6 +238,12 @@ class SourceContext:
         """Token ids of every text (timed as ``tokenize``)."""
         with self.timed("tokenize"):
             return self.tokenizer.encode_batch(texts)
+
+
+def default_max_skip_rate(name: str) -> float:
+    """The skip rate past which a build of source ``name`` fails unless told otherwise: the source module's
+    ``MAX_SKIP_RATE`` (URL tables, whose downloads fail as a matter of course: 1.0), else 1%."""
+    return getattr(get_source(name), "MAX_SKIP_RATE", 0.01)
 
 
 def get_source(name: str) -> ModuleType:
