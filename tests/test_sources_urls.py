@@ -296,3 +296,16 @@ def test_a_table_without_the_url_column_is_one_clear_error(server, tmp_path, cap
                  "--tokenizer", tokenizer_dir(), "--output", str(tmp_path / "out"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 1 and "no column ['link']" in err and "Traceback" not in err
+
+
+def test_prompt_condition_images_given_by_http_urls_are_fetched_with_the_same_classes(server, tmp_path):
+    refs = [server.url("/image/i6?prompt"), server.url("/status/404?prompt"), server.url("/html?prompt")]
+    entries = [{"prompt": f"make it red {i}", "media_refs": [{"modality": "image", "role": "condition", "uri": uri}]}
+               for i, uri in enumerate(refs)]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    dataset, report = build("prompts", [tmp_path / "prompts.jsonl"], tmp_path / "out", **FAST)
+    assert len(dataset) == 1 and bytes(dataset[0].image(0).data) == server.images["i6"]
+    assert dataset[0].extra["media_refs"][0]["uri"] == refs[0]
+    assert {reason: entry["count"] for reason, entry in report.data["skips"].items()} == {
+        "fetch:not_found": 1, "fetch:not_an_image": 1}
+    assert server.requests["/status/404?prompt"] == 1

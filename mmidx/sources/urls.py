@@ -100,6 +100,36 @@ def failure(result: Any) -> Skipped:
     return Skipped(skip_reason(result.outcome), f"{result.url[:300]}: {result.detail}")
 
 
+class Downloads:
+    """Single images fetched on demand through one fetcher, opened on first use (``prompts``' http(s) refs).
+
+    Use with ``contextlib.closing``; a failed download raises ``Skipped("fetch:<class>")``.
+    """
+
+    def __init__(self, context: SourceContext):
+        self.context = context
+        self._pool: Any = None
+
+    def image(self, url: str) -> StoredImage:
+        if self._pool is None:
+            from mmidx.fetch.client import FetchPool
+
+            self._pool = FetchPool(fetch_settings(self.context.options)).__enter__()
+        with self.context.timed("download wait"):
+            result = self._pool.submit(url).result()
+        if result.outcome != OK:
+            raise failure(result)
+        try:
+            return ingest_fetched(result.body, self.context)
+        except Skipped as skipped:
+            raise Skipped(skipped.reason, f"{url[:300]}: {skipped.detail}") from skipped
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.__exit__(None, None, None)
+            self._pool = None
+
+
 @dataclass
 class _Row:
     """A row on its way through the window: waiting for its fetch, or already decided."""
