@@ -233,6 +233,16 @@ def test_a_build_split_over_two_nodes_merges_to_identical_files(mixed, tmp_path)
     assert _same_files(serial, tmp_path / "out")
 
 
+def test_the_ray_engine_runs_the_same_units_to_identical_files(mixed, tmp_path):
+    """One Ray task per unit, each with its own fetcher (a cluster started in this session is reused)."""
+    table, serial = mixed
+    report = build_dataset(BuildOptions("urls", (table,), tokenizer_dir(), str(tmp_path / "out"), SourceOptions(
+        url_column="URL", caption_column="TEXT", rows_per_shard=5, **FAST), engine="ray", workers=2, progress=False,
+        max_skip_rate=1.0))
+    assert report.data["units"] == 8
+    assert _same_files(serial, tmp_path / "out")
+
+
 def test_retry_failed_fetches_again_only_the_rows_that_failed_transiently(server, tmp_path):
     paths = ["/image/i1?retry", "/status/404?retry", "/flaky/1/i2?retry", "/html?retry", "/image/i3?retry"]
     table = write_table(tmp_path / "retry.parquet", [server.url(path) for path in paths])
