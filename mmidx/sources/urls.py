@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -45,7 +46,8 @@ from mmidx.sources.tables import TABLE_EXTENSIONS, read_table, table_units
 KIND = "multimodal"
 EXTENSIONS = TABLE_EXTENSIONS
 MAX_SKIP_RATE = 1.0  # downloads fail as a matter of course: the user sets the limit (the summary warns past 20%)
-WINDOW_PER_FETCH = 4  # rows read ahead per concurrent fetch
+WINDOW_PER_FETCH = 32  # rows read ahead per concurrent fetch, so a slow row holds up few others ...
+WINDOW_BYTES = 256 << 20  # ... while the bodies fetched ahead of the row being built stay under this
 _INGEST_CLASSES = {"undecodable_image": "decode_error", "decompression_bomb": "too_large"}
 
 
@@ -80,6 +82,8 @@ def captions_of(value: object) -> list[str]:
     """A caption cell's captions: BAGEL's JSON object of strings, or a plain string as the one caption."""
     if not isinstance(value, str):
         raise Skipped("bad_captions", f"caption is {type(value).__name__}, not a string")
+    if not value.lstrip().startswith("{"):
+        return [value]
     try:
         return parse_captions(value)
     except Skipped:
@@ -245,6 +249,40 @@ def _sample(unit: WorkUnit, pending: _Row, body: bytes, opted_out: bool, context
     return sample
 
 
+class _Window:
+    """Rows in input order, fetched ahead: at most ``rows`` of them, holding at most ``size`` body bytes."""
+
+    def __init__(self, rows: int, size: int):
+        self.rows, self.size = rows, size
+        self.queue: deque[_Row] = deque()
+        self.held = 0  # bytes of the bodies received for rows still in the queue
+        self._lock = threading.Lock()
+
+    def add(self, pending: _Row) -> None:
+        self.queue.append(pending)
+        if pending.fetch is not None:
+            pending.fetch.add_done_callback(self._received)
+
+    @staticmethod
+    def _size(future: Future) -> int:
+        return 0 if future.cancelled() or future.exception() is not None else len(future.result().body or b"")
+
+    def _received(self, future: Future) -> None:  # runs on the fetcher's thread
+        with self._lock:
+            self.held += self._size(future)
+
+    def full(self) -> bool:
+        return len(self.queue) > self.rows or self.held > self.size
+
+    def pop(self) -> _Row:
+        pending = self.queue.popleft()
+        if pending.fetch is not None:
+            pending.fetch.exception()  # wait for it to end
+            with self._lock:
+                self.held -= self._size(pending.fetch)
+        return pending
+
+
 def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip]:
     """One sample per row whose image downloads and checks out, in input order; every other row a skip."""
     from mmidx.fetch.client import FetchPool
@@ -254,12 +292,11 @@ def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip
     earlier = _Earlier(options.retry_failed, unit) if options.retry_failed is not None else None
     if context.side_folder is None:
         raise SourceError("the urls source writes a fetch ledger per unit; it runs inside mmidx build")
-    window: deque[_Row] = deque()
-    limit = WINDOW_PER_FETCH * options.fetch_concurrency
+    window = _Window(WINDOW_PER_FETCH * options.fetch_concurrency, WINDOW_BYTES)
     with FetchPool(fetch_settings(options)) as pool, LedgerWriter(context.side_folder) as ledger:
         for item in read_table(unit, columns):
-            window.append(_start(item, options, pool, earlier))
-            while window and (len(window) > limit or window[0].ready()):
-                yield _finish(unit, window.popleft(), context, ledger)
-        while window:
-            yield _finish(unit, window.popleft(), context, ledger)
+            window.add(_start(item, options, pool, earlier))
+            while window.queue and (window.full() or window.queue[0].ready()):
+                yield _finish(unit, window.pop(), context, ledger)
+        while window.queue:
+            yield _finish(unit, window.pop(), context, ledger)
