@@ -75,6 +75,7 @@ def test_a_name_that_does_not_resolve_is_a_dns_failure(server, monkeypatch):
     (["noai"], True), (["noimageai"], True), (["noindex, NoAI"], True), (["mmidx: noai"], True),
     (["mytoken: noimageai"], True), (["otherbot: noai"], False), (["noindex", "nofollow"], False),
     (["otherbot: noindex, noai"], False), (["otherbot: noindex", "noai"], True), ([], False),
+    (["max-snippet: 20, noai"], True), (["unavailable_after: 2026-01-01, noimageai"], True),
 ])
 def test_opt_out_is_read_from_x_robots_tag_for_every_agent_or_this_one(values, opted_out):
     assert client._opted_out(values, ("mmidx", "mytoken")) is opted_out

@@ -53,6 +53,7 @@ _CHUNK = 1 << 16
 _SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*",
                b"\x00\x00\x00\x0cjP  \r\n\x87\n", b"\xff\x4f\xff\x51")
 _SIGNATURE_BYTES = 12
+_VALUED_RULES = frozenset({"unavailable_after", "max-snippet", "max-image-preview", "max-video-preview"})
 
 
 def is_image_signature(head: bytes) -> bool:
@@ -111,14 +112,16 @@ class FetchResult:
 def _opted_out(values: list[str], agents: tuple[str, ...]) -> bool:
     """Whether ``X-Robots-Tag`` values say noai/noimageai for every agent or for one of ``agents``.
 
-    A value is a comma-separated list of rules, each optionally scoped to an agent (``otherbot: noai``).
+    A value is a comma-separated list of rules, each optionally scoped to an agent (``otherbot: noai``);
+    rules that take a value (``max-snippet: 20``) are not scopes.
     """
     for value in values:
         scope = None
         for part in value.split(","):
             name, colon, rest = part.partition(":")
-            if colon and name.strip() and " " not in name.strip():
-                scope, part = name.strip().lower(), rest
+            name = name.strip().lower()
+            if colon and name and " " not in name and name not in _VALUED_RULES:
+                scope, part = name, rest
             if part.strip().lower() in ("noai", "noimageai") and (scope is None or scope in agents):
                 return True
     return False
@@ -173,6 +176,7 @@ class Fetcher:
         connector = aiohttp.TCPConnector(limit=self.settings.concurrency, limit_per_host=0, ttl_dns_cache=300,
                                          resolver=resolver)
         self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                              cookie_jar=aiohttp.DummyCookieJar(),
                                               headers={"User-Agent": self.settings.user_agent},
                                               max_line_size=16384, max_field_size=16384)
         self._slots = asyncio.Semaphore(self.settings.concurrency)
@@ -224,7 +228,7 @@ class Fetcher:
                 return FetchResult(url, "dns", detail=str(error)[:300])
             except aiohttp.InvalidURL as error:
                 return FetchResult(url, "invalid_url", detail=f"invalid URL: {error}")
-            except (aiohttp.ClientError, OSError, ValueError) as error:  # resets, refusals, short bodies, bad HTTP
+            except (aiohttp.ClientError, OSError, ValueError, EOFError) as error:  # resets, short bodies, bad HTTP
                 return FetchResult(url, "connection", detail=f"{type(error).__name__}: {error}"[:300])
 
     async def _follow(self, url: str) -> FetchResult:
