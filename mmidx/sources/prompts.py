@@ -114,6 +114,7 @@ def _sample(unit: WorkUnit, index: int, entry: Any, context: SourceContext, down
             (Element("vae_image", j, enable_cfg=True), Element("vit_image", j, enable_cfg=True))]
     view.append(Element("text", table.add(prompt), enable_cfg=True))
     extra = {"prompt": prompt, "prompt_id": prompt_id, "metadata": metadata, "media_refs": refs}
+
     def load(j: int) -> Any:
         uri = refs[j]["uri"]
         return downloads.image(uri) if uri.startswith(("http://", "https://")) else ingest_image_file(uri, context)
