@@ -343,3 +343,10 @@ def test_the_cli_retry_failed_rebuilds_the_output_from_its_ledger(server, tmp_pa
     assert [entry["class"] for entry in ledger_of(tmp_path / "out")] == ["ok", "not_found"]
     assert server.requests["/status/404?cliretry"] == 1
     assert bytes(MMIDXDataset(tmp_path / "out")[0].image(0).data) == server.images["i8"]
+
+
+def test_resolve_pins_a_host_name_to_an_address_without_asking_dns(server, tmp_path):
+    table = write_table(tmp_path / "t.parquet", [server.url("/image/i9?resolve", host="images.example")])
+    dataset, _ = build("urls", [table], tmp_path / "out", url_column="URL", caption_column="TEXT",
+                       resolve=("images.example=127.0.0.1",), **FAST)
+    assert bytes(dataset[0].image(0).data) == server.images["i9"]
