@@ -8,6 +8,7 @@ import argparse
 from typing import Any
 
 from mmidx.cli.common import Commands, add_command, dataset_prefix
+from mmidx.cli.url_options import add_url_arguments, max_skip_rate, url_source_options
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -24,7 +25,7 @@ def _source_options(args: argparse.Namespace) -> Any:
         prompt_key=args.prompt_key, caption_key=args.caption_key, group_decay=args.group_decay,
         grouping=not args.no_grouping, image_column=args.image_column, caption_columns=args.caption_column,
         keep_columns=args.keep_columns, split=args.split, rows_per_shard=args.rows_per_shard,
-        bytes_per_shard=args.bytes_per_shard)
+        bytes_per_shard=args.bytes_per_shard, **url_source_options(args))
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -35,9 +36,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     multi = (args.config, args.dataset_info, args.output_dir)
     if not (all(single) and not any(multi)) and not (all(multi) and not any(single)):
         args.usage_error("give either --source, --input and --output, or --config, --dataset-info and --output-dir")
-    settings = {"tokenizer": args.tokenizer, "workers": args.workers, "max_skip_rate": args.max_skip_rate,
+    settings = {"tokenizer": args.tokenizer, "workers": args.workers, "max_skip_rate": max_skip_rate(args),
                 "progress": not args.quiet, "engine": args.engine, "ray_address": args.ray_address,
-                "force": args.force}
+                "force": args.force or args.retry_failed}  # a retry replaces the build it retries
     if all(single):
         reports = [build_dataset(BuildOptions(args.source, tuple(args.input), output=args.output,
                                               source_options=_source_options(args), num_nodes=args.num_nodes,
@@ -59,7 +60,8 @@ def _register_build(commands: Commands) -> None:
     defaults = SourceOptions()
     sub = add_command(commands, "build", cmd_build,
                       "Build an mmidx dataset from raw sources (t2i/edit parquet, VLM/chat/text JSONL, RL prompt "
-                      "files, WebDataset tars, Hugging Face datasets), or every group of a BAGEL data config.")
+                      "files, WebDataset tars, Hugging Face datasets, URL tables downloaded while building), or every "
+                      "group of a BAGEL data config.")
     sub.add_argument("--source", choices=SOURCE_NAMES, help="the kind of input")
     sub.add_argument("--input", nargs="+", action="extend", help="input files or folders (local or pyarrow URIs)")
     sub.add_argument("--output", type=dataset_prefix,
@@ -80,11 +82,12 @@ def _register_build(commands: Commands) -> None:
     sub.add_argument("--node-rank", type=int, default=0, help="this node's number in 0..num-nodes-1")
     sub.add_argument("--seed", type=int, default=defaults.seed, help="seed of every random draw")
     sub.add_argument("--image-root", help="folder that image and video names in JSONL rows are relative to")
-    sub.add_argument("--max-image-size", type=int, help="downsize and re-encode images whose long edge is larger")
+    sub.add_argument("--max-image-size", "--max-image-side", type=int,
+                     help="downsize and re-encode images whose long edge is larger (lossy; recorded)")
     sub.add_argument("--max-image-pixels", type=int,
                      help="refuse images with more pixels (decompression bombs; default 2^27)")
-    sub.add_argument("--max-skip-rate", type=float, default=0.01,
-                     help="fail when a larger fraction of the rows is skipped")
+    sub.add_argument("--max-skip-rate", type=float,
+                     help="fail when a larger fraction of the rows is skipped (default 0.01; --source urls: 1.0)")
     sub.add_argument("--min-frames", type=int, default=defaults.min_frames, help="fewest frames drawn per video")
     sub.add_argument("--max-frames", type=int, default=defaults.max_frames, help="most frames drawn per video")
     sub.add_argument("--video-frame-quality", type=int, metavar="Q",
@@ -103,8 +106,10 @@ def _register_build(commands: Commands) -> None:
     sub.add_argument("--image-column", help="hf: the image (or image list) column (default: image, else images)")
     sub.add_argument("--caption-column", type=_csv, default=(), metavar="COLUMN[,COLUMN...]",
                      help="hf: caption column(s), each cell a string, list or struct of strings (default: the first "
-                          "of captions, caption, text, texts)")
-    sub.add_argument("--keep-columns", type=_csv, default=(), help="hf: comma-separated columns kept as extra JSON")
+                          "of captions, caption, text, texts); urls: the caption column, a string or BAGEL's JSON "
+                          "object of captions (default: caption; LAION: TEXT)")
+    sub.add_argument("--keep-columns", type=_csv, default=(),
+                     help="hf, urls: comma-separated columns kept with each sample (its extra JSON)")
     sub.add_argument("--split", help="hf: the split of a DatasetDict folder or of parquet files in the hub's layout")
     sub.add_argument("--rows-per-shard", type=int, default=defaults.rows_per_shard,
                      help="parquet rows per work unit (row groups are never split)")
@@ -114,6 +119,7 @@ def _register_build(commands: Commands) -> None:
     sub.add_argument("--force", action="store_true",
                      help="replace a dataset at the output built from other inputs or options (a rerun with the "
                           "same ones reuses it, or what a killed run finished, without it)")
+    add_url_arguments(sub)
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -133,8 +139,9 @@ def _register_merge(commands: Commands) -> None:
     sub.add_argument("output", type=dataset_prefix, help="output dataset prefix")
     sub.add_argument("input", nargs="+", type=dataset_prefix,
                      help="the prefixes (or shard folders) each node of one build wrote, or dataset prefixes")
-    sub.add_argument("--max-skip-rate", type=float, default=0.01,
-                     help="shard folders: fail when a larger fraction of the rows was skipped")
+    sub.add_argument("--max-skip-rate", type=float,
+                     help="shard folders: fail when a larger fraction of the rows was skipped (default 0.01; "
+                          "--source urls: 1.0)")
 
 
 def register(commands: Commands) -> None:

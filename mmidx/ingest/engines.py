@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
@@ -36,7 +37,10 @@ class BuildProgress:
         self.shards, self.total_shards = len(reused), len(reused) + len(todo)
         self.samples = sum(report["samples"] for report in reused)
         self.skipped = sum(report["skipped"] for report in reused)
-        self.images = self.tokens = 0
+        self.images = self.tokens = self.bytes = 0
+        self.skips: Counter[str] = Counter()  # by reason, from finished shards (URL builds: fetch failure classes)
+        for report in reused:
+            self.skips.update({reason: entry["count"] for reason, entry in report["skips"].items()})
         self.started = time.perf_counter()
         # rows of reused shards count as done from the start, not in the rates
         done = sum(report["rows"] for report in reused)
@@ -44,10 +48,11 @@ class BuildProgress:
                         disable=not plan.options.progress, dynamic_ncols=True, file=sys.stderr,
                         desc=f"{plan.options.source} → {os.path.basename(plan.options.output)}")
 
-    def update(self, rows: int, images: int, tokens: int) -> None:
-        """Rows, images and tokens built since the last call (while a unit is being built)."""
+    def update(self, rows: int, images: int, tokens: int, size: int = 0) -> None:
+        """Rows, images, tokens and image bytes built since the last call (while a unit is being built)."""
         self.images += images
         self.tokens += tokens
+        self.bytes += size
         self.bar.update(rows)
         self._postfix()
 
@@ -56,6 +61,7 @@ class BuildProgress:
         self.shards += 1
         self.samples += report["samples"]
         self.skipped += report["skipped"]
+        self.skips.update({reason: entry["count"] for reason, entry in report["skips"].items()})
         if not counted:
             self.update(report["rows"], report["images"], report["tokens"])
         self._postfix()
@@ -64,9 +70,11 @@ class BuildProgress:
 
     def _postfix(self) -> None:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        self.bar.set_postfix_str(f"{self.samples:,} samples, {self.skipped:,} skipped, shards "
-                                 f"{self.shards}/{self.total_shards}, {self.images / elapsed:,.0f} images/s, "
-                                 f"{self.tokens / elapsed:,.0f} tokens/s", refresh=False)
+        reasons = "".join(f", {reason} {count:,}" for reason, count in self.skips.most_common(3))
+        self.bar.set_postfix_str(f"{self.samples:,} samples, {self.skipped:,} skipped{reasons}, shards "
+                                 f"{self.shards}/{self.total_shards}, {self.images / elapsed:,.0f} images/s "
+                                 f"({self.bytes / elapsed / 1e6:,.1f} MB/s), {self.tokens / elapsed:,.0f} tokens/s",
+                                 refresh=False)
 
     def close(self) -> None:
         self.bar.close()

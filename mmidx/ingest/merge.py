@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 
 from mmidx import format as fmt
+from mmidx.fetch.ledger import merge_ledgers
 from mmidx.ingest.plan import PLAN_NAME, BuildError, finished_shard, meta_sha256, shard_dir, shard_prefix
 from mmidx.ingest.report import BuildReport, add_counts, judge, new_counts, report_path
 from mmidx.ingest.writer import _DatasetWriter
 from mmidx.io.files import read_json, write_json
 from mmidx.io.lock import output_lock
-from mmidx.sources import SKIP_REASONS, WARNING_REASONS
+from mmidx.sources import SKIP_REASONS, WARNING_REASONS, default_max_skip_rate
 
 
 def _remove_dataset(prefix: str | os.PathLike) -> None:
@@ -51,6 +52,7 @@ def finish_build(output: str, record: dict[str, Any], shards: list[str], reports
         merge_datasets([shard_prefix(folder) for folder in shards], output, build_config=record["config"])
     else:
         _remove_dataset(output)
+    merge_ledgers(shards, output)
     totals["seconds"].update(merge=time.perf_counter() - merge_started, wall=time.perf_counter() - started)
     data = judge({"output": os.fspath(output), "source": record["source"], "key": record["key"],
                   "meta_sha256": meta_sha256(output), "units": len(shards), "reused_units": reused,
@@ -62,8 +64,10 @@ def finish_build(output: str, record: dict[str, Any], shards: list[str], reports
 
 
 def merge_into(output: str | os.PathLike, inputs: list[str | os.PathLike], *,
-               max_skip_rate: float = 0.01) -> BuildReport:
-    """``mmidx merge``: join shard folders of one build (any order) or whole datasets (in order) into ``output``."""
+               max_skip_rate: float | None = None) -> BuildReport:
+    """``mmidx merge``: join shard folders of one build (any order) or whole datasets (in order) into ``output``.
+
+    ``max_skip_rate`` None: the default of the build's source (:func:`mmidx.sources.default_max_skip_rate`)."""
     started = time.perf_counter()
     output = os.fspath(output)
     if not inputs:
@@ -89,9 +93,11 @@ def _shard_folder(item: str) -> str | None:
     return None
 
 
-def _merge_shard_sets(output: str, inputs: list[str], plans: list[dict[str, Any]], max_skip_rate: float,
+def _merge_shard_sets(output: str, inputs: list[str], plans: list[dict[str, Any]], max_skip_rate: float | None,
                       started: float) -> BuildReport:
     first = plans[0]
+    if max_skip_rate is None:
+        max_skip_rate = default_max_skip_rate(first["source"])
     for folder, plan in zip(inputs[1:], plans[1:], strict=True):
         for what, value in (("kind of source", "source"), ("tokenizer", "tokenizer"), ("mmidx version", "mmidx")):
             mine = plan["config"].get(value) if value != "source" else plan["source"]

@@ -92,7 +92,7 @@ def make_plan(options: BuildOptions, tokenizer_identity: dict[str, Any]) -> Buil
     """Cut the inputs into units and fix the configuration every unit is built with."""
     units = tuple(get_source(options.source).work_units(list(options.inputs), options.source_options))
     config = {"mmidx": __version__, "source": options.source, "inputs": list(options.inputs),
-              "options": asdict(options.source_options), "tokenizer": tokenizer_identity}
+              "options": options.source_options.recorded(), "tokenizer": tokenizer_identity}
     key = digest({"config": config, "units": [asdict(unit) for unit in units]})
     return BuildPlan(options, config, units, key, os.fspath(options.output) + ".shards")
 

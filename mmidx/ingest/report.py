@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmidx.fetch.outcomes import failure_warning
 from mmidx.sources import SKIP_REASONS, WARNING_REASONS, Skip
 
 EXAMPLES_PER_REASON = 5
@@ -108,6 +109,8 @@ class BuildReport:
             for reason, entry in sorted(d.get(table, {}).items(), key=lambda item: -item[1]["count"]):
                 example = f" (e.g. {_where(entry['examples'][0])})" if entry["examples"] else ""
                 lines.append(f"  {kind} {entry['count']:,} × {reason}: {reasons.get(reason, '')}{example}")
+        if warning := failure_warning(d):
+            lines.append(warning)
         lines.append(("OK: " if self.ok else "FAILED: ") + self.message)
         return "\n".join(lines)
 

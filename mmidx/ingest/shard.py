@@ -31,7 +31,7 @@ from mmidx.tokenizer import Tokenizer
 PROGRESS_INTERVAL = 0.5  # seconds between progress messages of a unit
 ATTEMPT_MARK = ".attempt-"
 
-Progress = Callable[[int, int, int], None]  # (rows, images, tokens) since the last call
+Progress = Callable[[int, int, int, int], None]  # (rows, images, tokens, image bytes) since the last call
 
 _tokenizers: dict[str, Tokenizer] = {}
 
@@ -56,10 +56,10 @@ def _write_shard(plan: BuildPlan, index: int, folder: Path, tokenizer: Tokenizer
     """Build unit ``index`` into the dataset ``folder/shard`` and write ``folder/report.json``."""
     unit = plan.units[index]
     source = get_source(plan.options.source)
-    context = SourceContext(tokenizer, plan.options.source_options)
+    context = SourceContext(tokenizer, plan.options.source_options, side_folder=os.fspath(folder))
     counts = new_counts()
     started = last = time.perf_counter()
-    pending = [0, 0, 0]  # rows, images, tokens not yet reported
+    pending = [0, 0, 0, 0]  # rows, images, tokens, image bytes not yet reported
     prefix = shard_prefix(folder)
     with DatasetBuilder(prefix, kind=source.KIND, vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.identity,
                         special_tokens=tokenizer.special_tokens, build_config=plan.config) as builder:
@@ -76,6 +76,7 @@ def _write_shard(plan: BuildPlan, index: int, folder: Path, tokenizer: Tokenizer
                         tokens, images, views = len(item.tokens), 0, 1
                     else:
                         builder.add_sample(item.texts, item.images, item.views, (origin, item.row), item.extra)
+                        pending[3] += sum(len(image.data) for image in item.images)
                         tokens, images, views = sum(map(len, item.texts)), len(item.images), len(item.views)
                         for reason, detail in item.warnings:
                             count_warning(counts, reason, item.row, detail, unit.path, unit.line_based)
@@ -88,7 +89,7 @@ def _write_shard(plan: BuildPlan, index: int, folder: Path, tokenizer: Tokenizer
             now = time.perf_counter()
             if now - last > PROGRESS_INTERVAL:
                 progress(*pending)
-                pending, last = [0, 0, 0], now
+                pending, last = [0, 0, 0, 0], now
         with context.timed("write"):
             builder.finalize()
     progress(*pending)

