@@ -122,7 +122,8 @@ def test_help_shows_defaults_and_exit_statuses_without_markup():
         assert "(default: None)" not in help_text and "(default: False)" not in help_text
     assert "(default: 20)" in commands["bench"].format_help()
     assert "(default: 1024)" in commands["show"].format_help()
-    assert "(default: 0.01)" in commands["build"].format_help()
+    build_help = " ".join(commands["build"].format_help().split())
+    assert "(default: 4)" in build_help and "(default 0.01; --source urls: 1.0)" in build_help
     assert "not one epoch of each dataset" in " ".join(commands["index"].format_help().split())
     with pytest.raises(SystemExit) as exit:
         main(["--version"])
