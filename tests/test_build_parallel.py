@@ -1,14 +1,11 @@
 """Parallel builds equal serial ones; a killed build resumes from its finished shards to exactly the same dataset."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import pyarrow as pa
 import pytest
+from support.build_cases import kill_after_first_shard
 from support.sources import build, image_bytes, tokenizer_dir, write_parquet
 
 import mmidx.ingest.merge
@@ -101,19 +98,9 @@ def test_progress_shows_rows_images_and_tokens_per_second(inputs, tmp_path, caps
 
 
 def test_a_build_killed_mid_way_resumes_to_exactly_the_expected_samples(serial, inputs, tmp_path):
-    command = [sys.executable, "-m", "mmidx.cli", "build", "--source", "t2i", "--input", *inputs,
-               "--tokenizer", tokenizer_dir(), "--output", str(tmp_path / "out"), "--views", "2",
-               "--rows-per-shard", "1", "--workers", "2", "--quiet"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
-    shards = tmp_path / "out.shards"
-    deadline = time.monotonic() + 60
-    while not list(shards.glob("?????/report.json")) and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert process.poll() is None, f"the build ended (exit {process.returncode}) before it could be killed"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    finished = len(list(shards.glob("?????/report.json")))
+    finished = kill_after_first_shard(["build", "--source", "t2i", "--input", *inputs, "--tokenizer", tokenizer_dir(),
+                                       "--output", str(tmp_path / "out"), "--views", "2", "--rows-per-shard", "1",
+                                       "--workers", "2", "--quiet"], tmp_path / "out")
     assert 1 <= finished < 34, "the kill did not land mid-way"
     with pytest.raises(FormatError):
         MMIDXDataset(tmp_path / "out")

@@ -5,9 +5,6 @@ import gzip
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -15,6 +12,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+from support.build_cases import kill_after_first_shard
 from support.http_faults import HUGE_BYTES, FaultServer
 from support.sources import build, image_bytes, tokenizer_dir, write_t2i_parquet
 
@@ -203,19 +201,10 @@ def test_files_are_identical_at_concurrency_1_and_64_with_random_latency(mixed, 
 
 def test_a_build_killed_mid_way_resumes_to_identical_files(mixed, tmp_path):
     table, serial = mixed
-    command = [sys.executable, "-m", "mmidx.cli", "build", "--source", "urls", "--input", table, "--tokenizer",
-               tokenizer_dir(), "--output", str(tmp_path / "out"), "--url-column", "URL", "--caption-column", "TEXT",
-               "--rows-per-shard", "5", "--fetch-concurrency", "2", "--quiet", *FAST_CLI]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
-    shards = tmp_path / "out.shards"
-    deadline = time.monotonic() + 60
-    while not list(shards.glob("?????/report.json")) and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert process.poll() is None, f"the build ended (exit {process.returncode}) before it could be killed"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    finished = len(list(shards.glob("?????/report.json")))
+    finished = kill_after_first_shard(
+        ["build", "--source", "urls", "--input", table, "--tokenizer", tokenizer_dir(), "--output",
+         str(tmp_path / "out"), "--url-column", "URL", "--caption-column", "TEXT", "--rows-per-shard", "5",
+         "--fetch-concurrency", "2", "--quiet", *FAST_CLI], tmp_path / "out")
     assert 1 <= finished < 8, "the kill did not land mid-way"
     with pytest.raises(FormatError):
         MMIDXDataset(tmp_path / "out")

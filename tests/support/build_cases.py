@@ -6,7 +6,11 @@ Each case is cut into several work units, so that workers, Ray tasks and nodes e
 import functools
 import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from mmidx.format import file_path
@@ -61,3 +65,19 @@ def same_dataset_files(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     roles = [role for role in DATASET_FILES if file_path(os.fspath(a), role).exists()]
     return len(roles) >= 3 and all(file_path(os.fspath(b), role).exists() for role in roles) and all(
         file_path(os.fspath(a), role).read_bytes() == file_path(os.fspath(b), role).read_bytes() for role in roles)
+
+
+def kill_after_first_shard(argv: list[str], output: str | os.PathLike) -> int:
+    """Run ``mmidx ARGV`` (a build of ``output``) in a process of its own, kill it and its workers with SIGKILL
+    as soon as its first shard is published, and return how many shards were finished by then."""
+    command = [sys.executable, "-m", "mmidx.cli", *argv]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    shards = Path(f"{os.fspath(output)}.shards")
+    deadline = time.monotonic() + 60
+    while not list(shards.glob("?????/report.json")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert process.poll() is None, f"the build ended (exit {process.returncode}) before it could be killed"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    return len(list(shards.glob("?????/report.json")))
