@@ -21,6 +21,7 @@ metadata travels; :mod:`mmidx.pack.masks` builds masks on the device).
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -54,8 +55,23 @@ def sample_randomness(seed: int, pack_index: int, position: int, count: int) -> 
     Philox is counter-based: the stream is a pure function of (seed, pack, position), independent
     of which process asks, in which order, and of every other sample.
     """
-    generator = np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, position, pack_index]))
+    if not (0 <= seed <= _KEY and 0 <= position <= _COUNTER and 0 <= pack_index <= _COUNTER):
+        generator = np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, position, pack_index]))  # refuses
+        return generator.random(count), generator.standard_normal(count)
+    generator = getattr(_PHILOX, "generator", None)
+    if generator is None:
+        generator = _PHILOX.generator = np.random.Generator(np.random.Philox(key=0))
+    # The state ``Philox(key=seed, counter=...)`` starts in (key: 128 bits, low word first; buffer empty), set on
+    # this thread's generator: a third of the cost of constructing one (which also reads OS entropy), same draws.
+    generator.bit_generator.state = {
+        "bit_generator": "Philox", "buffer": np.zeros(4, np.uint64), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0,
+        "state": {"counter": np.array([0, 0, position, pack_index], np.uint64),
+                  "key": np.array([seed & _WORD, seed >> 64], np.uint64)}}
     return generator.random(count), generator.standard_normal(count)
+
+
+_PHILOX = threading.local()  # each thread's generator for sample_randomness
+_WORD, _KEY, _COUNTER = 2**64 - 1, 2**128 - 1, 2**63 - 1  # beyond _COUNTER, Philox reads a list of counters as floats
 
 
 class PackBuilder:
