@@ -120,6 +120,8 @@ class PackBuilder:
                              "or pass special_tokens")
         self.encodings = encoded.group_encodings(config, encodings)
         encoded.checked_streams(config, self.datasets, self.encodings)
+        self._text_uses = [{use: name for use, name in uses.items() if use not in ("vae", "vit")}
+                           for uses in self.encodings]  # per group: the uses a kept text looks up
         geometry = config.geometry
         self._position_ids = functools.partial(
             _position_ids, position_ids_interpolate if geometry.interpolate_pos else position_ids_extrapolate)
@@ -199,7 +201,7 @@ class PackBuilder:
         opening = False  # a split has started and none of its elements is kept yet
         split_open = False  # a split holds kept elements and is not closed yet
         probability = {fmt.TEXT: dropout.text, fmt.VIT_IMAGE: dropout.vit, fmt.VAE_IMAGE: dropout.vae}
-        uses = self.encodings[item.group]
+        uses, text_uses = self.encodings[item.group], self._text_uses[item.group]
         # One tuple of Python ints per record (_ELEMENT_FIELDS' order): cheaper than reading fields.
         for e, (kind, flags, img_num, frame_delta, label, payload) in enumerate(elements.tolist()):
             special_loss_label = label if flags & fmt.FLAG_SPECIAL_TOKEN_LOSS else None
@@ -217,8 +219,8 @@ class PackBuilder:
             if kind == fmt.TEXT:
                 ids = sample.text(payload).astype(np.int64)
                 shifted = len(ids) + 1
-                if uses:
-                    self._text_encodings(pack, uses, sample, payload, len(ids), e)
+                if text_uses:
+                    self._text_encodings(pack, text_uses, sample, payload, len(ids), e)
                 pack.text_ids.append(np.concatenate([[special["bos_token_id"]], ids]))
                 pack.text_indexes.append(np.arange(pack.curr, pack.curr + shifted))
                 if flags & fmt.FLAG_LOSS:
