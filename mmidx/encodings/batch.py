@@ -121,15 +121,16 @@ def latent_tensors(latents: list[torch.Tensor], seed: int, pack_index: int,
         padded = allocate(-(-nbytes // 4)).view(torch.uint8)[:nbytes].view(dtype).view(shape)
     else:
         padded = allocate(len(latents), channels, height, width)
-    for slot, value in enumerate(latents):
-        h, w = value.shape[-2:]
-        padded[slot, ..., h:, :].zero_()
-        padded[slot, ..., :h, w:].zero_()
-        padded[slot, ..., :h, :w].copy_(value)
+    sizes = [tuple(value.shape[-2:]) for value in latents]
+    for slot, value, (h, w) in zip(padded, latents, sizes, strict=True):  # only the padding is zeroed
+        if h < height:
+            slot[..., h:, :].zero_()
+        if w < width:
+            slot[..., :h, w:].zero_()
+        (slot if (h, w) == (height, width) else slot[..., :h, :w]).copy_(value)
     if not moments:
         return {"padded_latent": padded}
-    sizes = torch.tensor([tuple(value.shape[-2:]) for value in latents], dtype=torch.int64)
-    return {"padded_latent_moments": padded, "latent_sizes": sizes,
+    return {"padded_latent_moments": padded, "latent_sizes": torch.tensor(sizes, dtype=torch.int64),
             "latent_noise_key": torch.tensor([seed, pack_index], dtype=torch.int64)}
 
 

@@ -21,6 +21,7 @@ metadata travels; :mod:`mmidx.pack.masks` builds masks on the device).
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -54,8 +55,23 @@ def sample_randomness(seed: int, pack_index: int, position: int, count: int) -> 
     Philox is counter-based: the stream is a pure function of (seed, pack, position), independent
     of which process asks, in which order, and of every other sample.
     """
-    generator = np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, position, pack_index]))
+    if not (0 <= seed <= _KEY and 0 <= position <= _COUNTER and 0 <= pack_index <= _COUNTER):
+        generator = np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, position, pack_index]))  # refuses
+        return generator.random(count), generator.standard_normal(count)
+    generator = getattr(_PHILOX, "generator", None)
+    if generator is None:
+        generator = _PHILOX.generator = np.random.Generator(np.random.Philox(key=0))
+    # The state ``Philox(key=seed, counter=...)`` starts in (key: 128 bits, low word first; buffer empty), set on
+    # this thread's generator: a third of the cost of constructing one (which also reads OS entropy), same draws.
+    generator.bit_generator.state = {
+        "bit_generator": "Philox", "buffer": np.zeros(4, np.uint64), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0,
+        "state": {"counter": np.array([0, 0, position, pack_index], np.uint64),
+                  "key": np.array([seed & _WORD, seed >> 64], np.uint64)}}
     return generator.random(count), generator.standard_normal(count)
+
+
+_PHILOX = threading.local()  # each thread's generator for sample_randomness
+_WORD, _KEY, _COUNTER = 2**64 - 1, 2**128 - 1, 2**63 - 1  # beyond _COUNTER, Philox reads a list of counters as floats
 
 
 class PackBuilder:
@@ -104,6 +120,8 @@ class PackBuilder:
                              "or pass special_tokens")
         self.encodings = encoded.group_encodings(config, encodings)
         encoded.checked_streams(config, self.datasets, self.encodings)
+        self._text_uses = [{use: name for use, name in uses.items() if use not in ("vae", "vit")}
+                           for uses in self.encodings]  # per group: the uses a kept text looks up
         geometry = config.geometry
         self._position_ids = functools.partial(
             _position_ids, position_ids_interpolate if geometry.interpolate_pos else position_ids_extrapolate)
@@ -183,7 +201,7 @@ class PackBuilder:
         opening = False  # a split has started and none of its elements is kept yet
         split_open = False  # a split holds kept elements and is not closed yet
         probability = {fmt.TEXT: dropout.text, fmt.VIT_IMAGE: dropout.vit, fmt.VAE_IMAGE: dropout.vae}
-        uses = self.encodings[item.group]
+        uses, text_uses = self.encodings[item.group], self._text_uses[item.group]
         # One tuple of Python ints per record (_ELEMENT_FIELDS' order): cheaper than reading fields.
         for e, (kind, flags, img_num, frame_delta, label, payload) in enumerate(elements.tolist()):
             special_loss_label = label if flags & fmt.FLAG_SPECIAL_TOKEN_LOSS else None
@@ -201,8 +219,8 @@ class PackBuilder:
             if kind == fmt.TEXT:
                 ids = sample.text(payload).astype(np.int64)
                 shifted = len(ids) + 1
-                if uses:
-                    self._text_encodings(pack, uses, sample, payload, len(ids), e)
+                if text_uses:
+                    self._text_encodings(pack, text_uses, sample, payload, len(ids), e)
                 pack.text_ids.append(np.concatenate([[special["bos_token_id"]], ids]))
                 pack.text_indexes.append(np.arange(pack.curr, pack.curr + shifted))
                 if flags & fmt.FLAG_LOSS:

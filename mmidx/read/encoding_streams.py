@@ -240,8 +240,9 @@ class EncodingStream:
     def find(self, item: int, img_num: int) -> int | None:
         """The record number of (item, img_num), or None."""
         key = item * 2**32 + img_num
-        position = int(np.searchsorted(self.keys, key))
-        return position if position < len(self.keys) and int(self.keys[position]) == key else None
+        keys = self.keys
+        position = int(keys.searchsorted(key))
+        return position if position < len(keys) and keys[position] == key else None
 
     def tensor(self, item: int, img_num: int = 1) -> torch.Tensor:
         """The stored value of (item, img_num) as a zero-copy tensor (moments: (2, C, h, w) = mean, log-variance)."""
@@ -254,7 +255,7 @@ class EncodingStream:
     def view(self, number: int) -> torch.Tensor:
         """Record ``number``'s value, after checking its offset, shape and size against the ``.bin``."""
         _, _, ndim, dims, offset, nbytes = self.records[number].item()  # one tuple: faster than field reads
-        shape = tuple(int(n) for n in dims[: max(0, min(ndim, 4))])
+        shape = tuple(dims[: max(0, min(ndim, 4))].tolist())
         itemsize = self.itemsize
         if not 1 <= ndim <= 4 or min(shape) < 0 or max(shape) > MAX_DIM or nbytes != math.prod(shape) * itemsize \
                 or offset < 0 or offset % fmt.ENCODING_ALIGNMENT or offset > len(self.values) - nbytes:
