@@ -5,6 +5,8 @@ max w) float32, each latent top-left, zeros elsewhere, in the order of ``patchif
 Moments are not sampled in the loader: the pack ships ``padded_latent_moments`` (n, 2, C, max h, max w)
 in the stored dtype, ``latent_sizes`` (n, 2) and ``latent_noise_key`` (seed, pack), and the sample is
 drawn where the batch lives (:mod:`mmidx.encodings.noise`), a pure function of (config, seed, pack).
+Likewise precached ViT encodings ship as ``packed_vit_embeddings_stored`` (tokens, D) in the stored dtype
+and are widened to the float32 ``packed_vit_embeddings`` where the batch lives.
 
 Text-input encodings (an encoder with a tokenizer of its own, e.g. T5 or CLIP: one record per text)
 used as ``U`` appear as ``text_encoding_U`` (rows, max n, D) float32 zero-padded, one row per text
@@ -100,6 +102,12 @@ def latent(stream: EncodingStream, item: int, img_num: int, height: int, width: 
     return value
 
 
+def stored_buffer(shape: tuple[int, ...], dtype: torch.dtype, allocate: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """An uninitialised tensor of ``shape`` in a stored dtype, in a (float32) batch buffer viewed as that dtype."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    return allocate(-(-nbytes // 4)).view(torch.uint8)[:nbytes].view(dtype).view(shape)
+
+
 def latent_tensors(latents: list[torch.Tensor], seed: int, pack_index: int,
                    allocate: Callable[..., torch.Tensor] = torch.empty) -> dict[str, torch.Tensor]:
     """The batch keys of a pack's precached latents: ``padded_latent`` (n, C, max h, max w) float32, each latent
@@ -114,11 +122,8 @@ def latent_tensors(latents: list[torch.Tensor], seed: int, pack_index: int,
         raise FormatError("a pack mixes precached moments with single-tensor latents: precache every group's "
                           "VAE images with the same --store")
     height, width = max(value.shape[-2] for value in latents), max(value.shape[-1] for value in latents)
-    if moments:  # in the stored dtype, in a (float32) batch buffer viewed as that dtype
-        dtype = latents[0].dtype
-        shape = (len(latents), 2, channels, height, width)
-        nbytes = math.prod(shape) * dtype.itemsize
-        padded = allocate(-(-nbytes // 4)).view(torch.uint8)[:nbytes].view(dtype).view(shape)
+    if moments:
+        padded = stored_buffer((len(latents), 2, channels, height, width), latents[0].dtype, allocate)
     else:
         padded = allocate(len(latents), channels, height, width)
     sizes = [tuple(value.shape[-2:]) for value in latents]
@@ -159,19 +164,24 @@ def vit_embedding(stream: EncodingStream, item: int, img_num: int, height: int, 
 
 
 def packed_vit_embeddings(values: list[torch.Tensor], allocate: Callable[..., torch.Tensor] = torch.empty) \
-        -> torch.Tensor:
-    """(tokens, D) float32: each image's (h, w, D) record, in the order of ``packed_vit_tokens``."""
-    dims = values[0].shape[2]
+        -> dict[str, torch.Tensor]:
+    """The batch key of a pack's precached ViT encodings: ``packed_vit_embeddings_stored`` (tokens, D) in the
+    stored dtype, each image's (h, w, D) record in the order of ``packed_vit_tokens``; widened to the float32
+    ``packed_vit_embeddings`` where the batch lives (:meth:`mmidx.pack.batch.PackedBatch.to`), so loader
+    workers do not spend memory bandwidth on it."""
+    dims, dtype = values[0].shape[2], values[0].dtype
     if any(value.shape[2] != dims for value in values):
         raise FormatError("the precached ViT encodings of one pack have different widths: the streams come from "
                           "different encoders; use one encoding name for every group")
+    if any(value.dtype != dtype for value in values):  # groups precached at different dtypes
+        dtype = torch.float32
     counts = [value.shape[0] * value.shape[1] for value in values]
-    packed = allocate(sum(counts), dims)
+    packed = stored_buffer((sum(counts), dims), dtype, allocate)
     start = 0
     for value, count in zip(values, counts, strict=True):
         packed[start:start + count].copy_(value.view(count, dims))
         start += count
-    return packed
+    return {"packed_vit_embeddings_stored": packed}
 
 
 def text_embedding(stream: EncodingStream, sequence: int, length: int | None) -> torch.Tensor:

@@ -66,9 +66,9 @@ class PackedBatch:
     """One packed batch: BAGEL's keys as tensors, plus the split metadata masks are built from.
 
     ``to(device)`` (and BAGEL's ``cuda(device)``) moves every tensor and draws there the posterior sample of
-    precached moments (:mod:`mmidx.encodings.noise`); ``attention_masks()`` /
-    ``to_dict()`` build the masks on the batch's device (dense per-sample masks, or a FlexAttention
-    ``BlockMask``), so masks never travel between processes. ``batch_data_indexes`` has one entry per
+    precached moments (:mod:`mmidx.encodings.noise`) and widens precached ViT encodings to float32;
+    ``attention_masks()`` / ``to_dict()`` build the masks on the batch's device (dense per-sample masks, or a
+    FlexAttention ``BlockMask``), so masks never travel between processes. ``batch_data_indexes`` has one entry per
     sample with BAGEL's ``dataset_name`` (the group), ``worker_id`` (the DataLoader worker that built
     the pack) and ``data_indexes`` ([input file, row]), plus mmidx's ``dataset``, ``sample``, ``view``.
     """
@@ -120,7 +120,7 @@ class PackedBatch:
                            packed_vae_token_indexes=_cat(pack.vae_indexes, np.int64))
         if pack.vit_embeddings:
             with stage("assemble"):
-                tensors["packed_vit_embeddings"] = encoded.packed_vit_embeddings(pack.vit_embeddings, _batch_buffer)
+                tensors.update(encoded.packed_vit_embeddings(pack.vit_embeddings, _batch_buffer))
         if pack.vit_images or pack.vit_embeddings:
             if pack.vit_images and not deferred:
                 with stage("normalise"):
@@ -162,8 +162,8 @@ class PackedBatch:
         raise AttributeError(f"PackedBatch has no {name!r} (present keys: {sorted(tensors)})")
 
     def _materialize(self) -> None:
-        """Decode deferred images and sample precached moments where the batch is (a no-op for batches decoded
-        in the loader and latents stored as one tensor)."""
+        """Decode deferred images, sample precached moments and widen precached ViT encodings to float32 where
+        the batch is (a no-op for batches decoded in the loader and latents stored as one tensor)."""
         if self.__dict__.get("deferred") is not None:
             self.tensors.update(self.deferred.render(self.device))
             self.deferred = None
@@ -171,6 +171,8 @@ class PackedBatch:
         if "padded_latent_moments" in tensors:
             tensors["padded_latent"] = sample_latents(tensors.pop("padded_latent_moments"),
                                                       tensors.pop("latent_sizes"), tensors.pop("latent_noise_key"))
+        if "packed_vit_embeddings_stored" in tensors:
+            tensors["packed_vit_embeddings"] = tensors.pop("packed_vit_embeddings_stored").float()
 
     def _map(self, function: Any, deferred: DeferredImages | None) -> PackedBatch:
         tensors = {key: function(value) if isinstance(value, torch.Tensor) else value
