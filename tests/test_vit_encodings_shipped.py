@@ -73,6 +73,9 @@ def test_the_batch_reads_widened_embeddings_without_an_explicit_move(data):
     assert batch.packed_vit_embeddings.dtype == torch.float32  # attribute access widens where the batch is
     assert torch.equal(batch.packed_vit_embeddings, reference)
     assert "packed_vit_embeddings_stored" not in batch.tensors
+    if torch.cuda.is_available():  # widened on the device the batch moves to, with the same values
+        moved = _builder(data, "bf16", False).build(0, items).pin_memory().cuda()
+        assert torch.equal(moved.packed_vit_embeddings.cpu(), reference)
 
 
 def test_fp32_records_ship_as_float32(data):
