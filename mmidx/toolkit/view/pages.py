@@ -7,6 +7,7 @@ grids and lists are paginated, texts and element lists are cut at fixed lengths,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from mmidx.toolkit.sample import element_flags
@@ -89,13 +90,14 @@ def overview_page(entries: list[tuple[Any, dict[str, Any], str | None]], packs_n
     return page("Overview", "".join(body), packs=packs)
 
 
-def _pager(name: str, number: int, pages: int) -> str:
+def _pager(number: int, pages: int, url_of: Callable[[int], str]) -> str:
+    """Previous/next links around "page N of M"; ``url_of(page)`` is the URL of a page."""
     links = []
     if number > 0:
-        links.append(f'<a href="{esc(dataset_url(name, page=number - 1))}">← previous</a>')
+        links.append(f'<a href="{esc(url_of(number - 1))}">← previous</a>')
     links.append(f"<span>page {number + 1:,} of {pages:,}</span>")
     if number + 1 < pages:
-        links.append(f'<a href="{esc(dataset_url(name, page=number + 1))}">next →</a>')
+        links.append(f'<a href="{esc(url_of(number + 1))}">next →</a>')
     return f'<div class="pager">{"".join(links)}</div>'
 
 
@@ -115,8 +117,9 @@ def _cell(name: str, sample: int, thumb: str | None, caption: str) -> str:
 def samples_page(entry: Any, number: int, pages: int, cells: list[tuple[int, str | None, str]], total: int) -> str:
     """A page of the sample grid: ``cells`` are (sample, thumbnail URL or None, first caption)."""
     grid = "".join(_cell(entry.name, *cell) for cell in cells)
+    pager = _pager(number, pages, lambda page: dataset_url(entry.name, page=page))
     body = (f"<p>{total:,} samples of <code>{esc(entry.prefix)}</code>.</p>{_search_form(entry.name)}"
-            f'{_pager(entry.name, number, pages)}<div class="grid">{grid}</div>{_pager(entry.name, number, pages)}')
+            f'{pager}<div class="grid">{grid}</div>{pager}')
     return page(f"{entry.name}: samples", body)
 
 
@@ -208,16 +211,10 @@ def packs_page(stats: dict[str, Any], rows: list[tuple[int, int, int]], max_num_
              if isinstance(value, (int, float, str))]
     listed = [[f'<a href="/pack/{pack}">pack {pack:,}</a>', f"{samples:,}", f"{tokens:,}",
                f"{tokens / max_num_tokens:.1%}"] for pack, samples, tokens in rows]
-    pager = []
-    if number > 0:
-        pager.append(f'<a href="/packs?page={number - 1}">← previous</a>')
-    pager.append(f"<span>page {number + 1:,} of {pages:,}</span>")
-    if number + 1 < pages:
-        pager.append(f'<a href="/packs?page={number + 1}">next →</a>')
     body = (f'<p class="note">{esc(note)}; fill is the planned tokens (the samples\' view sizes as the index '
             f"counted them, before CFG dropout) over max_num_tokens = {max_num_tokens:,}.</p>"
             f'<div class="charts">{bar_chart(fill)}</div>{table(["statistic", "value"], facts)}'
-            f'<div class="pager">{"".join(pager)}</div>'
+            + _pager(number, pages, lambda page: f"/packs?page={page}")
             + table(["pack", "samples", "planned tokens", "fill"], listed, {1, 2, 3}))
     return page("Packs", body)
 
