@@ -64,12 +64,17 @@ def dataset_info(raw: Path) -> dict[str, Any]:
                                      "jsonl_path": str(raw / "vlm" / "sft.jsonl")}}}
 
 
-def import_bagel(bagel_src: str, bagel_site: str | None) -> None:
-    """Make BAGEL's ``data`` package importable (and torchvision's Python parts beside a CPU torch), and silence
-    the prints it makes per skipped sample and per pack."""
+def add_bagel_site(bagel_site: str | None) -> None:
+    """Make the packages of ``bagel_site`` importable, torchvision's Python parts included beside a CPU torch."""
     sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
     if bagel_site and bagel_site not in sys.path:
         sys.path.append(bagel_site)
+
+
+def import_bagel(bagel_src: str, bagel_site: str | None) -> None:
+    """Make BAGEL's ``data`` package importable (with :func:`add_bagel_site`), and silence the prints it makes per
+    skipped sample and per pack."""
+    add_bagel_site(bagel_site)
     if bagel_src not in sys.path:
         sys.path.insert(0, bagel_src)
     import data.dataset_base  # noqa: F401  BAGEL's own, unmodified: imports every module of its package
@@ -102,9 +107,9 @@ class BagelTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def packed_dataset(raw: Path, groups: list[str], use_flex: bool) -> Any:
-    """BAGEL's ``PackedDataset`` over the corpus's ``groups``, with bench_pack's budgets, dropout and geometry
-    (call :func:`import_bagel` first)."""
+def packed_dataset(raw: Path, groups: list[str], use_flex: bool, budgets: dict[str, int] | None = None) -> Any:
+    """BAGEL's ``PackedDataset`` over the corpus's ``groups``, with bench_pack's dropout and geometry and its
+    budgets (or ``budgets``; call :func:`import_bagel` first)."""
     import data.dataset_base as dataset_base
     import data.dataset_info as dataset_info_module
 
@@ -128,6 +133,22 @@ def packed_dataset(raw: Path, groups: list[str], use_flex: bool) -> Any:
     data_config.vit_cond_dropout_prob, data_config.vae_cond_dropout_prob = DROPOUT["vit"], DROPOUT["vae"]
     packed = dataset_base.PackedDataset(data_config, tokenizer=tokenizer, special_tokens=special, local_rank=0,
                                         world_size=1, num_workers=1, interpolate_pos=False, use_flex=use_flex,
-                                        data_status=None, **BUDGETS)
+                                        data_status=None, **(budgets or BUDGETS))
     packed.set_epoch(0)
     return packed
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the generated corpus and build its mmidx datasets (what "
+                                                 "bench_pack.py and tools/check_bagel.py read) under --workdir.")
+    parser.add_argument("--workdir", default="/tmp/mmidx-bench-pack")
+    parser.add_argument("--image-size", type=int, default=512)
+    args = parser.parse_args()
+    raw, datasets = prepare(Path(args.workdir), args.image_size)
+    print(f"raw files: {raw}\nmmidx datasets: {datasets}")
+
+
+if __name__ == "__main__":
+    main()
