@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from PIL import ImageFile
 
 from mmidx.toolkit.demo import BAGEL_GROUPS
 from mmidx.toolkit.synthetic import CorpusSpec, write_corpus
@@ -49,8 +50,14 @@ def prepare(workdir: Path, image_size: int = 512) -> tuple[Path, Path]:
     if not (datasets / "data.yaml").exists():
         (workdir / "bagel.yaml").write_text(yaml.safe_dump(BAGEL_GROUPS, sort_keys=False))
         (workdir / "dataset_info.yaml").write_text(yaml.safe_dump(dataset_info(raw)))
-        build_from_config(workdir / "bagel.yaml", workdir / "dataset_info.yaml", datasets,
-                          tokenizer=str(raw / "tokenizer"), workers=2, progress=False)
+        # importing BAGEL's data package sets PIL's LOAD_TRUNCATED_IMAGES, which mmidx's build refuses (a truncated
+        # image would be padded silently): the build runs with Pillow's default
+        truncated, ImageFile.LOAD_TRUNCATED_IMAGES = ImageFile.LOAD_TRUNCATED_IMAGES, False
+        try:
+            build_from_config(workdir / "bagel.yaml", workdir / "dataset_info.yaml", datasets,
+                              tokenizer=str(raw / "tokenizer"), workers=2, progress=False)
+        finally:
+            ImageFile.LOAD_TRUNCATED_IMAGES = truncated
     return raw, datasets
 
 

@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import os
 import shlex
+import subprocess
 import sys
 import time
 import types
@@ -332,10 +333,12 @@ def main() -> int:
     for reason, count in tally.deliberate.items():
         print(f"deliberate difference ({count}×): {reason}")
     command = " ".join(["python", "tools/check_bagel.py", *map(shlex.quote, sys.argv[1:])])
+    ours = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent).stdout.strip() or "unknown"
     print(f"check_bagel: {tally.comparisons} comparisons ({tally.batches} packed batches key by key: "
           f"{', '.join(f'{m} {n} packs' for m, n in packs.items())}, each flex and dense; {tally.plans} sample "
           f"plans), {len(tally.mismatches)} mismatches, {sum(tally.deliberate.values())} deliberate "
-          f"differences; BAGEL commit {bagel_commit(args.bagel_src, args.bagel_commit)}; "
+          f"differences; mmidx commit {ours}, BAGEL commit {bagel_commit(args.bagel_src, args.bagel_commit)}; "
           f"{time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.2f}")
     print(f"# command: {command}")
     return 1 if tally.mismatches else 0
