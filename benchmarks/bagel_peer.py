@@ -33,11 +33,16 @@ DROPOUT = {"text": 0.1, "vit": 0.3, "vae": 0.3}
 GEOMETRY = {"vit_patch_size": 14, "max_num_patch_per_side": 70, "vae_image_downsample": 16, "max_latent_size": 32}
 
 
-def prepare(workdir: Path, image_size: int = 512) -> tuple[Path, Path]:
-    """The raw corpus of ``image_size``² JPEGs and the mmidx datasets built from it (reused when present)."""
+def prepare(workdir: Path, image_size: int = 512, videos: bool = False) -> tuple[Path, Path]:
+    """The raw corpus of ``image_size``² JPEGs and the mmidx datasets built from it (reused when present); with
+    ``videos``, a smaller corpus whose every eighth vlm conversation is over a video clip."""
     from mmidx.ingest import build_from_config
 
-    if image_size == 512:
+    if videos:
+        workdir = workdir / "videos"
+        spec = CorpusSpec(t2i_files=2, t2i_rows=8, edit_files=2, edit_rows=4, vlm_lines=96, vlm_images=16,
+                          vlm_videos=4)
+    elif image_size == 512:
         spec = CorpusSpec(t2i_files=4, t2i_rows=64, edit_files=4, edit_rows=32, vlm_lines=256, vlm_images=64)
     else:  # larger images, fewer per pack: a corpus of a quarter of the samples still fills the packs timed
         workdir = workdir / f"size{image_size}"

@@ -39,7 +39,6 @@ import time
 import types
 from collections import Counter
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -48,21 +47,17 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bagel_peer import BUDGETS, DROPOUT, GEOMETRY, MODES, bagel_commit, import_bagel, packed_dataset, prepare
+from bagel_rows import BagelSamples, NotBagels
 
 from mmidx.config import DataConfig
 from mmidx.index.pack_index import PackItem, build_pack_index
 from mmidx.pack.builder import PackBuilder, sample_randomness
-from mmidx.read.dataset import MMIDXDataset, Sample
-from mmidx.sources import SourceContext, SourceOptions
+from mmidx.read.dataset import MMIDXDataset
 
 PLAN_KEYS = ("type", "enable_cfg", "loss", "special_token_loss", "special_token_label", "split_start", "split_end",
              "frame_delta")
-
-
-class NotBagels(Exception):
-    """BAGEL's code could not make the sample mmidx packed (a draw mmidx made is not among BAGEL's options, or
-    BAGEL's loop skipped the row): reported as a mismatch of the pack."""
 
 
 class IndexedPlan(list):
@@ -75,88 +70,6 @@ class IndexedPlan(list):
         for index, item in enumerate(list.__iter__(self)):
             self.cursor = index
             yield item
-
-
-@cache
-def row_groups(path: str) -> list[int]:
-    """Cumulative row counts of a parquet file's row groups (BAGEL reads a row as (row group, row in it))."""
-    import pyarrow.parquet as pq
-
-    metadata, total, ends = pq.ParquetFile(path).metadata, 0, []
-    for group in range(metadata.num_row_groups):
-        total += metadata.row_group(group).num_rows
-        ends.append(total)
-    return ends
-
-
-def locate(path: str, row: int) -> tuple[int, int]:
-    """(row group, row inside it) of ``row`` of a parquet file."""
-    start = 0
-    for group, end in enumerate(row_groups(path)):
-        if row < end:
-            return group, row - start
-        start = end
-    raise NotBagels(f"row {row} is past the end of {path}")
-
-
-def first_yield(dataset: Any) -> dict[str, Any]:
-    try:
-        return next(iter(dataset))
-    except StopIteration as stop:
-        raise NotBagels("BAGEL's loop yielded nothing") from stop
-
-
-class BagelSamples:
-    """BAGEL's own per-row code, making the sample of an mmidx (sample, view) from its raw file and row."""
-
-    def __init__(self, packed: Any, groups: list[str]):
-        import data.interleave_datasets.edit_dataset as edit_module
-        import data.t2i_dataset as t2i_module
-
-        self.datasets = dict(zip(groups, packed.grouped_datasets, strict=True))
-        self.t2i_module, self.edit_module = t2i_module, edit_module
-
-    def make(self, group: str, sample: Sample, view: int, seed: int) -> dict[str, Any]:
-        path, row = sample.origin
-        if path is None:
-            raise NotBagels("mmidx recorded no origin for the sample")
-        dataset = self.datasets[group]
-        if group == "t2i_pretrain":
-            return self._t2i(dataset, sample, view, path, row)
-        if group == "unified_edit":
-            return self._edit(dataset, view, path, row, seed)
-        with open(path, encoding="utf-8") as stream:
-            line = stream.readlines()[row]
-        dataset.data_paths_per_rank, dataset.data_status = [(line, dataset.data_paths[0][1])], None
-        return first_yield(dataset)
-
-    def _t2i(self, dataset: Any, sample: Sample, view: int, path: str, row: int) -> dict[str, Any]:
-        text = next(item["payload"] for item in sample.sequence_plan(view) if item["type"] == "text")
-        caption = sample.text(text).tolist()
-
-        def choice(options: list[list[int]]) -> list[int]:  # BAGEL's random.choice of the captions' tokens
-            if caption not in options:
-                raise NotBagels(f"mmidx's caption of view {view} is not among BAGEL's {len(options)} captions")
-            return caption
-
-        group_index, in_group = locate(path, row)
-        dataset.data_paths_per_rank, dataset.data_status = [path], [[0, group_index, in_group - 1]]
-        with mock.patch.object(self.t2i_module, "random", types.SimpleNamespace(choice=choice)):
-            made = first_yield(dataset)
-        if made["data_indexes"]["data_indexes"] != [0, group_index, in_group]:
-            raise NotBagels(f"BAGEL skipped row {row} of {path}")
-        return made
-
-    def _edit(self, dataset: Any, view: int, path: str, row: int, seed: int) -> dict[str, Any]:
-        group_index, in_group = locate(path, row)
-        dataset.data_paths_per_rank, dataset.data_status = [(path, group_index)], [[0, in_group - 1]]
-        draws = SourceContext(None, SourceOptions(seed=seed)).rng(path, row)  # mmidx's generator of this row
-        with mock.patch.object(self.edit_module, "random", draws):
-            for _ in range(view + 1):  # view v is the (v+1)-th parse_row draw from the row's generator
-                made = first_yield(dataset)
-        if made["data_indexes"]["data_indexes"] != [0, in_group]:
-            raise NotBagels(f"BAGEL skipped row {row} of {path}")
-        return made
 
 
 @contextlib.contextmanager
@@ -229,7 +142,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.comparisons, self.mismatches, self.deliberate = 0, [], Counter()
-        self.batches, self.plans = 0, 0  # packed batches and sample plans compared
+        self.batches, self.plans, self.videos = 0, 0, 0  # packed batches, sample plans, video samples compared
 
     def check(self, where: str, key: str, ours: Any, theirs: Any) -> None:
         self.comparisons += 1
@@ -251,7 +164,7 @@ def check_mode(mode: str, raw: Path, datasets: Path, packs: int, tally: Tally) -
     """Compare the first ``packs`` packs of ``mode``, flex and dense; returns the number of packs compared."""
     import data.dataset_base as dataset_base
 
-    groups = MODES[mode]
+    groups = MODES["vlm" if mode == "video" else mode]
     spec = yaml.safe_load((datasets / "data.yaml").read_text())
     config = DataConfig.from_dict({"groups": {g: spec["groups"][g] for g in groups}, "packing": BUDGETS,
                                    "dropout": DROPOUT, "geometry": GEOMETRY}, base_dir=datasets)
@@ -301,6 +214,7 @@ def check_mode(mode: str, raw: Path, datasets: Path, packs: int, tally: Tally) -
                     tally.fail(label, key, f"only in {'mmidx' if key in ours else 'BAGEL'}'s batch")
                 else:
                     tally.check(label, key, ours[key], theirs[key])
+    tally.videos += makers.videos
     return packs
 
 
@@ -312,7 +226,8 @@ def main() -> int:
     parser.add_argument("--workdir", default="/tmp/mmidx-bench-pack", help="generated corpus and datasets (shared "
                                                                            "with bench_pack.py)")
     parser.add_argument("--packs", type=int, default=10, help="packs compared per mode (each in flex and dense)")
-    parser.add_argument("--modes", default="t2i,edit,vlm,mix")
+    parser.add_argument("--modes", default="t2i,edit,vlm,mix,video",
+                        help="video: vlm on a corpus with video clips (every eighth conversation)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     try:
@@ -322,9 +237,9 @@ def main() -> int:
               "as --bagel-src and its extra packages as --bagel-site (see benchmarks/bagel_peer.py)", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    raw, datasets = prepare(Path(args.workdir))
     tally, packs = Tally(), {}
     for mode in args.modes.split(","):
+        raw, datasets = prepare(Path(args.workdir), videos=mode == "video")
         packs[mode] = check_mode(mode, raw, datasets, args.packs, tally)
         print(f"# {mode}: {packs[mode]} packs, flex and dense; {tally.comparisons} comparisons so far, "
               f"{len(tally.mismatches)} mismatches", flush=True)
@@ -337,9 +252,10 @@ def main() -> int:
                           cwd=Path(__file__).parent).stdout.strip() or "unknown"
     print(f"check_bagel: {tally.comparisons} comparisons ({tally.batches} packed batches key by key: "
           f"{', '.join(f'{m} {n} packs' for m, n in packs.items())}, each flex and dense; {tally.plans} sample "
-          f"plans), {len(tally.mismatches)} mismatches, {sum(tally.deliberate.values())} deliberate "
-          f"differences; mmidx commit {ours}, BAGEL commit {bagel_commit(args.bagel_src, args.bagel_commit)}; "
-          f"{time.perf_counter() - start:.0f} s, load average {os.getloadavg()[0]:.2f}")
+          f"plans, {tally.videos} of them video clips), {len(tally.mismatches)} mismatches, "
+          f"{sum(tally.deliberate.values())} deliberate differences; mmidx commit {ours}, BAGEL commit "
+          f"{bagel_commit(args.bagel_src, args.bagel_commit)}; {time.perf_counter() - start:.0f} s, "
+          f"load average {os.getloadavg()[0]:.2f}")
     print(f"# command: {command}")
     return 1 if tally.mismatches else 0
 
