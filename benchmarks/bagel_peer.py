@@ -7,7 +7,8 @@ ByteDance-Seed/Bagel, imported unmodified) reads the same raw files with the sam
 BAGEL needs torchvision (only its PIL-based ``ToTensor``/``Normalize``/``resize``), decord and cv2 importable; on a
 CPU-only torch, install them apart, ``pip install --target DIR --no-deps torchvision==0.28.0 decord
 opencv-python-headless pandas``, and pass DIR as ``bagel_site``: an empty stand-in for
-``torchvision._meta_registrations`` lets torchvision's Python parts import beside a CPU torch (BAGEL_SEMANTICS.md).
+``torchvision._meta_registrations`` lets torchvision's Python parts import beside a CPU torch (BAGEL's data code
+uses only its PIL-based parts; its compiled operators would not load).
 """
 
 from __future__ import annotations

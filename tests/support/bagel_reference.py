@@ -1,7 +1,8 @@
 """A deliberately naive reference of BAGEL's per-sample packing and mask rules, for tests only.
 
-Written with Python lists element by element from ``BAGEL_SEMANTICS.md``, the same spec mmidx's packing was
-written from, and by the same hands, so it is not independent of mmidx: a misreading of the spec shared by
+Written with Python lists element by element from ``BAGEL_SEMANTICS.md`` (the project's written statement of
+BAGEL's behaviour, kept with its design notes outside this repository), the same spec mmidx's packing was
+written from, so it is not independent of mmidx: a misreading of the spec shared by
 both passes. It has its own image conversion, resize rule, normalisation (a transcription of torchvision's
 steps), patchify, position ids and masks, but it takes mmidx's stored samples, sequence plans (the views
 mmidx drew) and random draws (``sample_randomness``) as input. What it proves: mmidx's optimised packing
