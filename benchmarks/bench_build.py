@@ -6,8 +6,8 @@
   ``json.loads`` + ``tokenizer(text).input_ids`` + eod (``imap``, chunks of 32) and the main
   process writing with Megatron-Core's ``IndexedDatasetBuilder.add_item`` + ``end_document``.
   Both write the same bytes (``tests/test_sources_text.py`` checks that).
-* t2i: parquet of 512² photo-like JPEGs (``/work/shared/tools/bagel_bench/make_synth.py``'s
-  generator); images/s per worker, and where a worker's time goes: image probe + decode check,
+* t2i: parquet of 512² photo-like JPEGs (:func:`mmidx.toolkit.synthetic.photo_jpeg`, the demo's and
+  bench_pack's generator); images/s per worker, and where a worker's time goes: image probe + decode check,
   tokenization, and writing (``add_sample`` + finalize), from the build report.
 
 * ``--engine ray``: the same t2i build as tasks of a local Ray cluster (``ray.init(num_cpus=W)``, no dashboard,
@@ -33,7 +33,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,11 +71,10 @@ def write_t2i_parquet(path: Path, images: int, side: int, seed: int = 0) -> None
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    sys.path.insert(0, "/work/shared/tools/bagel_bench")
-    from make_synth import make_jpeg
+    from mmidx.toolkit.synthetic import photo_jpeg
 
     rng = random.Random(seed)
-    data = [make_jpeg(rng, side, side, 90) for _ in range(images)]
+    data = [photo_jpeg(rng, side, side, 90) for _ in range(images)]
     captions = [json.dumps({"0": f"a photo number {i}", "1": f"synthetic picture {i} of shapes"})
                 for i in range(images)]
     pq.write_table(pa.table({"image": pa.array(data, pa.binary()), "captions": pa.array(captions, pa.string())}),
