@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 import yaml
 from bagel_peer import DROPOUT, MODES, bagel_commit, import_bagel, packed_dataset, prepare
+from common import commit
 
 from mmidx.config import DataConfig
 from mmidx.index.pack_index import build_pack_index
@@ -99,11 +99,12 @@ def main() -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
     args = parser.parse_args()
     budgets = {name: getattr(args, name) for name in FINE_TUNE}
-    import_bagel(args.bagel_src, args.bagel_site)
+    try:
+        import_bagel(args.bagel_src, args.bagel_site)
+    except ImportError as error:
+        parser.error(f"BAGEL's data package does not import ({error}); pass --bagel-site with its extras")
     raw, datasets = prepare(Path(args.workdir))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    print(f"# bench_bagel_drops — mmidx {commit}, BAGEL {bagel_commit(args.bagel_src, args.bagel_commit)}; "
+    print(f"# bench_bagel_drops — mmidx {commit()}, BAGEL {bagel_commit(args.bagel_src, args.bagel_commit)}; "
           f"budgets {budgets}; load average {os.getloadavg()[0]:.2f} (counts: load does not change them)")
     print(f"{'mode':<5} {'side':<6} {'packs':>6} {'drawn':>7} {'packed':>7} {'too long':>9} {'in buffer':>10} "
           f"{'dropped':>8} {'dropped %':>10}")

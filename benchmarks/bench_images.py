@@ -137,7 +137,10 @@ def main() -> None:
     reference_name, reference = to_tensor_reference()
     bagel = None
     if args.bagel_src:
-        import_bagel(args.bagel_src, args.bagel_site)
+        try:
+            import_bagel(args.bagel_src, args.bagel_site)
+        except ImportError as error:
+            parser.error(f"BAGEL's data package does not import ({error}); pass --bagel-site with its extras")
         from data import data_utils, transforms  # BAGEL's own, unmodified
 
         bagel = types.SimpleNamespace(transforms=transforms, data_utils=data_utils)
