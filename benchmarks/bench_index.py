@@ -1,11 +1,20 @@
 """mmidx.index against megatron-core, side by side on the same inputs; prints a Markdown table.
 
-    python benchmarks/bench_index.py            # 10M documents, 10M blended / packed samples
+    python benchmarks/bench_index.py            # 10M documents, 10M blended / packed samples (~3 minutes)
     python benchmarks/bench_index.py --quick    # a smoke run in seconds
     python benchmarks/bench_index.py --scale    # the pack index at 10^7 and 10^8 samples (--billion: 10^9 too)
 
-Every mmidx result is checked equal to Megatron's before its time is reported. Times are the best
-of ``--repeat`` runs, each on one core (all kernels here are single-threaded).
+The README's figures are the first command's. Every mmidx result is checked equal to Megatron's. The protocol
+is benchmarks/common.py's: each row runs Megatron and mmidx in turn, the first side rotating, for ``--rounds``
+rounds; the table gives each side's median CPU seconds and the ratio of every round (median and spread), then
+the commit, the load and the other processes' cores; the headline is withheld when the run was noisy.
+
+"GPT indices from the files" is the whole pipeline a trainer pays once per dataset and configuration: Megatron's
+``IndexedDataset`` opened and its real ``GPTDataset`` built (document, sample and shuffle index, saved to its
+cache), against ``mmidx.train.gpt.GPTTextDataset`` on the same ``.idx`` (opened, its structure checked in
+O(n), the same three arrays built and written to its cache). Both caches start empty. The ``.bin`` is a sparse
+file of the right size: no index reads a token. Under the table: what the O(n) structure check inside that
+pipeline costs (one pass of C, csrc/_structure.pyx) next to its vectorised reference.
 """
 
 from __future__ import annotations
@@ -13,10 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import types
 import warnings
 from collections.abc import Callable
 from importlib.metadata import version
@@ -29,9 +40,15 @@ from mmidx.index.packer import pack_samples
 from mmidx.index.stream import ViewTable, multimodal_stream, stream_views
 
 warnings.filterwarnings("ignore")  # megatron-core warns about missing Apex / Transformer Engine
-from common import best_of, machine  # noqa: E402
+from common import Watch, best_of, interleave, machine, ratio  # noqa: E402
 from megatron.core.datasets import gpt_dataset, helpers  # noqa: E402
-from megatron.core.datasets.utils import normalize  # noqa: E402
+from megatron.core.datasets.indexed_dataset import IndexedDataset  # noqa: E402
+from megatron.core.datasets.utils import Split, normalize  # noqa: E402
+
+from mmidx import format as fmt  # noqa: E402
+from mmidx.read.dataset import MMIDXDataset  # noqa: E402
+from mmidx.read.invariants import structure_problems, vectorised_problems  # noqa: E402
+from mmidx.train.gpt import GPTTextDataset  # noqa: E402
 
 SEQ_LENGTH = 4096
 SEED = 1234
@@ -171,6 +188,32 @@ def scale_table(sizes: list[int]) -> None:
             print(f"| {num_samples:.0e} | {name} | {times} | {memory} | {cache} | {packs} | {items} |", flush=True)
 
 
+def write_megatron_pair(prefix: str, sizes: np.ndarray) -> None:
+    """A Megatron ``.idx`` of one-sequence documents of ``sizes`` tokens and a sparse ``.bin`` of its size."""
+    if not os.path.exists(f"{prefix}.bin"):
+        fmt.write_token_index(f"{prefix}.idx", np.dtype(np.uint16), sizes, np.arange(len(sizes) + 1))
+        with open(f"{prefix}.bin", "wb") as stream:
+            stream.truncate(2 * int(sizes.sum()))
+
+
+def megatron_gpt_dataset(prefix: str, cache: str, num_samples: int | None) -> tuple[np.ndarray, ...]:
+    """Megatron's GPTDataset over the pair at ``prefix``, its indices built into the empty ``cache``."""
+    dataset = IndexedDataset(prefix)
+    tokenizer = types.SimpleNamespace(vocab_size=32000, eod=0, pad=1, unique_identifiers={"class": "bench"})
+    config = gpt_dataset.GPTDatasetConfig(
+        random_seed=SEED, sequence_length=SEQ_LENGTH, blend=([prefix], None), split="1,0,0", tokenizer=tokenizer,
+        reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False, path_to_cache=cache)
+    documents = np.arange(len(dataset.sequence_lengths), dtype=np.int32)
+    built = gpt_dataset.GPTDataset(dataset, prefix, documents, num_samples, Split.train, config)
+    return built.document_index, built.sample_index, built.shuffle_index
+
+
+def mmidx_gpt_dataset(prefix: str, cache: str, num_samples: int | None) -> tuple[np.ndarray, ...]:
+    """mmidx's GPTTextDataset over the same pair, its indices built into the empty ``cache``."""
+    built = GPTTextDataset(prefix, seq_length=SEQ_LENGTH, num_samples=num_samples, seed=SEED, cache_dir=cache)
+    return built.document_index, built.sample_index, built.shuffle_index
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -178,7 +221,8 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=10_000_000, help="documents, ~1000 tokens on average")
     parser.add_argument("--samples", type=int, default=10_000_000, help="blended and packed samples")
     parser.add_argument("--quick", action="store_true", help="200K documents and 1M samples: a smoke run")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per measurement; the best is reported")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs both sides of every row")
+    parser.add_argument("--workdir", default="/tmp/mmidx-bench-index", help="the Megatron pair and the caches")
     parser.add_argument("--scale", action="store_true", help="only the pack-index scale table: 10^7, 10^8 samples")
     parser.add_argument("--billion", action="store_true", help="with --scale: 10^9 samples too (minutes)")
     parser.add_argument("--scale-run", nargs=2, metavar=("SAMPLES", "FOLDER"), help=argparse.SUPPRESS)
@@ -190,7 +234,9 @@ def main() -> None:
         return
     if args.scale:
         print(f"Machine: {machine('numpy', 'Cython')}; each build in its own process on one core\n")
-        scale_table([10**7, 10**8] + [10**9] * args.billion)
+        with Watch() as watch:
+            scale_table([10**7, 10**8] + [10**9] * args.billion)
+        print(f"\n{watch.describe()}")
         return
     if args.quick:
         args.docs, args.samples = 200_000, 1_000_000
@@ -200,74 +246,100 @@ def main() -> None:
     sizes = np.maximum(rng.lognormal(np.log(1000) - 0.5, 1.0, args.docs), 1).astype(np.int32)
     tokens_per_epoch = int(sizes.sum())
     samples_per_epoch = (tokens_per_epoch - 1) // SEQ_LENGTH
-    rows: list[tuple[str, float | None, float]] = []
+    os.makedirs(args.workdir, exist_ok=True)
+    prefix = os.path.join(args.workdir, f"documents-{args.docs}")
+    write_megatron_pair(prefix, sizes)
+    rows: list[tuple[str, list[float] | None, list[float]]] = []
+    with Watch() as watch:
 
-    def compare(name: str, ours: Callable[[], object], theirs: Callable[[], object]) -> None:
-        their_time, their_result = best_of(theirs, args.repeat)
-        our_time, our_result = best_of(ours, args.repeat)
-        assert_same(our_result, their_result)
-        rows.append((name, their_time, our_time))
-        print(f"  {name}: Megatron {their_time:.3f} s, mmidx {our_time:.3f} s", flush=True)
+        def compare(name: str, ours: Callable[[], object], theirs: Callable[[], object]) -> None:
+            turns = interleave({"Megatron": lambda _: theirs(), "mmidx": lambda _: ours()}, [None], args.rounds)
+            assert_same(turns.results["mmidx"][0], turns.results["Megatron"][0])
+            rows.append((name, turns.per_round("Megatron"), turns.per_round("mmidx")))
+            theirs_median, ours_median = np.median(rows[-1][1]), np.median(rows[-1][2])
+            print(f"  {name}: Megatron {theirs_median:.3f} s, mmidx {ours_median:.3f} s", flush=True)
 
-    docs = f"{args.docs / 1e6:g}M docs"
-    for epochs in (1, 3):
-        document_index = build_document_index(
-            np.arange(args.docs, dtype=np.int32), epochs, np.random.RandomState(SEED), False
-        )
-        arguments = (sizes, document_index, SEQ_LENGTH, epochs, tokens_per_epoch)
+        docs = f"{args.docs / 1e6:g}M docs"
+        for epochs in (1, 3):
+            document_index = build_document_index(
+                np.arange(args.docs, dtype=np.int32), epochs, np.random.RandomState(SEED), False
+            )
+            arguments = (sizes, document_index, SEQ_LENGTH, epochs, tokens_per_epoch)
+            compare(
+                f"sample_idx kernel, {docs}, {epochs} epoch(s)",
+                lambda a=arguments: build_sample_index(*a),
+                lambda a=arguments: helpers.build_sample_idx(*a),
+            )
+        for epochs, num_samples in ((1, None), (3, int(2.9 * samples_per_epoch))):
+            compare(
+                f"document+sample+shuffle index, {docs}, {epochs} epoch(s)",
+                lambda n=num_samples: gpt_indices(sizes, seq_length=SEQ_LENGTH, num_samples=n, seed=SEED),
+                lambda n=num_samples: megatron_gpt_indices(sizes, n),
+            )
+        caches = os.path.join(args.workdir, "caches")  # a new empty cache folder for every build
+        for epochs, num_samples in ((1, None), (3, int(2.9 * samples_per_epoch))):
+            shutil.rmtree(caches, ignore_errors=True)
+            os.makedirs(caches)
+            compare(
+                f"GPT indices from the files (GPTDataset / GPTTextDataset, cached), {docs}, {epochs} epoch(s)",
+                lambda n=num_samples: mmidx_gpt_dataset(prefix, tempfile.mkdtemp(dir=caches), n),
+                lambda n=num_samples: megatron_gpt_dataset(prefix, tempfile.mkdtemp(dir=caches), n),
+            )
+        shutil.rmtree(caches, ignore_errors=True)
+        opened = MMIDXDataset(prefix)  # the O(n) structure check inside the row above, and its reference
+        check = interleave({"one pass": lambda _: structure_problems(opened),
+                            "vectorised": lambda _: vectorised_problems(opened)}, [None], args.rounds)
+        assert check.results["one pass"] == check.results["vectorised"] == [[]]
+
+        def shuffled(shuffle: Callable[[np.random.RandomState, np.ndarray], None]) -> np.ndarray:
+            array = np.arange(args.docs, dtype=np.int32)
+            shuffle(np.random.RandomState(SEED), array)
+            return array
+
         compare(
-            f"sample_idx kernel, {docs}, {epochs} epoch(s)",
-            lambda a=arguments: build_sample_index(*a),
-            lambda a=arguments: helpers.build_sample_idx(*a),
-        )
-    for epochs, num_samples in ((1, None), (3, int(2.9 * samples_per_epoch))):
-        compare(
-            f"document+sample+shuffle index, {docs}, {epochs} epoch(s)",
-            lambda n=num_samples: gpt_indices(sizes, seq_length=SEQ_LENGTH, num_samples=n, seed=SEED),
-            lambda n=num_samples: megatron_gpt_indices(sizes, n),
+            f"RandomState.shuffle, {docs} int32",
+            lambda: shuffled(legacy_shuffle),
+            lambda: shuffled(lambda state, array: state.shuffle(array)),
         )
 
-    def shuffled(shuffle: Callable[[np.random.RandomState, np.ndarray], None]) -> np.ndarray:
-        array = np.arange(args.docs, dtype=np.int32)
-        shuffle(np.random.RandomState(SEED), array)
-        return array
+        samples = f"{args.samples / 1e6:g}M samples"
+        for num_datasets in (2, 10, 100):
+            weights = np.random.default_rng(num_datasets).random(num_datasets) + 0.01
+            compare(
+                f"blending, {samples}, {num_datasets} datasets",
+                lambda w=weights: blending_indices(w, args.samples),
+                lambda w=weights: megatron_blend(w, args.samples),
+            )
 
-    compare(
-        f"RandomState.shuffle, {docs} int32",
-        lambda: shuffled(legacy_shuffle),
-        lambda: shuffled(lambda state, array: state.shuffle(array)),
-    )
-
-    samples = f"{args.samples / 1e6:g}M samples"
-    for num_datasets in (2, 10, 100):
-        weights = np.random.default_rng(num_datasets).random(num_datasets) + 0.01
-        compare(
-            f"blending, {samples}, {num_datasets} datasets",
-            lambda w=weights: blending_indices(w, args.samples),
-            lambda w=weights: megatron_blend(w, args.samples),
+        # A t2i / edit / vlm mix, ~1100 / ~5000 / ~1500 tokens a sample, with BAGEL's budgets.
+        group_sizes, weights = [4_000_000, 1_000_000, 2_000_000], [0.5, 0.2, 0.3]
+        stream_time, (groups, _, _) = best_of(
+            lambda: multimodal_stream(group_sizes, weights, args.samples, SEED), args.rounds
         )
+        rows.append((f"multimodal_stream, {samples}, 3 groups", None, [stream_time]))
+        means = np.array([1100, 5000, 1500])
+        counts = np.maximum(rng.normal(means[groups], 0.3 * means[groups]), 1).astype(np.int64)
+        pack_time, packed = best_of(
+            lambda: pack_samples(counts, groups, mandatory=[False] * 3), args.rounds
+        )
+        rows.append((f"pack_samples, {samples}, BAGEL budgets", None, [pack_time]))
 
-    # A t2i / edit / vlm mix, ~1100 / ~5000 / ~1500 tokens a sample, with BAGEL's budgets.
-    group_sizes, weights = [4_000_000, 1_000_000, 2_000_000], [0.5, 0.2, 0.3]
-    stream_time, (groups, _, _) = best_of(
-        lambda: multimodal_stream(group_sizes, weights, args.samples, SEED), args.repeat
-    )
-    rows.append((f"multimodal_stream, {samples}, 3 groups", None, stream_time))
-    means = np.array([1100, 5000, 1500])
-    counts = np.maximum(rng.normal(means[groups], 0.3 * means[groups]), 1).astype(np.int64)
-    pack_time, packed = best_of(
-        lambda: pack_samples(counts, groups, mandatory=[False] * 3), args.repeat
-    )
-    rows.append((f"pack_samples, {samples}, BAGEL budgets", None, pack_time))
-
-    print(f"\nMachine: {machine('numpy', 'megatron-core', 'Cython')}\n")
-    print("| operation | Megatron (s) | mmidx (s) | mmidx / Megatron |")
+    print(f"\nMachine: {machine('numpy', 'megatron-core', 'Cython')}; {args.rounds} rounds, the sides in turn\n")
+    print("| operation | Megatron CPU (s), median | mmidx CPU (s), median "
+          "| mmidx / Megatron per round: median (spread) |")
     print("|---|---:|---:|---:|")
     for name, theirs, ours in rows:
         if theirs is None:
-            print(f"| {name} | – | {ours:.3f} | – |")
+            print(f"| {name} | – | {min(ours):.3f} (wall, best) | – |")
         else:
-            print(f"| {name} | {theirs:.3f} | {ours:.3f} | {ours / theirs:.2f} |")
+            print(f"| {name} | {np.median(theirs):.3f} | {np.median(ours):.3f} | {ratio(ours, theirs)} |")
+    print(f"\nThe O(n) structure check of the {docs} inside GPTTextDataset: one pass of C "
+          f"{np.median(check.per_round('one pass')) * 1e3:.1f} ms CPU, the vectorised reference (numpy) "
+          f"{np.median(check.per_round('vectorised')) * 1e3:.1f} ms (medians over {args.rounds} rounds, in turn)")
+    print(f"\n{watch.describe()}")
+    for name, theirs, ours in rows:
+        if name.startswith("GPT indices from the files"):
+            print(f"Headline, {name}: " + watch.headline(f"{ratio(ours, theirs)} Megatron's CPU time"))
     stats = packed.stats
     print(
         f"\npacking: {stats['num_packs']} packs, fill {stats['fill_vs_max']:.3f} of max, "

@@ -9,12 +9,15 @@ Two workloads, the same in-memory data handed to both writers in one process:
   (plan, image table, checksums).
 
 Megatron's builder does not fsync; its files are fsynced after ``finalize`` and that time is counted,
-as mmidx's own fsyncs are. Every run writes files that do not exist yet, after a sync. Each round runs
-both writers of a workload back to back, taking turns at going first, so the load of a shared machine
-falls on both alike; the table gives each side's best and median and the ratio of every round.
+as mmidx's own fsyncs are. Every run writes files that do not exist yet, after a sync, and is timed on the
+wall clock (a write's cost is mostly the kernel's: copying into the page cache, writeback, fsync). The protocol
+is benchmarks/common.py's: each round runs the writers of a workload in turn, the first side rotating; the
+table gives each side's best and median and mmidx's throughput over Megatron's in every round (median and
+spread), then the commit, the load and the other processes' cores; the headline is withheld when the run was
+noisy. ``--control`` adds Megatron against itself each round: the spread the machine alone gives a ratio.
 Whole builds (tokenizing included) against Megatron's ``preprocess_data.py`` are ``bench_build.py``.
 
-Run: ``python benchmarks/bench_write.py [--tokens N] [--images N] [--repeats N]``.
+Run: ``python benchmarks/bench_write.py --control`` (the README's figures, ~1 minute) or ``--quick``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import machine
+from common import Watch, interleave, machine, ratio
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from mmidx.ingest.writer import DatasetBuilder
@@ -92,9 +95,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="rounds; each round runs both writers of a workload")
     parser.add_argument("--control", action="store_true",
                         help="also run Megatron against itself each round: the spread the load alone causes")
+    parser.add_argument("--quick", action="store_true", help="10M tokens, 1,000 images, 3 rounds")
     parser.add_argument("--workdir", default="/tmp/mmidx-bench-write")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if args.quick:
+        args.tokens, args.images, args.repeats = 10_000_000, 1_000, 3
 
     rng = np.random.default_rng(0)
     mean = 1000
@@ -112,7 +118,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     p = str(work)
-    workloads = {  # workload: (Megatron's run, mmidx's run)
+    workloads = {  # workload: (Megatron's run, mmidx's run), each returning its seconds
         "tokens": (lambda: fresh_run(f"{p}/mt", megatron_write, f"{p}/mt", documents, np.uint16),
                    lambda: fresh_run(f"{p}/mm", mmidx_text, f"{p}/mm", documents)),
         "captions + images": (lambda: fresh_run(f"{p}/mc", megatron_write, f"{p}/mc", captions, np.uint16)
@@ -121,33 +127,32 @@ def main() -> None:
     }
     sides = ["Megatron", "mmidx"] + (["Megatron again"] if args.control else [])
     writer = {"Megatron": 0, "mmidx": 1, "Megatron again": 0}  # which run of a workload each side is
-    load_before = os.getloadavg()[0]
     seconds = {kind: {side: [] for side in sides} for kind in workloads}
-    for round_ in range(args.repeats):  # the writers back to back, taking turns at going first
-        for kind, runs in workloads.items():
-            for side in sides[round_ % len(sides):] + sides[:round_ % len(sides)]:
-                seconds[kind][side].append(runs[writer[side]]())
-    load_after = os.getloadavg()[0]
+    with Watch() as watch:
+        for kind, runs in workloads.items():  # interleave orders the turns; each run times its own write
+            interleave({side: (lambda _, times=seconds[kind][side], run=runs[writer[side]]: times.append(run()))
+                        for side in sides}, [None], args.repeats)
+    shutil.rmtree(work, ignore_errors=True)
     print(f"# bench_write — {volume['tokens'] / 1e6:.0f} MB of tokens in {len(documents):,} documents; "
           f"{volume['captions + images'] / 1e6:.0f} MB of image bytes in {args.images:,} samples; "
-          f"{args.repeats} rounds, fsync counted")
-    print(f"# {machine('numpy', 'megatron-core')}; load average {load_before:.1f} before, {load_after:.1f} after")
-    print("| workload | Megatron best / median s | mmidx best / median s | mmidx GB/s | "
-          "throughput ÷ Megatron's, best | per round: min / median / max |")
-    print("|---|---:|---:|---:|---:|---:|")
+          f"{args.repeats} rounds, the writers in turn, fsync counted, wall clock")
+    print(f"# {machine('numpy', 'megatron-core')}")
+    print("| workload | Megatron best / median s | mmidx best / median s | mmidx GB/s, median | "
+          "mmidx throughput ÷ Megatron's per round: median (spread) |")
+    print("|---|---:|---:|---:|---:|")
     for kind, runs in seconds.items():
         megatron, mmidx = runs["Megatron"], runs["mmidx"]
         print(f"| {kind} | {min(megatron):.3f} / {np.median(megatron):.3f} | {min(mmidx):.3f} / "
-              f"{np.median(mmidx):.3f} | {volume[kind] / min(mmidx) / 1e9:.2f} | "
-              f"{min(megatron) / min(mmidx):.2f}× | {spread(megatron, mmidx)} |")
+              f"{np.median(mmidx):.3f} | {volume[kind] / np.median(mmidx) / 1e9:.2f} | {ratio(megatron, mmidx)} |")
         if args.control:  # what the load alone does to a ratio: Megatron against itself
-            print(f"| {kind}, Megatron against itself | | | | | {spread(megatron, runs['Megatron again'])} |")
-
-
-def spread(first: list[float], second: list[float]) -> str:
-    """Min / median / max over rounds of ``first``'s time over ``second``'s (second's throughput ratio)."""
-    ratios = sorted(a / b for a, b in zip(first, second, strict=True))
-    return f"{ratios[0]:.2f} / {np.median(ratios):.2f} / {ratios[-1]:.2f}×"
+            print(f"| {kind}, Megatron against itself | | | | {ratio(megatron, runs['Megatron again'])} |")
+    print("\nPer round, mmidx throughput ÷ Megatron's: " + "; ".join(
+        f"{kind} " + " ".join(f"{a / b:.2f}" for a, b in zip(runs["Megatron"], runs["mmidx"], strict=True))
+        for kind, runs in seconds.items()))
+    print(f"\n{watch.describe()}")
+    for kind, runs in seconds.items():
+        print(f"Headline, {kind}: " + watch.headline(f"{ratio(runs['Megatron'], runs['mmidx'])} Megatron's "
+                                                     "throughput"))
 
 
 if __name__ == "__main__":

@@ -238,14 +238,21 @@ cdef class TokenStream:
         cdef int64_t start = _load_i64(self._documents, document)
         cdef int64_t end = _load_i64(self._documents, document + 1)
         if not (0 <= start <= end <= self.sequence_count):
-            raise FormatError(f"{self.path_prefix}.idx: document_indices[{document}:{document + 2}] = "
-                              f"[{start}, {end}] is not a range inside [0, {self.sequence_count}] "
-                              f"(sample {document}): corrupted")
+            raise self._document_error(document, start, end)
         return start, end
+
+    cdef object _document_error(self, int64_t document, int64_t start, int64_t end):
+        return FormatError(f"{self.path_prefix}.idx: document_indices[{document}:{document + 2}] = "
+                           f"[{start}, {end}] is not a range inside [0, {self.sequence_count}] "
+                           f"(sample {document}): corrupted")
 
     def document_text(self, int64_t document, int64_t j):
         """Tokens of sequence ``j`` of ``document`` (a sample's text ``j``) as a zero-copy view."""
-        start, end = self.document_range(document)
+        if document < 0 or document >= self.document_count:
+            self.document_range(document)  # raises the IndexError
+        cdef int64_t start = _load_i64(self._documents, document), end = _load_i64(self._documents, document + 1)
+        if not (0 <= start <= end <= self.sequence_count):
+            raise self._document_error(document, start, end)
         if j < 0 or j >= end - start:
             raise IndexError(f"text {j} out of range: sample {document} has {end - start} texts")
         return self._checked_view(start + j, 0, -1, True)
@@ -351,7 +358,7 @@ cdef class ImageTable:
     cdef const char* _sample_offsets
     cdef const char* _offsets
     cdef const char* _info
-    cdef int64_t _samples, _images, _data_size
+    cdef int64_t _samples, _images, _data_size, _format_count, _mode_count
     cdef unsigned char _transparency
 
     def __cinit__(self, prefix, cnp.ndarray sample_image_offsets, cnp.ndarray image_offsets,
@@ -372,13 +379,20 @@ cdef class ImageTable:
         self._prefix, self._data, self._data_size = prefix, data, len(data)
         self._transparency = IMAGE_FLAG_TRANSPARENCY
         self._record, self._formats, self._modes = record, IMAGE_FORMATS, IMAGE_MODES
+        self._format_count, self._mode_count = len(IMAGE_FORMATS), len(IMAGE_MODES)
+        if not (isinstance(record, type) and issubclass(record, tuple)):
+            raise TypeError("record must be a tuple type (a NamedTuple of the six fields of image())")
 
     cdef tuple _range(self, const char* offsets, str name, int64_t number, int64_t limit, int64_t sample):
         cdef int64_t start = _load_i64(offsets, number), end = _load_i64(offsets, number + 1)
         if not (0 <= start <= end <= limit):
-            raise FormatError(f"{self._prefix}.plan: {name}[{number}:{number + 2}] = [{start}, {end}] is "
-                              f"not a range inside [0, {limit}] (sample {sample}): corrupted")
+            raise self._range_error(name, number, start, end, limit, sample)
         return start, end
+
+    cdef object _range_error(self, str name, int64_t number, int64_t start, int64_t end, int64_t limit,
+                             int64_t sample):
+        return FormatError(f"{self._prefix}.plan: {name}[{number}:{number + 2}] = [{start}, {end}] is "
+                           f"not a range inside [0, {limit}] (sample {sample}): corrupted")
 
     def count(self, int64_t sample):
         """The number of images of ``sample``."""
@@ -391,19 +405,23 @@ cdef class ImageTable:
         """Image ``j`` of ``sample`` as a record: (bytes view, width, height, format, mode, has_transparency)."""
         if sample < 0 or sample >= self._samples:
             raise IndexError(f"sample {sample} out of range for {self._samples} samples")
-        cdef int64_t first, last, number, start, end
-        first, last = self._range(self._sample_offsets, "sample_image_offsets", sample, self._images, sample)
+        cdef int64_t first = _load_i64(self._sample_offsets, sample), last = _load_i64(self._sample_offsets, sample + 1)
+        if not (0 <= first <= last <= self._images):
+            raise self._range_error("sample_image_offsets", sample, first, last, self._images, sample)
         if j < 0 or j >= last - first:
             raise IndexError(f"image {j} out of range: sample {sample} has {last - first} images")
-        number = first + j
-        start, end = self._range(self._offsets, "image_offsets", number, self._data_size, sample)
+        cdef int64_t number = first + j
+        cdef int64_t start = _load_i64(self._offsets, number), end = _load_i64(self._offsets, number + 1)
+        if not (0 <= start <= end <= self._data_size):
+            raise self._range_error("image_offsets", number, start, end, self._data_size, sample)
         cdef const char* info = self._info + 12 * number
         cdef int32_t width = _load_i32(info, 0), height = _load_i32(info, 1)
         cdef unsigned char format_code = <unsigned char>info[8], mode_code = <unsigned char>info[9]
         if width <= 0 or height <= 0:
             raise FormatError(f"{self._prefix}.plan: image {number} (sample {sample}) has a size of "
                               f"{width}x{height} in image_info: corrupted")
-        return self._record(self._data[start:end], width, height,
-                            self._formats[format_code] if format_code < len(self._formats) else "unknown",
-                            self._modes[mode_code] if mode_code < len(self._modes) else "unknown",
-                            bool(<unsigned char>info[10] & self._transparency))
+        # tuple.__new__ builds the NamedTuple without running its Python-level __new__ (a third of the call).
+        return tuple.__new__(self._record, (self._data[start:end], width, height,
+                             self._formats[format_code] if format_code < self._format_count else "unknown",
+                             self._modes[mode_code] if mode_code < self._mode_count else "unknown",
+                             (<unsigned char>info[10] & self._transparency) != 0))

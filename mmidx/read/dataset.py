@@ -359,7 +359,9 @@ class MMIDXDataset:
         return self._files.tokens.document_count
 
     def __getitem__(self, index: int) -> Sample:
-        files = self._files
+        files = self._mapped  # not the property: a random sample's read is a few hundred nanoseconds
+        if files is None:
+            files = self._files
         count = files.tokens.document_count
         if type(index) is not int:
             if not isinstance(index, (int, np.integer)):
