@@ -120,11 +120,22 @@ static inline void mmidx_transpose_rows(const uint8_t *in, ptrdiff_t row_stride,
  * this puts row r's RGB at bytes 4r..4r+2. */
 #define MMIDX_RGB_ROWS 0, 4, 8, -1, 1, 5, 9, -1, 2, 6, 10, -1, 3, 7, 11, -1
 
-/* Store 8 rows' RGB: words[r] holds row r's pixel in its low 3 bytes. */
+/* Store 8 rows' RGB: words[r] holds row r's pixel in its low 3 bytes; 4 bytes are stored (the 4th is the next
+ * pixel's, written after) except for a row's last pixel. Constant-size copies: one store each. */
 static inline void mmidx_store_rows(const uint32_t *words, ptrdiff_t rows, uint8_t *out, ptrdiff_t out_stride,
                                     int last) {
+    if (!last && rows == MMIDX_BLOCK) {
+        for (ptrdiff_t r = 0; r < MMIDX_BLOCK; r++) {
+            memcpy(out + r * out_stride, &words[r], 4);
+        }
+        return;
+    }
     for (ptrdiff_t r = 0; r < rows; r++) {
-        memcpy(out + r * out_stride, &words[r], last ? 3 : 4);
+        if (last) {
+            memcpy(out + r * out_stride, &words[r], 3);
+        } else {
+            memcpy(out + r * out_stride, &words[r], 4);
+        }
     }
 }
 
