@@ -9,9 +9,12 @@ change is skipped, as Pillow skips it). Each output row is looked up at once in 
 each level, and written as float32 into a (3, H, W) slot of ``padded_images`` or as patch rows of
 ``packed_vit_tokens``. No intermediate image exists beyond the horizontal pass's 8-bit rows.
 
-The vertical pass runs over whole rows (one multiply-add per tap and value, which the compiler
-vectorises) instead of Pillow's column-by-column loop; integer sums are exact, so the order does
-not change the result.
+The two passes run in one of three kernels, all giving the same bytes: portable C
+(``_pixels_rows.h``, "scalar") and SSE4.1 / AVX2 intrinsics (``_pixels_simd.h``), the best the CPU
+supports chosen at import; ``set_kernel`` forces one (tests run every Pillow comparison on each,
+benchmarks/bench_resample.py times them). The vertical pass runs over whole rows instead of Pillow's
+column-by-column loop, the horizontal pass over 8 rows at once; integer sums are exact, so the order
+does not change the result.
 """
 
 from libc.math cimport ceil
@@ -22,21 +25,18 @@ cdef extern from "_pixels_simd.h":
     enum: MMIDX_BLOCK
     enum: MMIDX_KERNELS
     ctypedef void (*mmidx_vertical_fn)(const uint8_t* rows, Py_ssize_t row_stride, Py_ssize_t count,
-                                       const int32_t* k, const int32_t* pairs, Py_ssize_t values,
-                                       uint8_t* out) noexcept nogil
+                                       const int32_t* k, Py_ssize_t values, uint8_t* out) noexcept nogil
     ctypedef void (*mmidx_horizontal_fn)(const uint8_t* pixels, Py_ssize_t row_stride, Py_ssize_t pixel_stride,
                                          Py_ssize_t in_width, Py_ssize_t rows, const Py_ssize_t* bounds,
-                                         const int32_t* weights, const int32_t* pairs, Py_ssize_t ksize,
+                                         const int32_t* weights, Py_ssize_t ksize,
                                          Py_ssize_t width, uint8_t* out, Py_ssize_t out_stride,
                                          uint8_t* scratch) noexcept nogil
     ctypedef struct mmidx_kernel:
         const char* name
-        int simd
         mmidx_vertical_fn vertical
         mmidx_horizontal_fn horizontal
     const mmidx_kernel mmidx_kernels[]
     int mmidx_kernel_supported(int i) noexcept nogil
-    int mmidx_split_pairs(const int32_t* k, Py_ssize_t n, Py_ssize_t ksize, int32_t* pairs) noexcept nogil
 
 DEF PRECISION_BITS = 22          # Pillow: 32 - 8 bits of result - 2 bits of overshoot headroom
 
@@ -132,12 +132,10 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     the pixels the width loses); then MMIDX_BLOCK vertical rows at a time go through the horizontal
     pass. The vertical pass keeps its input's layout (``pixel_stride`` 3 or 4 bytes per pixel).
     """
-    cdef const mmidx_kernel* kernel = _kernel
+    cdef const mmidx_kernel* kernel = _kernel     # read once: set_kernel may run meanwhile
     cdef bint horizontal = width != in_width, vertical = height != in_height
     cdef int32_t* kv = NULL
     cdef int32_t* kh = NULL
-    cdef int32_t* pv = NULL            # kv and kh split for the SIMD kernels (mmidx_split_pairs)
-    cdef int32_t* ph = NULL
     cdef Py_ssize_t* bv = NULL
     cdef Py_ssize_t* bh = NULL
     cdef uint8_t* rows = NULL          # the horizontal pass's rows (all, or one block if vertical first)
@@ -150,18 +148,12 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     vertical_first = vertical_first and horizontal and vertical
     if vertical:
         ksv = _coefficients(in_height, height, &kv, &bv)
-        pv = <int32_t*>malloc(height * (ksv + 1) // 2 * 2 * sizeof(int32_t))
-        failed = ksv == 0 or pv == NULL
+        failed = ksv == 0
         if not failed:
             first, last = bv[0], bv[2 * height - 2] + bv[2 * height - 1]   # the rows the vertical pass reads
-            if not mmidx_split_pairs(kv, height, ksv, pv):
-                kernel = &mmidx_kernels[0]
     if horizontal:
         ksh = _coefficients(in_width, width, &kh, &bh)
-        ph = <int32_t*>malloc(width * (ksh + 1) // 2 * 2 * sizeof(int32_t))
-        failed = failed or ksh == 0 or ph == NULL
-        if not failed and not mmidx_split_pairs(kh, width, ksh, ph):
-            kernel = &mmidx_kernels[0]
+        failed = failed or ksh == 0
         scratch = <uint8_t*>malloc(in_width * 4 * MMIDX_BLOCK)
         if vertical_first:
             middle = <uint8_t*>malloc(in_line * MMIDX_BLOCK)
@@ -177,9 +169,9 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
         while y < height:
             n = min(<Py_ssize_t>MMIDX_BLOCK, height - y)
             for r in range(y, y + n):
-                kernel.vertical(pixels + bv[2 * r] * row_stride, row_stride, bv[2 * r + 1], kv + r * ksv,
-                                pv + r * ((ksv + 1) // 2 * 2), in_span, middle + (r - y) * in_line)
-            kernel.horizontal(middle, in_line, pixel_stride, in_width, n, bh, kh, ph, ksh, width, rows, out_line,
+                kernel.vertical(pixels + bv[2 * r] * row_stride, row_stride, bv[2 * r + 1], kv + r * ksv, in_span,
+                                middle + (r - y) * in_line)
+            kernel.horizontal(middle, in_line, pixel_stride, in_width, n, bh, kh, ksh, width, rows, out_line,
                               scratch)
             for r in range(n):
                 _emit(rows + r * out_line, 3, y + r, width, table, chw, plane, line, patches, patch)
@@ -188,17 +180,17 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
         y = 0
         while horizontal and y < last - first:     # the horizontal pass, MMIDX_BLOCK rows at a time
             kernel.horizontal(pixels + (y + first) * row_stride, row_stride, pixel_stride, in_width,
-                              min(<Py_ssize_t>MMIDX_BLOCK, last - first - y), bh, kh, ph, ksh, width,
+                              min(<Py_ssize_t>MMIDX_BLOCK, last - first - y), bh, kh, ksh, width,
                               rows + y * out_line, out_line, scratch)
             y += MMIDX_BLOCK
         for y in range(height):
             if horizontal and vertical:
                 kernel.vertical(rows + (bv[2 * y] - first) * out_line, out_line, bv[2 * y + 1], kv + y * ksv,
-                                pv + y * ((ksv + 1) // 2 * 2), out_line, row8)
+                                out_line, row8)
                 _emit(row8, 3, y, width, table, chw, plane, line, patches, patch)
             elif vertical:
                 kernel.vertical(pixels + bv[2 * y] * row_stride, row_stride, bv[2 * y + 1], kv + y * ksv,
-                                pv + y * ((ksv + 1) // 2 * 2), in_span, row8)
+                                in_span, row8)
                 _emit(row8, pixel_stride, y, width, table, chw, plane, line, patches, patch)
             elif horizontal:
                 _emit(rows + y * out_line, 3, y, width, table, chw, plane, line, patches, patch)
@@ -206,10 +198,8 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
                 _emit(pixels + y * row_stride, pixel_stride, y, width, table, chw, plane, line, patches, patch)
     free(kv)
     free(bv)
-    free(pv)
     free(kh)
     free(bh)
-    free(ph)
     free(rows)
     free(scratch)
     free(middle)

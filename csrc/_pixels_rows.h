@@ -20,10 +20,9 @@ static inline uint8_t mmidx_clip8(int32_t value) {
 
 /* One output row of the vertical pass: out[i] = clip8(HALF + sum_t rows[t * row_stride + i] * k[t])
  * for i < values, the rows' bytes taken as they lie (3 or 4 bytes per pixel alike). Runs MMIDX_CHUNK
- * values at a time so that the sums stay in the cache. `pairs` is unused (the SIMD kernels' weights). */
+ * values at a time so that the sums stay in the cache. */
 static void mmidx_vertical_scalar(const uint8_t *rows, ptrdiff_t row_stride, ptrdiff_t count, const int32_t *k,
-                                  const int32_t *pairs, ptrdiff_t values, uint8_t *restrict out) {
-    (void)pairs;
+                                  ptrdiff_t values, uint8_t *restrict out) {
     int32_t sums[MMIDX_CHUNK];
     for (ptrdiff_t first = 0; first < values; first += MMIDX_CHUNK) {
         const ptrdiff_t n = values - first < MMIDX_CHUNK ? values - first : MMIDX_CHUNK;
@@ -49,9 +48,8 @@ static void mmidx_vertical_scalar(const uint8_t *rows, ptrdiff_t row_stride, ptr
  * `bounds` holds (first input, count) per output, `weights` ksize weights per output. */
 static void mmidx_horizontal_scalar(const uint8_t *in, ptrdiff_t row_stride, ptrdiff_t pixel_stride,
                                     ptrdiff_t in_width, ptrdiff_t rows, const ptrdiff_t *bounds,
-                                    const int32_t *weights, const int32_t *pairs, ptrdiff_t ksize, ptrdiff_t width,
+                                    const int32_t *weights, ptrdiff_t ksize, ptrdiff_t width,
                                     uint8_t *restrict out, ptrdiff_t out_stride, uint8_t *restrict scratch) {
-    (void)pairs;
     for (ptrdiff_t r = 0; r < MMIDX_BLOCK; r++) {
         const uint8_t *line = in + (r < rows ? r : rows - 1) * row_stride;   /* pad with the last row */
         for (ptrdiff_t x = 0; x < in_width; x++) {
