@@ -9,25 +9,36 @@ change is skipped, as Pillow skips it). Each output row is looked up at once in 
 each level, and written as float32 into a (3, H, W) slot of ``padded_images`` or as patch rows of
 ``packed_vit_tokens``. No intermediate image exists beyond the horizontal pass's 8-bit rows.
 
-The vertical pass runs over whole rows (one multiply-add per tap and value, which the compiler
-vectorises) instead of Pillow's column-by-column loop; integer sums are exact, so the order does
-not change the result.
+The two passes run in one of three kernels, all giving the same bytes: portable C
+(``_pixels_rows.h``, "scalar") and SSE4.1 / AVX2 intrinsics (``_pixels_simd.h``), the best the CPU
+supports chosen at import; ``set_kernel`` forces one (tests run every Pillow comparison on each,
+benchmarks/bench_resample.py times them). The vertical pass runs over whole rows instead of Pillow's
+column-by-column loop, the horizontal pass over 8 rows at once; integer sums are exact, so the order
+does not change the result.
 """
 
 from libc.math cimport ceil
 from libc.stdint cimport int32_t, uint8_t
 from libc.stdlib cimport free, malloc
 
-cdef extern from "_pixels_rows.h":
+cdef extern from "_pixels_simd.h":
     enum: MMIDX_BLOCK
-    void mmidx_accumulate_row(int32_t* sums, const uint8_t* row, int32_t weight, Py_ssize_t count) noexcept nogil
-    void mmidx_horizontal_block(const uint8_t* pixels, Py_ssize_t row_stride, Py_ssize_t pixel_stride,
-                                Py_ssize_t in_width, Py_ssize_t rows, const Py_ssize_t* bounds,
-                                const int32_t* weights, Py_ssize_t ksize, Py_ssize_t width, uint8_t* out,
-                                Py_ssize_t out_stride, uint8_t* scratch) noexcept nogil
+    enum: MMIDX_KERNELS
+    ctypedef void (*mmidx_vertical_fn)(const uint8_t* rows, Py_ssize_t row_stride, Py_ssize_t count,
+                                       const int32_t* k, Py_ssize_t values, uint8_t* out) noexcept nogil
+    ctypedef void (*mmidx_horizontal_fn)(const uint8_t* pixels, Py_ssize_t row_stride, Py_ssize_t pixel_stride,
+                                         Py_ssize_t in_width, Py_ssize_t rows, const Py_ssize_t* bounds,
+                                         const int32_t* weights, Py_ssize_t ksize,
+                                         Py_ssize_t width, uint8_t* out, Py_ssize_t out_stride,
+                                         uint8_t* scratch) noexcept nogil
+    ctypedef struct mmidx_kernel:
+        const char* name
+        mmidx_vertical_fn vertical
+        mmidx_horizontal_fn horizontal
+    const mmidx_kernel mmidx_kernels[]
+    int mmidx_kernel_supported(int i) noexcept nogil
 
 DEF PRECISION_BITS = 22          # Pillow: 32 - 8 bits of result - 2 bits of overshoot headroom
-DEF HALF = 1 << (PRECISION_BITS - 1)
 
 
 cdef inline double _bicubic(double x) noexcept nogil:
@@ -39,16 +50,6 @@ cdef inline double _bicubic(double x) noexcept nogil:
     if x < 2.0:
         return (((x - 5) * x + 8) * x - 4) * -0.5
     return 0.0
-
-
-cdef inline uint8_t _clip8(int32_t value) noexcept nogil:
-    """A fixed-point sum → its 8-bit value, rounded down (the sums start at one half) and clipped."""
-    value = value >> PRECISION_BITS
-    if value < 0:
-        return 0
-    if value > 255:
-        return 255
-    return <uint8_t>value
 
 
 cdef Py_ssize_t _coefficients(Py_ssize_t in_size, Py_ssize_t out_size, int32_t** weights,
@@ -120,46 +121,6 @@ cdef void _emit(const uint8_t* row, Py_ssize_t pixel_stride, Py_ssize_t y, Py_ss
                     target[q * patch_values + x * 3 + c] = table[c * 256 + pixel[c]]
 
 
-cdef void _horizontal_row(const uint8_t* line, Py_ssize_t pixel_stride, Py_ssize_t width,
-                          const Py_ssize_t* bounds, const int32_t* weights, Py_ssize_t ksize,
-                          uint8_t* out) noexcept nogil:
-    """One row's horizontal pass: ``width`` RGB pixels into ``out`` (3 bytes per pixel)."""
-    cdef Py_ssize_t x, t, i, start, count
-    cdef const int32_t* k
-    cdef int32_t s0, s1, s2
-    for x in range(width):
-        start, count, k = bounds[2 * x], bounds[2 * x + 1], weights + x * ksize
-        s0 = s1 = s2 = HALF
-        for t in range(count):
-            i = (start + t) * pixel_stride
-            s0 += line[i] * k[t]
-            s1 += line[i + 1] * k[t]
-            s2 += line[i + 2] * k[t]
-        out[3 * x], out[3 * x + 1], out[3 * x + 2] = _clip8(s0), _clip8(s1), _clip8(s2)
-
-
-cdef void _vertical_row(const uint8_t* rows, Py_ssize_t row_stride, Py_ssize_t pixel_stride, Py_ssize_t width,
-                        Py_ssize_t start, Py_ssize_t count, const int32_t* k, int32_t* sums,
-                        uint8_t* out) noexcept nogil:
-    """One output row of the vertical pass over rows start..start+count-1 (whole rows at a time)."""
-    cdef Py_ssize_t t, x, i, values = 3 * width
-    cdef const uint8_t* line
-    cdef int32_t weight
-    for i in range(values):
-        sums[i] = HALF
-    for t in range(count):
-        line, weight = rows + (start + t) * row_stride, k[t]
-        if pixel_stride == 3:
-            mmidx_accumulate_row(sums, line, weight, values)
-        else:
-            for x in range(width):
-                sums[3 * x] += line[x * pixel_stride] * weight
-                sums[3 * x + 1] += line[x * pixel_stride + 1] * weight
-                sums[3 * x + 2] += line[x * pixel_stride + 2] * weight
-    for i in range(values):
-        out[i] = _clip8(sums[i])
-
-
 cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_width, Py_ssize_t row_stride,
                  Py_ssize_t pixel_stride, Py_ssize_t height, Py_ssize_t width, bint vertical_first,
                  const float* table, float* chw, Py_ssize_t plane, Py_ssize_t line,
@@ -168,19 +129,21 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
 
     Pillow runs the horizontal pass first over the rows the vertical pass reads, unless
     ``vertical_first`` (Pillow 13: when both passes run and the height shrinks by more than twice
-    the pixels the width loses); then each output row is a vertical row followed by its horizontal pass.
+    the pixels the width loses); then MMIDX_BLOCK vertical rows at a time go through the horizontal
+    pass. The vertical pass keeps its input's layout (``pixel_stride`` 3 or 4 bytes per pixel).
     """
+    cdef const mmidx_kernel* kernel = _kernel     # read once: set_kernel may run meanwhile
     cdef bint horizontal = width != in_width, vertical = height != in_height
     cdef int32_t* kv = NULL
     cdef int32_t* kh = NULL
     cdef Py_ssize_t* bv = NULL
     cdef Py_ssize_t* bh = NULL
-    cdef uint8_t* rows = NULL          # the horizontal pass's rows (horizontal pass first)
+    cdef uint8_t* rows = NULL          # the horizontal pass's rows (all, or one block if vertical first)
     cdef uint8_t* scratch = NULL       # MMIDX_BLOCK input rows interleaved for that pass
-    cdef uint8_t* middle = NULL        # one vertical row before its horizontal pass (vertical first)
-    cdef uint8_t* row8 = NULL          # one output row
-    cdef int32_t* sums = NULL
-    cdef Py_ssize_t ksv = 1, ksh = 1, first = 0, last = in_height, y, widest = max(width, in_width)
+    cdef uint8_t* middle = NULL        # MMIDX_BLOCK vertical rows before their horizontal pass (vertical first)
+    cdef uint8_t* row8 = NULL          # one output row of the vertical pass
+    cdef Py_ssize_t ksv = 1, ksh = 1, first = 0, last = in_height, y, r, n, out_line = width * 3
+    cdef Py_ssize_t in_line = in_width * pixel_stride, in_span = (in_width - 1) * pixel_stride + 3
     cdef bint failed = False
     vertical_first = vertical_first and horizontal and vertical
     if vertical:
@@ -191,39 +154,46 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     if horizontal:
         ksh = _coefficients(in_width, width, &kh, &bh)
         failed = failed or ksh == 0
-    sums = <int32_t*>malloc(widest * 3 * sizeof(int32_t))
-    row8 = <uint8_t*>malloc(width * 3)
-    if vertical_first:
-        middle = <uint8_t*>malloc(in_width * 3)
-        failed = failed or middle == NULL
-    elif horizontal:
-        rows = <uint8_t*>malloc((last - first) * width * 3)
-        scratch = <uint8_t*>malloc(in_width * 3 * MMIDX_BLOCK)
+        scratch = <uint8_t*>malloc(in_width * 4 * MMIDX_BLOCK)
+        if vertical_first:
+            middle = <uint8_t*>malloc(in_line * MMIDX_BLOCK)
+            rows = <uint8_t*>malloc(out_line * MMIDX_BLOCK)
+            failed = failed or middle == NULL
+        else:
+            rows = <uint8_t*>malloc((last - first) * out_line)
         failed = failed or rows == NULL or scratch == NULL
-    failed = failed or sums == NULL or row8 == NULL
-    if not failed:
-        if horizontal and not vertical_first:     # the horizontal pass, MMIDX_BLOCK rows at a time
-            y = 0
-            while y < last - first:
-                mmidx_horizontal_block(pixels + (y + first) * row_stride, row_stride, pixel_stride, in_width,
-                                       min(<Py_ssize_t>MMIDX_BLOCK, last - first - y), bh, kh, ksh, width,
-                                       rows + y * width * 3, width * 3, scratch)
-                y += MMIDX_BLOCK
+    row8 = <uint8_t*>malloc(width * pixel_stride)
+    failed = failed or row8 == NULL
+    if not failed and vertical_first:
+        y = 0
+        while y < height:
+            n = min(<Py_ssize_t>MMIDX_BLOCK, height - y)
+            for r in range(y, y + n):
+                kernel.vertical(pixels + bv[2 * r] * row_stride, row_stride, bv[2 * r + 1], kv + r * ksv, in_span,
+                                middle + (r - y) * in_line)
+            kernel.horizontal(middle, in_line, pixel_stride, in_width, n, bh, kh, ksh, width, rows, out_line,
+                              scratch)
+            for r in range(n):
+                _emit(rows + r * out_line, 3, y + r, width, table, chw, plane, line, patches, patch)
+            y += MMIDX_BLOCK
+    elif not failed:
+        y = 0
+        while horizontal and y < last - first:     # the horizontal pass, MMIDX_BLOCK rows at a time
+            kernel.horizontal(pixels + (y + first) * row_stride, row_stride, pixel_stride, in_width,
+                              min(<Py_ssize_t>MMIDX_BLOCK, last - first - y), bh, kh, ksh, width,
+                              rows + y * out_line, out_line, scratch)
+            y += MMIDX_BLOCK
         for y in range(height):
-            if vertical_first:
-                _vertical_row(pixels, row_stride, pixel_stride, in_width, bv[2 * y], bv[2 * y + 1], kv + y * ksv,
-                              sums, middle)
-                _horizontal_row(middle, 3, width, bh, kh, ksh, row8)
-            elif horizontal and vertical:
-                _vertical_row(rows, width * 3, 3, width, bv[2 * y] - first, bv[2 * y + 1], kv + y * ksv, sums, row8)
-            elif vertical:
-                _vertical_row(pixels, row_stride, pixel_stride, width, bv[2 * y], bv[2 * y + 1], kv + y * ksv,
-                              sums, row8)
-            elif horizontal:
-                _emit(rows + y * width * 3, 3, y, width, table, chw, plane, line, patches, patch)
-                continue
-            if vertical or horizontal:
+            if horizontal and vertical:
+                kernel.vertical(rows + (bv[2 * y] - first) * out_line, out_line, bv[2 * y + 1], kv + y * ksv,
+                                out_line, row8)
                 _emit(row8, 3, y, width, table, chw, plane, line, patches, patch)
+            elif vertical:
+                kernel.vertical(pixels + bv[2 * y] * row_stride, row_stride, bv[2 * y + 1], kv + y * ksv,
+                                in_span, row8)
+                _emit(row8, pixel_stride, y, width, table, chw, plane, line, patches, patch)
+            elif horizontal:
+                _emit(rows + y * out_line, 3, y, width, table, chw, plane, line, patches, patch)
             else:
                 _emit(pixels + y * row_stride, pixel_stride, y, width, table, chw, plane, line, patches, patch)
     free(kv)
@@ -234,7 +204,6 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     free(scratch)
     free(middle)
     free(row8)
-    free(sums)
     return -1 if failed else 0
 
 
@@ -257,6 +226,8 @@ def render_chw(const uint8_t[:, :, :] pixels, float[:, :, :] out, const float[:,
                bint vertical_first):
     """out[c, y, x] = table[c, v] for v the (H, W, 3) ``pixels`` bicubic-resized as Pillow does to
     out's (h, w) (not resized if equal): a (3, h, w) view whose rows are contiguous."""
+    if pixels.strides[1] not in (3, 4):
+        pixels = pixels.copy()        # the kernels read RGB or RGBX pixels (3 or 4 bytes apart)
     cdef Py_ssize_t row_stride, pixel_stride
     cdef const uint8_t* source = _source(pixels, &row_stride, &pixel_stride)
     cdef const float* levels = _table(table)
@@ -277,6 +248,8 @@ def render_patches(const uint8_t[:, :, :] pixels, float[:, ::1] out, const float
                    Py_ssize_t height, Py_ssize_t width, Py_ssize_t patch, bint vertical_first):
     """BAGEL's ``patchify`` of the normalised ``pixels`` bicubic-resized as Pillow does to (height, width),
     into the rows of ``out``: one row per patch (row-major), each flattened as (patch row, column, channel)."""
+    if pixels.strides[1] not in (3, 4):
+        pixels = pixels.copy()        # the kernels read RGB or RGBX pixels (3 or 4 bytes apart)
     cdef Py_ssize_t row_stride, pixel_stride
     cdef const uint8_t* source = _source(pixels, &row_stride, &pixel_stride)
     cdef const float* levels = _table(table)
@@ -291,3 +264,32 @@ def render_patches(const uint8_t[:, :, :] pixels, float[:, ::1] out, const float
                          vertical_first, levels, NULL, 0, 0, &out[0, 0], patch)
     if status:
         raise MemoryError(f"resizing {pixels.shape[1]}x{pixels.shape[0]} to {width}x{height}")
+
+
+cdef const mmidx_kernel* _kernel = &mmidx_kernels[0]
+
+
+def available_kernels() -> tuple:
+    """The names of the resize kernels this CPU runs, best last: ``"scalar"`` (portable C, everywhere),
+    ``"sse4"`` and ``"avx2"`` (x86-64 with SSE4.1 / AVX2). All give the same, Pillow's, bytes."""
+    return tuple(mmidx_kernels[i].name.decode() for i in range(MMIDX_KERNELS) if mmidx_kernel_supported(i))
+
+
+def kernel() -> str:
+    """The name of the resize kernel in use (the best available, unless ``set_kernel`` chose another)."""
+    return _kernel.name.decode()
+
+
+def set_kernel(name: str) -> None:
+    """Use the resize kernel ``name`` (one of ``available_kernels()``) in this process from now on: for
+    tests of every kernel and benchmarks of one against another. Raises ValueError for any other name."""
+    global _kernel
+    cdef int i
+    for i in range(MMIDX_KERNELS):
+        if mmidx_kernels[i].name.decode() == name and mmidx_kernel_supported(i):
+            _kernel = &mmidx_kernels[i]
+            return
+    raise ValueError(f"no resize kernel {name!r} on this CPU; available: {', '.join(available_kernels())}")
+
+
+set_kernel(available_kernels()[len(available_kernels()) - 1])   # the best this CPU runs

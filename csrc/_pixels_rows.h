@@ -1,47 +1,55 @@
-/* The two inner loops of the resize in csrc/_pixels.pyx, in C so that on x86-64 Linux they are
- * compiled twice (AVX2 and baseline) with the CPU choosing at load time: AVX2 multiplies eight int32
- * at once, where baseline SSE2 has no 32-bit vector multiply. Integer arithmetic throughout, so the
- * sums, and the pixels, are the same whichever version runs. */
+/* The two inner loops of the resize in csrc/_pixels.pyx in portable C: the "scalar" kernel, the
+ * reference the SIMD kernels of _pixels_simd.h are tested against and the one that runs on CPUs
+ * without SSE4.1 and off x86-64. Compiled for the baseline ISA (the compiler may still vectorise
+ * what it can there). Integer arithmetic throughout: Pillow's exact sums. */
 #ifndef MMIDX_PIXELS_ROWS_H
 #define MMIDX_PIXELS_ROWS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define MMIDX_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef MMIDX_CLONES
-#define MMIDX_CLONES
-#endif
-
 #define MMIDX_PRECISION_BITS 22
+#define MMIDX_HALF (1 << (MMIDX_PRECISION_BITS - 1))
 #define MMIDX_BLOCK 8
+#define MMIDX_CHUNK 256
 
 static inline uint8_t mmidx_clip8(int32_t value) {
     value >>= MMIDX_PRECISION_BITS;
     return value < 0 ? 0 : value > 255 ? 255 : (uint8_t)value;
 }
 
-/* sums[i] += row[i] * weight: one input row's share of an output row of the vertical pass. */
-MMIDX_CLONES
-static void mmidx_accumulate_row(int32_t *restrict sums, const uint8_t *restrict row, int32_t weight,
-                                 ptrdiff_t count) {
-    for (ptrdiff_t i = 0; i < count; i++) {
-        sums[i] += row[i] * weight;
+/* One output row of the vertical pass: out[i] = clip8(HALF + sum_t rows[t * row_stride + i] * k[t])
+ * for i < values, the rows' bytes taken as they lie (3 or 4 bytes per pixel alike). Runs MMIDX_CHUNK
+ * values at a time so that the sums stay in the cache. */
+static void mmidx_vertical_scalar(const uint8_t *rows, ptrdiff_t row_stride, ptrdiff_t count, const int32_t *k,
+                                  ptrdiff_t values, uint8_t *restrict out) {
+    int32_t sums[MMIDX_CHUNK];
+    for (ptrdiff_t first = 0; first < values; first += MMIDX_CHUNK) {
+        const ptrdiff_t n = values - first < MMIDX_CHUNK ? values - first : MMIDX_CHUNK;
+        for (ptrdiff_t i = 0; i < n; i++) {
+            sums[i] = MMIDX_HALF;
+        }
+        for (ptrdiff_t t = 0; t < count; t++) {
+            const uint8_t *line = rows + t * row_stride + first;
+            const int32_t weight = k[t];
+            for (ptrdiff_t i = 0; i < n; i++) {
+                sums[i] += line[i] * weight;
+            }
+        }
+        for (ptrdiff_t i = 0; i < n; i++) {
+            out[first + i] = mmidx_clip8(sums[i]);
+        }
     }
 }
 
 /* The horizontal pass of `rows` (at most MMIDX_BLOCK) consecutive RGB rows at once: the rows are
- * interleaved into `scratch` (in_width * 3 * MMIDX_BLOCK bytes) so that each tap is one 8-lane
- * multiply-add over the rows; output row r goes to out + r * out_stride (3 bytes per pixel). */
-MMIDX_CLONES
-static void mmidx_horizontal_block(const uint8_t *in, ptrdiff_t row_stride, ptrdiff_t pixel_stride,
-                                   ptrdiff_t in_width, ptrdiff_t rows, const ptrdiff_t *bounds,
-                                   const int32_t *weights, ptrdiff_t ksize, ptrdiff_t width,
-                                   uint8_t *restrict out, ptrdiff_t out_stride, uint8_t *restrict scratch) {
+ * interleaved into `scratch` (in_width * 4 * MMIDX_BLOCK bytes) so that each tap is one 8-lane
+ * multiply-add over the rows; output row r goes to out + r * out_stride (3 bytes per pixel).
+ * `bounds` holds (first input, count) per output, `weights` ksize weights per output. */
+static void mmidx_horizontal_scalar(const uint8_t *in, ptrdiff_t row_stride, ptrdiff_t pixel_stride,
+                                    ptrdiff_t in_width, ptrdiff_t rows, const ptrdiff_t *bounds,
+                                    const int32_t *weights, ptrdiff_t ksize, ptrdiff_t width,
+                                    uint8_t *restrict out, ptrdiff_t out_stride, uint8_t *restrict scratch) {
     for (ptrdiff_t r = 0; r < MMIDX_BLOCK; r++) {
         const uint8_t *line = in + (r < rows ? r : rows - 1) * row_stride;   /* pad with the last row */
         for (ptrdiff_t x = 0; x < in_width; x++) {
@@ -56,7 +64,7 @@ static void mmidx_horizontal_block(const uint8_t *in, ptrdiff_t row_stride, ptrd
         for (int c = 0; c < 3; c++) {
             int32_t sums[MMIDX_BLOCK];
             for (int r = 0; r < MMIDX_BLOCK; r++) {
-                sums[r] = 1 << (MMIDX_PRECISION_BITS - 1);
+                sums[r] = MMIDX_HALF;
             }
             for (ptrdiff_t t = 0; t < count; t++) {
                 const uint8_t *column = scratch + ((start + t) * 3 + c) * MMIDX_BLOCK;

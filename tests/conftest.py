@@ -12,6 +12,21 @@ warnings.filterwarnings("ignore", module="megatron")
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 
 
+@pytest.fixture(params=["scalar", "sse4", "avx2"])
+def resize_kernel(request):
+    """Each kernel of the Pillow-exact resize (csrc/_pixels_rows.h, csrc/_pixels_simd.h) forced in turn; one this
+    CPU (or build) lacks is skipped, saying so, never counted as passing."""
+    from mmidx import _pixels
+
+    if request.param not in _pixels.available_kernels():
+        pytest.skip(f"this CPU does not run the {request.param} resize kernel "
+                    f"(available: {', '.join(_pixels.available_kernels())})")
+    previous = _pixels.kernel()
+    _pixels.set_kernel(request.param)
+    yield request.param
+    _pixels.set_kernel(previous)
+
+
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory):
     """The quick demo (build, index, packs) in a relative folder, as the README's command runs it."""

@@ -355,6 +355,7 @@ def test_every_level_maps_to_its_float32_normalisation(mean, std):
         assert np.array_equal(output[channel].numpy(), expected)
 
 
+@pytest.mark.usefixtures("resize_kernel")
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize(("width", "height"), [(512, 512), (300, 700), (1500, 900), (64, 2000), (518, 518)])
 def test_transform_equals_bicubic_resize_then_the_transcribed_torchvision_steps(preset, width, height):
@@ -367,6 +368,7 @@ def test_transform_equals_bicubic_resize_then_the_transcribed_torchvision_steps(
     assert torch.equal(output, expected)
 
 
+@pytest.mark.usefixtures("resize_kernel")
 def test_transform_with_imagenet_statistics_equals_the_transcribed_torchvision_steps():
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     image = noise("RGB", 448, 448)

@@ -57,6 +57,7 @@ def random_image(rng: np.random.Generator, width: int, height: int) -> Image.Ima
     return Image.fromarray(np.clip(ramp, 0, 255).astype(np.uint8))
 
 
+@pytest.mark.usefixtures("resize_kernel")
 def test_random_small_sizes_up_and_down_equal_pil_and_the_transcribed_torchvision_steps():
     rng = np.random.default_rng(13)
     for case in range(600):
@@ -73,6 +74,7 @@ def test_random_small_sizes_up_and_down_equal_pil_and_the_transcribed_torchvisio
             (width, height, new_width, new_height)
 
 
+@pytest.mark.usefixtures("resize_kernel")
 @pytest.mark.parametrize(("size", "new_size"), [
     ((4000, 3), (518, 14)), ((3, 4000), (16, 1024)), ((1, 1), (64, 32)), ((2000, 1), (7, 3)),
     ((1, 3000), (5, 1000)), ((3000, 2000), (1024, 683)), ((2, 700), (900, 14)), ((640, 480), (4000, 7)),
@@ -83,6 +85,7 @@ def test_large_sizes_and_extreme_aspect_ratios_equal_pil(size, new_size):
     assert torch.equal(kernel_chw(rgb_pixels(image), *new_size, BAGEL_VAE_TRANSFORM), expected)
 
 
+@pytest.mark.usefixtures("resize_kernel")
 @pytest.mark.parametrize("patch", [14, 16, 3])
 def test_patches_equal_patchify_of_the_reference(patch):
     rng = np.random.default_rng(patch)
@@ -96,6 +99,7 @@ def test_patches_equal_patchify_of_the_reference(patch):
         assert torch.equal(out, patchify(pil_reference(image, new_width, new_height, IMAGENET), patch))
 
 
+@pytest.mark.usefixtures("resize_kernel")
 @pytest.mark.parametrize(("image", "fmt", "options"), [
     (noise("RGB", 301, 97), "JPEG", {}), (noise("L", 97, 301), "JPEG", {}), (noise("CMYK", 130, 130), "JPEG", {}),
     (noise("RGBA", 150, 40), "PNG", {}), (noise("LA", 40, 150), "PNG", {}), (noise("L", 66, 70), "PNG", {}),
@@ -111,6 +115,7 @@ def test_every_mode_bagel_converts_equals_pil(image, fmt, options, transform):
     assert torch.equal(transform(rgb, img_num=3), pil_reference(rgb, width, height, transform))
 
 
+@pytest.mark.usefixtures("resize_kernel")
 def test_before_pillow_13_the_horizontal_pass_always_runs_first(monkeypatch):
     """Older Pillows resize horizontally then vertically; each single-direction resize is the same in every
     version, so composing two of them is the reference for the order the kernel follows there."""
@@ -122,6 +127,31 @@ def test_before_pillow_13_the_horizontal_pass_always_runs_first(monkeypatch):
         horizontal_then_vertical = image.resize((new_width, height), Image.Resampling.BICUBIC)
         expected = pil_reference(horizontal_then_vertical, new_width, new_height, BAGEL_VAE_TRANSFORM)
         assert torch.equal(kernel_chw(rgb_pixels(image), new_width, new_height, BAGEL_VAE_TRANSFORM), expected)
+
+
+@pytest.mark.usefixtures("resize_kernel")
+@pytest.mark.parametrize("new_size", [(37, 23), (23, 37), (64, 96)])
+def test_pixels_neither_3_nor_4_bytes_apart_are_resized_as_a_contiguous_copy(new_size):
+    image = random_image(np.random.default_rng(3), 70, 50)
+    columns_first = np.ascontiguousarray(np.asarray(image).transpose(1, 0, 2)).transpose(1, 0, 2)
+    assert columns_first.strides[1] == 150
+    expected = pil_reference(image, *new_size, BAGEL_VAE_TRANSFORM)
+    assert torch.equal(kernel_chw(columns_first, *new_size, BAGEL_VAE_TRANSFORM), expected)
+
+
+def test_the_best_kernel_the_cpu_runs_is_chosen_and_others_can_be_forced():
+    available = _pixels.available_kernels()
+    assert available[0] == "scalar" and set(available) <= {"scalar", "sse4", "avx2"}
+    previous = _pixels.kernel()
+    try:
+        for name in available:
+            _pixels.set_kernel(name)
+            assert _pixels.kernel() == name
+        with pytest.raises(ValueError, match="no resize kernel 'avx512' on this CPU; available: scalar"):
+            _pixels.set_kernel("avx512")
+    finally:
+        _pixels.set_kernel(previous)
+    assert previous == available[-1]
 
 
 def test_kernel_refuses_mismatched_shapes():

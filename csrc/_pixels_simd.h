@@ -1,0 +1,270 @@
+/* The resize's two passes with explicit SSE4.1 and AVX2 intrinsics, and the table of kernels
+ * csrc/_pixels.pyx chooses from at import (the best the CPU supports; set_kernel forces one).
+ * Each gives exactly the scalar kernel's bytes (_pixels_rows.h), hence Pillow's.
+ *
+ * Exact sums. Pillow sums u8 pixel * int32 weight (22 fractional bits) in int32, starting at one half,
+ * then shifts by 22 and clips to [0, 255]. These kernels do the same operations on 4 (SSE4.1) or 8
+ * (AVX2) int32 lanes: pixels zero-extended to int32 (pmovzxbd), multiplied by the broadcast weight
+ * (pmulld, the low 32 bits of the product), added (paddd), shifted (psrad), then packed with signed
+ * then unsigned saturation (int32 -> int16 -> u8), which is the clip to [0, 255] for any int32 >> 22.
+ * Every product and partial sum is the one the scalar loop computes (|p * w| <= 255 * 1.2 * 2^22 <
+ * 2^31 for Pillow's normalised weights, and the sum is the int32 Pillow itself accumulates), and
+ * vector adds wrap modulo 2^32 anyway, so the order of the additions cannot change a result.
+ * (Splitting each weight into 16-bit halves for pmaddwd, two taps per instruction, is exact too; on
+ * an AMD EPYC (Zen 3) it was 10-18% slower with AVX2 and 5-9% with SSE4.1 than pmulld, and no
+ * simpler, so pmulld it is. benchmarks/bench_resample.py measures the kernels.)
+ *
+ * Layouts. The vertical pass runs over whole rows, 32 (AVX2) or 16 (SSE4.1) output bytes at a time
+ * with every tap summed in registers; a row's last partial chunk is recomputed overlapping the one
+ * before (same bytes), rows narrower than one chunk take the scalar loop. The horizontal pass takes
+ * MMIDX_BLOCK = 8 rows at once, byte-transposed (SSE2 unpacks) so that one tap of one channel is 8
+ * contiguous bytes, one per row: 8 rows x 1 tap per multiply, three channels side by side; the 24
+ * results are packed, shuffled to 8 rows x RGB and stored 4 bytes per row (the 4th byte is the next
+ * pixel's, written after; a row's last pixel stores 3). */
+#ifndef MMIDX_PIXELS_SIMD_H
+#define MMIDX_PIXELS_SIMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "_pixels_rows.h"
+
+typedef void (*mmidx_vertical_fn)(const uint8_t *rows, ptrdiff_t row_stride, ptrdiff_t count, const int32_t *k,
+                                  ptrdiff_t values, uint8_t *out);
+typedef void (*mmidx_horizontal_fn)(const uint8_t *in, ptrdiff_t row_stride, ptrdiff_t pixel_stride,
+                                    ptrdiff_t in_width, ptrdiff_t rows, const ptrdiff_t *bounds,
+                                    const int32_t *weights, ptrdiff_t ksize, ptrdiff_t width,
+                                    uint8_t *out, ptrdiff_t out_stride, uint8_t *scratch);
+
+typedef struct {
+    const char *name;
+    mmidx_vertical_fn vertical;
+    mmidx_horizontal_fn horizontal;
+} mmidx_kernel;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MMIDX_X86 1
+#include <immintrin.h>
+
+/* scratch[(j + i) * 8 + r] = in[r * row_stride + j + i] for i < 16, r < 8 (row r read as rows - 1 past
+ * the last): an 8 x 16 byte transpose in SSE2, which every x86-64 has. */
+static inline void mmidx_transpose16(const uint8_t *in, ptrdiff_t row_stride, ptrdiff_t rows, ptrdiff_t j,
+                                     uint8_t *scratch) {
+    __m128i r[8];
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm_loadu_si128((const __m128i *)(in + (i < rows ? i : rows - 1) * row_stride + j));
+    }
+    const __m128i a0 = _mm_unpacklo_epi8(r[0], r[1]), a1 = _mm_unpackhi_epi8(r[0], r[1]);
+    const __m128i a2 = _mm_unpacklo_epi8(r[2], r[3]), a3 = _mm_unpackhi_epi8(r[2], r[3]);
+    const __m128i a4 = _mm_unpacklo_epi8(r[4], r[5]), a5 = _mm_unpackhi_epi8(r[4], r[5]);
+    const __m128i a6 = _mm_unpacklo_epi8(r[6], r[7]), a7 = _mm_unpackhi_epi8(r[6], r[7]);
+    const __m128i b0 = _mm_unpacklo_epi16(a0, a2), b1 = _mm_unpackhi_epi16(a0, a2);   /* bytes 0-3, 4-7: rows 0-3 */
+    const __m128i b2 = _mm_unpacklo_epi16(a1, a3), b3 = _mm_unpackhi_epi16(a1, a3);   /* bytes 8-11, 12-15 */
+    const __m128i b4 = _mm_unpacklo_epi16(a4, a6), b5 = _mm_unpackhi_epi16(a4, a6);   /* the same, rows 4-7 */
+    const __m128i b6 = _mm_unpacklo_epi16(a5, a7), b7 = _mm_unpackhi_epi16(a5, a7);
+    __m128i *to = (__m128i *)(scratch + j * 8);
+    _mm_storeu_si128(to + 0, _mm_unpacklo_epi32(b0, b4));
+    _mm_storeu_si128(to + 1, _mm_unpackhi_epi32(b0, b4));
+    _mm_storeu_si128(to + 2, _mm_unpacklo_epi32(b1, b5));
+    _mm_storeu_si128(to + 3, _mm_unpackhi_epi32(b1, b5));
+    _mm_storeu_si128(to + 4, _mm_unpacklo_epi32(b2, b6));
+    _mm_storeu_si128(to + 5, _mm_unpackhi_epi32(b2, b6));
+    _mm_storeu_si128(to + 6, _mm_unpacklo_epi32(b3, b7));
+    _mm_storeu_si128(to + 7, _mm_unpackhi_epi32(b3, b7));
+}
+
+/* The first `span` bytes of 8 rows transposed into scratch (span * 8 bytes; the last 16 overlap). */
+static inline void mmidx_transpose_rows(const uint8_t *in, ptrdiff_t row_stride, ptrdiff_t rows, ptrdiff_t span,
+                                        uint8_t *scratch) {
+    if (span < 16) {
+        for (ptrdiff_t r = 0; r < 8; r++) {
+            for (ptrdiff_t j = 0; j < span; j++) {
+                scratch[j * 8 + r] = in[(r < rows ? r : rows - 1) * row_stride + j];
+            }
+        }
+        return;
+    }
+    for (ptrdiff_t j = 0; j < span; j += 16) {
+        mmidx_transpose16(in, row_stride, rows, j + 16 <= span ? j : span - 16, scratch);
+    }
+}
+
+/* Byte k of lane l (rows 4l..4l+3) of packus(packs(c0, c1), packs(c2, c2)) is channel k / 4 of row k % 4;
+ * this puts row r's RGB at bytes 4r..4r+2. */
+#define MMIDX_RGB_ROWS 0, 4, 8, -1, 1, 5, 9, -1, 2, 6, 10, -1, 3, 7, 11, -1
+
+/* Store 8 rows' RGB: words[r] holds row r's pixel in its low 3 bytes; 4 bytes are stored (the 4th is the next
+ * pixel's, written after) except for a row's last pixel. Constant-size copies: one store each. */
+static inline void mmidx_store_rows(const uint32_t *words, ptrdiff_t rows, uint8_t *out, ptrdiff_t out_stride,
+                                    int last) {
+    if (!last && rows == MMIDX_BLOCK) {
+        for (ptrdiff_t r = 0; r < MMIDX_BLOCK; r++) {
+            memcpy(out + r * out_stride, &words[r], 4);
+        }
+        return;
+    }
+    for (ptrdiff_t r = 0; r < rows; r++) {
+        if (last) {
+            memcpy(out + r * out_stride, &words[r], 3);
+        } else {
+            memcpy(out + r * out_stride, &words[r], 4);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ AVX2 */
+
+__attribute__((target("avx2")))
+static void mmidx_vertical_avx2(const uint8_t *rows, ptrdiff_t row_stride, ptrdiff_t count, const int32_t *k,
+                                ptrdiff_t values, uint8_t *restrict out) {
+    if (values < 32) {
+        mmidx_vertical_scalar(rows, row_stride, count, k, values, out);
+        return;
+    }
+    const __m256i half = _mm256_set1_epi32(MMIDX_HALF);
+    const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   /* undoes the lane-wise packs */
+    for (ptrdiff_t i = 0; i < values; i += 32) {
+        const ptrdiff_t at = i + 32 <= values ? i : values - 32;
+        __m256i s0 = half, s1 = half, s2 = half, s3 = half;
+        for (ptrdiff_t t = 0; t < count; t++) {
+            const uint8_t *line = rows + t * row_stride + at;
+            const __m256i w = _mm256_set1_epi32(k[t]);
+            s0 = _mm256_add_epi32(s0, _mm256_mullo_epi32(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)line)), w));
+            s1 = _mm256_add_epi32(s1, _mm256_mullo_epi32(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(line + 8))), w));
+            s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(line + 16))), w));
+            s3 = _mm256_add_epi32(s3, _mm256_mullo_epi32(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(line + 24))), w));
+        }
+        s0 = _mm256_srai_epi32(s0, MMIDX_PRECISION_BITS);
+        s1 = _mm256_srai_epi32(s1, MMIDX_PRECISION_BITS);
+        s2 = _mm256_srai_epi32(s2, MMIDX_PRECISION_BITS);
+        s3 = _mm256_srai_epi32(s3, MMIDX_PRECISION_BITS);
+        const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
+        _mm256_storeu_si256((__m256i *)(out + at), _mm256_permutevar8x32_epi32(bytes, in_order));
+    }
+}
+
+__attribute__((target("avx2")))
+static void mmidx_horizontal_avx2(const uint8_t *in, ptrdiff_t row_stride, ptrdiff_t pixel_stride,
+                                  ptrdiff_t in_width, ptrdiff_t rows, const ptrdiff_t *bounds,
+                                  const int32_t *weights, ptrdiff_t ksize, ptrdiff_t width,
+                                  uint8_t *restrict out, ptrdiff_t out_stride, uint8_t *restrict scratch) {
+    const ptrdiff_t ps = pixel_stride;
+    mmidx_transpose_rows(in, row_stride, rows, (in_width - 1) * ps + 3, scratch);
+    const __m256i half = _mm256_set1_epi32(MMIDX_HALF);
+    const __m256i rgb_rows = _mm256_setr_epi8(MMIDX_RGB_ROWS, MMIDX_RGB_ROWS);
+    uint32_t words[8];
+    for (ptrdiff_t x = 0; x < width; x++) {
+        const ptrdiff_t count = bounds[2 * x + 1];
+        const uint8_t *taps = scratch + bounds[2 * x] * ps * 8;
+        const int32_t *k = weights + x * ksize;
+        __m256i s[3] = {half, half, half};      /* channel c of rows 0-7 */
+        for (ptrdiff_t t = 0; t < count; t++) {
+            const __m256i w = _mm256_set1_epi32(k[t]);
+            for (int c = 0; c < 3; c++) {
+                const __m256i p = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(taps + (t * ps + c) * 8)));
+                s[c] = _mm256_add_epi32(s[c], _mm256_mullo_epi32(p, w));
+            }
+        }
+        for (int c = 0; c < 3; c++) {
+            s[c] = _mm256_srai_epi32(s[c], MMIDX_PRECISION_BITS);
+        }
+        const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(s[0], s[1]), _mm256_packs_epi32(s[2], s[2]));
+        _mm256_storeu_si256((__m256i *)words, _mm256_shuffle_epi8(bytes, rgb_rows));
+        mmidx_store_rows(words, rows, out + x * 3, out_stride, x == width - 1);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- SSE4.1 */
+
+__attribute__((target("sse4.1")))
+static void mmidx_vertical_sse4(const uint8_t *rows, ptrdiff_t row_stride, ptrdiff_t count, const int32_t *k,
+                                ptrdiff_t values, uint8_t *restrict out) {
+    if (values < 16) {
+        mmidx_vertical_scalar(rows, row_stride, count, k, values, out);
+        return;
+    }
+    const __m128i half = _mm_set1_epi32(MMIDX_HALF);
+    for (ptrdiff_t i = 0; i < values; i += 16) {
+        const ptrdiff_t at = i + 16 <= values ? i : values - 16;
+        __m128i s0 = half, s1 = half, s2 = half, s3 = half;
+        for (ptrdiff_t t = 0; t < count; t++) {
+            const __m128i v = _mm_loadu_si128((const __m128i *)(rows + t * row_stride + at));
+            const __m128i w = _mm_set1_epi32(k[t]);
+            s0 = _mm_add_epi32(s0, _mm_mullo_epi32(_mm_cvtepu8_epi32(v), w));
+            s1 = _mm_add_epi32(s1, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_srli_si128(v, 4)), w));
+            s2 = _mm_add_epi32(s2, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_srli_si128(v, 8)), w));
+            s3 = _mm_add_epi32(s3, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_srli_si128(v, 12)), w));
+        }
+        s0 = _mm_srai_epi32(s0, MMIDX_PRECISION_BITS);
+        s1 = _mm_srai_epi32(s1, MMIDX_PRECISION_BITS);
+        s2 = _mm_srai_epi32(s2, MMIDX_PRECISION_BITS);
+        s3 = _mm_srai_epi32(s3, MMIDX_PRECISION_BITS);
+        _mm_storeu_si128((__m128i *)(out + at), _mm_packus_epi16(_mm_packs_epi32(s0, s1), _mm_packs_epi32(s2, s3)));
+    }
+}
+
+__attribute__((target("sse4.1")))
+static void mmidx_horizontal_sse4(const uint8_t *in, ptrdiff_t row_stride, ptrdiff_t pixel_stride,
+                                  ptrdiff_t in_width, ptrdiff_t rows, const ptrdiff_t *bounds,
+                                  const int32_t *weights, ptrdiff_t ksize, ptrdiff_t width,
+                                  uint8_t *restrict out, ptrdiff_t out_stride, uint8_t *restrict scratch) {
+    const ptrdiff_t ps = pixel_stride;
+    mmidx_transpose_rows(in, row_stride, rows, (in_width - 1) * ps + 3, scratch);
+    const __m128i half = _mm_set1_epi32(MMIDX_HALF);
+    const __m128i rgb_rows = _mm_setr_epi8(MMIDX_RGB_ROWS);
+    uint32_t words[8];
+    for (ptrdiff_t x = 0; x < width; x++) {
+        const ptrdiff_t count = bounds[2 * x + 1];
+        const uint8_t *taps = scratch + bounds[2 * x] * ps * 8;
+        const int32_t *k = weights + x * ksize;
+        __m128i s[6] = {half, half, half, half, half, half};   /* s[c]: channel c of rows 0-3, s[c + 3]: 4-7 */
+        for (ptrdiff_t t = 0; t < count; t++) {
+            const __m128i w = _mm_set1_epi32(k[t]);
+            for (int c = 0; c < 3; c++) {
+                const __m128i v = _mm_loadl_epi64((const __m128i *)(taps + (t * ps + c) * 8));
+                s[c] = _mm_add_epi32(s[c], _mm_mullo_epi32(_mm_cvtepu8_epi32(v), w));
+                s[c + 3] = _mm_add_epi32(s[c + 3], _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_srli_si128(v, 4)), w));
+            }
+        }
+        for (int c = 0; c < 6; c++) {
+            s[c] = _mm_srai_epi32(s[c], MMIDX_PRECISION_BITS);
+        }
+        const __m128i rows03 = _mm_packus_epi16(_mm_packs_epi32(s[0], s[1]), _mm_packs_epi32(s[2], s[2]));
+        const __m128i rows47 = _mm_packus_epi16(_mm_packs_epi32(s[3], s[4]), _mm_packs_epi32(s[5], s[5]));
+        _mm_storeu_si128((__m128i *)words, _mm_shuffle_epi8(rows03, rgb_rows));
+        _mm_storeu_si128((__m128i *)(words + 4), _mm_shuffle_epi8(rows47, rgb_rows));
+        mmidx_store_rows(words, rows, out + x * 3, out_stride, x == width - 1);
+    }
+}
+#endif
+
+/* The kernels, best last. */
+static const mmidx_kernel mmidx_kernels[] = {
+    {"scalar", mmidx_vertical_scalar, mmidx_horizontal_scalar},
+#ifdef MMIDX_X86
+    {"sse4", mmidx_vertical_sse4, mmidx_horizontal_sse4},
+    {"avx2", mmidx_vertical_avx2, mmidx_horizontal_avx2},
+#endif
+};
+#define MMIDX_KERNELS ((int)(sizeof(mmidx_kernels) / sizeof(mmidx_kernels[0])))
+
+/* Whether this CPU runs kernel i (x86-64 CPUs have SSE4.1 from about 2008, AVX2 from 2013). */
+static int mmidx_kernel_supported(int i) {
+#ifdef MMIDX_X86
+    __builtin_cpu_init();
+    if (i == 1) {
+        return __builtin_cpu_supports("sse4.1");
+    }
+    if (i == 2) {
+        return __builtin_cpu_supports("avx2");
+    }
+#endif
+    return i == 0;
+}
+
+#endif
