@@ -18,7 +18,7 @@ from pathlib import Path
 
 import av
 import numpy as np
-from common import best_of, machine
+from common import Watch, best_of, machine
 from PIL import Image
 
 from mmidx.toolkit.synthetic import photo_jpeg
@@ -64,14 +64,17 @@ def main() -> None:
           f"{width * height * 3 / 1024:.0f} KiB each\n")
     print("| stored as | KiB / frame | encode ms / frame | decode ms / frame | max pixel error |")
     print("|---|---:|---:|---:|---:|")
-    for name, options in FORMATS.items():
-        encode_s, data = best_of(lambda options=options: [encoded(frame, options) for frame in frames], 3)
-        decode_s, decoded = best_of(lambda data=data: [np.asarray(Image.open(io.BytesIO(d)).convert("RGB"))
-                                                       for d in data], 3)
-        error = max(int(np.abs(np.asarray(f, dtype=np.int16) - d).max()) for f, d in zip(frames, decoded, strict=True))
-        print(f"| {name} | {sum(map(len, data)) / len(frames) / 1024:.1f} | {encode_s / len(frames) * 1e3:.1f} | "
-              f"{decode_s / len(frames) * 1e3:.2f} | {error} |")
+    with Watch() as watch:
+        for name, options in FORMATS.items():
+            encode_s, data = best_of(lambda options=options: [encoded(frame, options) for frame in frames], 3)
+            decode_s, decoded = best_of(lambda data=data: [np.asarray(Image.open(io.BytesIO(d)).convert("RGB"))
+                                                           for d in data], 3)
+            error = max(int(np.abs(np.asarray(f, dtype=np.int16) - d).max())
+                        for f, d in zip(frames, decoded, strict=True))
+            print(f"| {name} | {sum(map(len, data)) / len(frames) / 1024:.1f} | {encode_s / len(frames) * 1e3:.1f} | "
+                  f"{decode_s / len(frames) * 1e3:.2f} | {error} |")
 
+    print(f"\n{watch.describe()}")
 
 if __name__ == "__main__":
     main()

@@ -10,8 +10,10 @@ times three readers side by side in one run, each a ``PackLoader`` with ``--work
 * naive: the same dataset from ``s3://`` read with one ranged request per read, no prefetch;
 * prefetch: from ``s3://`` with mmidx's reader, which fetches each worker's next packs ahead.
 
-The readers take turns, ``--rounds`` times (in reverse order every other round), and each keeps its
-best rate (load on a shared machine then hits them alike).
+The readers take turns, ``--rounds`` times (the first reader rotating), so that load on a shared machine
+hits them alike; each reader's rate is the median over rounds, and its ratio to local files the median of
+the per-round ratios, with their range. The load, and the cores other processes used, are printed under the
+table, whose ratios are withheld when other processes used more than half a core (benchmarks/common.py).
 
     python benchmarks/bench_remote.py --packs 20 --workers 2 --delay-ms 20
 """
@@ -22,13 +24,14 @@ import argparse
 import os
 import random
 import socket
+import statistics
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from common import machine
+from common import Watch, machine, ratio
 
 METHODS = (b"GET ", b"HEAD ", b"PUT ", b"POST ", b"DELETE ")
 
@@ -134,7 +137,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--delay-ms", type=float, default=20.0, help="added to every request")
     parser.add_argument("--samples", type=int, default=600, help="samples in the dataset")
-    parser.add_argument("--rounds", type=int, default=2, help="each reader timed once per round, in turn; best kept")
+    parser.add_argument("--rounds", type=int, default=3, help="each reader timed once per round, in turn")
     args = parser.parse_args()
 
     import logging
@@ -157,22 +160,27 @@ def main() -> None:
 
     readers = [("local files", str(folder / "t2i"), True), ("s3, naive range reads", "s3://bench/data/t2i", False),
                ("s3, prefetching", "s3://bench/data/t2i", True)]
-    best = {name: (0.0, 0.0) for name, _, _ in readers}
-    for round_ in range(args.rounds):  # in turn, so that load on a shared machine hits every reader alike
-        for name, prefix, prefetch in readers[::-1] if round_ % 2 else readers:
-            loader = loader_of(prefix, args.packs + 1, args.workers, prefetch)
-            before = proxy.data_requests
-            rate, count = measure(loader, args.packs)
-            best[name] = max(best[name], (rate, (proxy.data_requests - before) / (count + 1)))
-    rows = [(name, *best[name]) for name, _, _ in readers]
-    local = rows[0][1]
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in readers}
+    requests: dict[str, list[float]] = {name: [] for name, _, _ in readers}
+    with Watch() as watch:
+        for round_ in range(args.rounds):  # in turn, the first reader rotating
+            shift = round_ % len(readers)
+            for name, prefix, prefetch in readers[shift:] + readers[:shift]:
+                loader = loader_of(prefix, args.packs + 1, args.workers, prefetch)
+                before = proxy.data_requests
+                rate, count = measure(loader, args.packs)
+                rates[name].append(rate)
+                requests[name].append((proxy.data_requests - before) / (count + 1))
+    local = rates["local files"]
     print(f"machine: {machine()}")
     print(f"dataset: {args.samples} samples, " + ", ".join(f"{n} {s / 1e6:.1f} MB" for n, s in sorted(sizes.items()))
-          + f"; {args.delay_ms:g} ms added per request; {args.workers} workers; {args.packs} packs timed, "
-          f"best of {args.rounds} rounds")
-    print(f"{'reader':<24}{'packs/s':>10}{'× local':>10}{'data requests/pack':>20}")
-    for name, rate, requests in rows:
-        print(f"{name:<24}{rate:>10.2f}{rate / local:>10.2f}{requests:>20.1f}")
+          + f"; {args.delay_ms:g} ms added per request; {args.workers} workers; {args.packs} packs timed per reader "
+          f"and round, {args.rounds} rounds")
+    print(f"{'reader':<24}{'packs/s, median':>16}{'× local files, median (range)':>40}{'data requests/pack':>20}")
+    for name, _, _ in readers:
+        print(f"{name:<24}{statistics.median(rates[name]):>16.2f}"
+              f"{watch.headline(str(ratio(rates[name], local))):>40}{max(requests[name]):>20.1f}")
+    print(f"# {watch.describe()}")
     server.stop()
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import re
 import statistics
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from common import machine
+from common import Watch, machine
 from PIL import Image
 
 from mmidx.ingest.merge import merge_datasets
@@ -104,30 +103,31 @@ def main() -> None:
     prefix = build(Path(args.workdir), args.samples)
     print(f"dataset {prefix} ({args.samples:,} samples) ready in {time.perf_counter() - started:.1f} s",
           file=sys.stderr)
-    load_before = os.getloadavg()
-    rng = np.random.default_rng(1)
-    cold, cold_cpu, warm, checked = [], [], [], []
-    for _ in range(args.cold):
+    with Watch() as watch:
+        rng = np.random.default_rng(1)
+        cold, cold_cpu, warm, checked = [], [], [], []
+        for _ in range(args.cold):
+            catalog = Catalog([str(prefix)])
+            with serving(catalog) as url, httpx.Client(base_url=url, timeout=120) as client:
+                start, cpu = time.perf_counter(), time.process_time()  # the server runs in this process
+                cold.append(timed(client, "/"))
+                cold_cpu.append(time.process_time() - cpu)
+                warm.append(timed(client, "/"))
+                while catalog.structure(next(iter(catalog.datasets))) is None:  # the check the overview started
+                    time.sleep(0.01)
+                checked.append(time.perf_counter() - start)  # waited for, so it never runs into the next round
         catalog = Catalog([str(prefix)])
+        name = next(iter(catalog.datasets))
         with serving(catalog) as url, httpx.Client(base_url=url, timeout=120) as client:
-            start, cpu = time.perf_counter(), time.process_time()  # the server runs in this process
-            cold.append(timed(client, "/"))
-            cold_cpu.append(time.process_time() - cpu)
-            warm.append(timed(client, "/"))
-            while catalog.structure(next(iter(catalog.datasets))) is None:  # the check the overview started
-                time.sleep(0.01)
-            checked.append(time.perf_counter() - start)  # waited for, so it never runs into the next round
-    catalog = Catalog([str(prefix)])
-    name = next(iter(catalog.datasets))
-    with serving(catalog) as url, httpx.Client(base_url=url, timeout=120) as client:
-        first = timed(client, f"/dataset/{name}/sample/0")
-        pages = [timed(client, f"/dataset/{name}/sample/{i}") for i in rng.integers(0, args.samples, args.sample_pages)]
-        grids = [timed(client, f"/dataset/{name}/samples?page={p}") for p in rng.integers(0, args.samples // 48, 20)]
-        search = client.get(f"/dataset/{name}/search", params={"q": "zebra"}).text
+            first = timed(client, f"/dataset/{name}/sample/0")
+            pages = [timed(client, f"/dataset/{name}/sample/{i}")
+                     for i in rng.integers(0, args.samples, args.sample_pages)]
+            grids = [timed(client, f"/dataset/{name}/samples?page={p}")
+                     for p in rng.integers(0, args.samples // 48, 20)]
+            search = client.get(f"/dataset/{name}/search", params={"q": "zebra"}).text
     scanned = re.search(r"\(([\d,]+) samples\) in ([\d.]+) s", search)
     pages_ms = np.array(pages) * 1e3
     print(f"mmidx view on {args.samples:,} samples ({machine('starlette', 'uvicorn', 'numpy')})")
-    print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f} (1 min)")
     print("| request | time | target |")
     print("|---|---|---|")
     print(f"| overview, cold (first request of a fresh catalog), best of {args.cold} | {min(cold):.2f} s "
@@ -143,6 +143,7 @@ def main() -> None:
           f"{'met' if np.percentile(pages_ms, 99) < 200 else 'NOT met'} (p99) |")
     print(f"| grid page (48 samples, captions decoded) | p50 {statistics.median(grids) * 1e3:.1f} ms | |")
     print(f"| search, one bounded request | {scanned[1]} samples decoded and scanned in {scanned[2]} s | |")
+    print(f"# {watch.describe()}")
 
 
 if __name__ == "__main__":

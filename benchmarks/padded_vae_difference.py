@@ -7,6 +7,8 @@ initialised conv + GroupNorm encoder (tests/support/encoders.py), on the pack sh
 Run from the repository root: ``PYTHONPATH=.:tests python benchmarks/padded_vae_difference.py``.
 """
 
+import argparse
+
 import torch
 from support import encoders
 
@@ -14,6 +16,9 @@ from mmidx.images.transform import ImageTransform
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3, help="randomly initialised encoders to try")
+    args = parser.parse_args()
     torch.manual_seed(0)
     transform = ImageTransform(max_image_size=1024, min_image_size=512, image_stride=16)
     sizes = [(1024, 768), (512, 512), (640, 960), (768, 512)]  # stored (width, height), in one pack
@@ -23,7 +28,7 @@ def main() -> None:
     padded = torch.zeros(len(images), 3, height, width)
     for slot, image in enumerate(images):
         padded[slot, :, : image.shape[1], : image.shape[2]] = image
-    for seed in range(3):
+    for seed in range(args.seeds):
         torch.manual_seed(seed)
         model = encoders.TinyVAE()  # seed 0: the tests' encoders.vae()
         with torch.no_grad():
