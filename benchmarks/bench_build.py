@@ -6,8 +6,8 @@
   ``json.loads`` + ``tokenizer(text).input_ids`` + eod (``imap``, chunks of 32) and the main
   process writing with Megatron-Core's ``IndexedDatasetBuilder.add_item`` + ``end_document``.
   Both write the same bytes (``tests/test_sources_text.py`` checks that).
-* t2i: parquet of 512² photo-like JPEGs (``/work/shared/tools/bagel_bench/make_synth.py``'s
-  generator); images/s per worker, and where a worker's time goes: image probe + decode check,
+* t2i: parquet of 512² photo-like JPEGs (:func:`mmidx.toolkit.synthetic.photo_jpeg`, the demo's and
+  bench_pack's generator); images/s per worker, and where a worker's time goes: image probe + decode check,
   tokenization, and writing (``add_sample`` + finalize), from the build report.
 
 * ``--engine ray``: the same t2i build as tasks of a local Ray cluster (``ray.init(num_cpus=W)``, no dashboard,
@@ -19,8 +19,11 @@
 The writer alone, against Megatron-Core's ``IndexedDatasetBuilder`` on the same in-memory tokens and
 images, is ``bench_write.py``.
 
-Tokens/s and images/s "per worker" are the totals divided by the worker count. The machine is
-shared, so numbers are noisy; each configuration runs ``--repeats`` times and the best is kept.
+Tokens/s and images/s "per worker" are the totals divided by the worker count. Each configuration runs
+``--repeats`` rounds, the contenders taking turns (the first rotating), and the figures are medians over the
+rounds, each ratio the median of the per-round ratios with its range; the load, and the cores other processes
+used, are printed under each table, whose ratios are withheld when other processes used more than half a core
+(benchmarks/common.py).
 
 Run: ``python benchmarks/bench_build.py [--documents N] [--images N] [--workdir DIR] [--engine ray]``.
 """
@@ -33,7 +36,7 @@ import json
 import multiprocessing
 import os
 import shutil
-import sys
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +44,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker, for both contenders
 
-from common import best_of, machine
+from common import Watch, interleave, machine, ratio
 
 from mmidx.ingest import BuildOptions, build_dataset
 from mmidx.sources import SourceOptions
@@ -72,11 +75,10 @@ def write_t2i_parquet(path: Path, images: int, side: int, seed: int = 0) -> None
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    sys.path.insert(0, "/work/shared/tools/bagel_bench")
-    from make_synth import make_jpeg
+    from mmidx.toolkit.synthetic import photo_jpeg
 
     rng = random.Random(seed)
-    data = [make_jpeg(rng, side, side, 90) for _ in range(images)]
+    data = [photo_jpeg(rng, side, side, 90) for _ in range(images)]
     captions = [json.dumps({"0": f"a photo number {i}", "1": f"synthetic picture {i} of shapes"})
                 for i in range(images)]
     pq.write_table(pa.table({"image": pa.array(data, pa.binary()), "captions": pa.array(captions, pa.string())}),
@@ -125,9 +127,6 @@ def megatron_preprocess(corpus: Path, tokenizer_dir: str, prefix: Path, workers:
 
 # --------------------------------------------------------------------------- runs
 
-
-
-
 def mmidx_build(source: str, inputs: Path, output: Path, workers: int, engine: str = "local", **options):
     shutil.rmtree(f"{output}.shards", ignore_errors=True)
     Path(f"{output}.report.json").unlink(missing_ok=True)
@@ -144,8 +143,8 @@ def _import_mmidx_build() -> None:
 def engine_rows(args: argparse.Namespace, parquet: Path, work: Path) -> list[tuple]:
     """t2i through the local pool and through Ray tasks at 1 and 2 workers; Ray's start-up apart.
 
-    The two engines take turns (pool, Ray, pool, Ray...), so that the load of a shared machine falls
-    on both alike; the best of ``--repeats`` turns of each is kept.
+    The two engines take turns (the first rotating) for ``--repeats`` rounds, so that the load of a shared
+    machine falls on both alike; wall seconds are medians over the rounds.
     """
     import time
 
@@ -161,20 +160,20 @@ def engine_rows(args: argparse.Namespace, parquet: Path, work: Path) -> list[tup
         warm = ray.remote(_import_mmidx_build).options(num_cpus=1)
         ray.get([warm.remote() for _ in range(workers)])
         startup = time.perf_counter() - started
-        best = {"local": float("inf"), "ray": float("inf")}
-        for _ in range(args.repeats):
-            for engine in best:
-                seconds, report = best_of(lambda w=workers, e=engine, o=options: mmidx_build(
-                    "t2i", parquet, work / e, w, e, **o), 1)
-                best[engine] = min(best[engine], seconds)
+        turns = interleave({engine: lambda _, e=engine, w=workers, o=options: mmidx_build(
+            "t2i", parquet, work / e, w, e, **o) for engine in ("local", "ray")}, [None], args.repeats)
         ray.shutdown()
         same = all(file_path(str(work / "local"), role).read_bytes() == file_path(str(work / "ray"), role).read_bytes()
                    for role in ("bin", "idx", "images", "plan"))
         assert same, "the Ray build differs from the local one"
-        images = report["images"]
-        rows.append(("t2i", "local process pool", workers, best["local"], images / best["local"] / workers, ""))
-        rows.append(("t2i", "Ray tasks (local cluster)", workers, best["ray"], images / best["ray"] / workers,
-                     f"{best['local'] / best['ray']:.2f}× the pool; cluster start-up {startup:.1f} s (not in wall s)"))
+        images = turns.results["local"][0]["images"]
+        wall = {engine: turns.per_round(engine, "wall") for engine in ("local", "ray")}
+        rows.append(("t2i", "local process pool", workers, statistics.median(wall["local"]),
+                     images / statistics.median(wall["local"]) / workers, ""))
+        rows.append(("t2i", "Ray tasks (local cluster)", workers, statistics.median(wall["ray"]),
+                     images / statistics.median(wall["ray"]) / workers,
+                     f"{ratio(wall['local'], wall['ray'])} the pool's rate; cluster start-up {startup:.1f} s "
+                     "(not in wall s)"))
     return rows
 
 
@@ -195,48 +194,60 @@ def main() -> None:
     write_t2i_parquet(parquet, args.images, args.side)
     corpus_mb = corpus.stat().st_size / 1e6
     if args.engine == "ray":
-        rows = engine_rows(args, parquet, work)
+        with Watch() as watch:
+            rows = engine_rows(args, parquet, work)
         print(f"\nmachine: {machine('ray', 'Pillow', 'tokenizers')}")
         print(f"t2i: {args.images:,} rows of {args.side}² JPEG, {parquet.stat().st_size / 1e6:.1f} MB parquet, "
-              "4 views, Qwen2 tokenizer\n")
+              f"4 views, Qwen2 tokenizer; medians of {args.repeats} rounds\n")
         print("| input | engine | workers | wall s | images/s per worker | |")
         print("|---|---|---:|---:|---:|---|")
         for source, name, workers, seconds, rate, note in rows:
+            note = watch.headline(note) if note else ""
             print(f"| {source} | {name} | {workers} | {seconds:.2f} | {rate:,.0f} | {note} |")
+        print(f"\n{watch.describe()}")
         return
 
     rows = []
-    for workers in (1, 2):
-        seconds, tokens = best_of(lambda w=workers: megatron_preprocess(
-            corpus, qwen_tokenizer_dir(), work / "megatron", w), args.repeats)
-        rows.append(("text", "Megatron preprocess_data", workers, seconds,
-                     f"{tokens / seconds / workers:,.0f} tokens/s", ""))
-        shard_bytes = max(1, corpus.stat().st_size // (4 * workers))
-        seconds, report = best_of(lambda w=workers, b=shard_bytes: mmidx_build(
-            "text", corpus, work / "text", w, bytes_per_shard=b), args.repeats)
-        split = report["seconds"]
-        rows.append(("text", "mmidx build --source text", workers, seconds,
-                     f"{report['tokens'] / seconds / workers:,.0f} tokens/s",
-                     f"tokenize {split.get('tokenize', 0):.2f} s, write {split.get('write', 0):.2f} s, "
-                     f"total in workers {split['total']:.2f} s"))
-    for workers in (1, 2):
-        unit_rows = max(64, args.images // (4 * workers))
-        seconds, report = best_of(lambda w=workers, r=unit_rows: mmidx_build(
-            "t2i", parquet, work / "t2i", w, views=4, rows_per_shard=r), args.repeats)
-        split = report["seconds"]
-        rows.append(("t2i", f"mmidx build --source t2i ({args.side}² JPEG)", workers, seconds,
-                     f"{report['images'] / seconds / workers:,.0f} images/s",
-                     f"probe+decode check {split.get('images', 0):.2f} s, tokenize {split.get('tokenize', 0):.2f} s, "
-                     f"write {split.get('write', 0):.2f} s, total in workers {split['total']:.2f} s"))
+    with Watch() as watch:
+        for workers in (1, 2):
+            shard_bytes = max(1, corpus.stat().st_size // (4 * workers))
+            turns = interleave({
+                "megatron": lambda _, w=workers: megatron_preprocess(corpus, qwen_tokenizer_dir(), work / "megatron",
+                                                                     w),
+                "mmidx": lambda _, w=workers, b=shard_bytes: mmidx_build("text", corpus, work / "text", w,
+                                                                         bytes_per_shard=b),
+            }, [None], args.repeats)
+            tokens, report = turns.results["megatron"][0], turns.results["mmidx"][0]
+            theirs, ours = turns.per_round("megatron", "wall"), turns.per_round("mmidx", "wall")
+            rows.append(("text", "Megatron preprocess_data", workers, statistics.median(theirs),
+                         f"{tokens / statistics.median(theirs) / workers:,.0f} tokens/s", None, ""))
+            split = report["seconds"]
+            rows.append(("text", "mmidx build --source text", workers, statistics.median(ours),
+                         f"{report['tokens'] / statistics.median(ours) / workers:,.0f} tokens/s",
+                         ratio(theirs, ours), f"tokenize {split.get('tokenize', 0):.2f} s, "
+                         f"write {split.get('write', 0):.2f} s, total in workers {split['total']:.2f} s"))
+        for workers in (1, 2):
+            unit_rows = max(64, args.images // (4 * workers))
+            turns = interleave({"mmidx": lambda _, w=workers, r=unit_rows: mmidx_build(
+                "t2i", parquet, work / "t2i", w, views=4, rows_per_shard=r)}, [None], args.repeats)
+            seconds, report = statistics.median(turns.per_round("mmidx", "wall")), turns.results["mmidx"][0]
+            split = report["seconds"]
+            rows.append(("t2i", f"mmidx build --source t2i ({args.side}² JPEG)", workers, seconds,
+                         f"{report['images'] / seconds / workers:,.0f} images/s", None,
+                         f"probe+decode check {split.get('images', 0):.2f} s, "
+                         f"tokenize {split.get('tokenize', 0):.2f} s, "
+                         f"write {split.get('write', 0):.2f} s, total in workers {split['total']:.2f} s"))
 
     print(f"\nmachine: {machine('transformers', 'tokenizers', 'megatron-core', 'Pillow')}")
     print(f"text: {args.documents:,} documents, {corpus_mb:.1f} MB JSONL, Qwen2 tokenizer; "
-          f"t2i: {args.images:,} rows, {parquet.stat().st_size / 1e6:.1f} MB parquet, 4 views\n")
-    print("| input | pipeline | workers | wall s | per worker | where the workers' time went |")
-    print("|---|---|---:|---:|---:|---|")
-    for source, name, workers, seconds, rate, split in rows:
-        print(f"| {source} | {name} | {workers} | {seconds:.2f} | {rate} | {split} |")
-
+          f"t2i: {args.images:,} rows, {parquet.stat().st_size / 1e6:.1f} MB parquet, 4 views; "
+          f"medians of {args.repeats} rounds\n")
+    print("| input | pipeline | workers | wall s | per worker | × Megatron's rate | where the workers' time went |")
+    print("|---|---|---:|---:|---:|---|---|")
+    for source, name, workers, seconds, rate, against, split in rows:
+        against = watch.headline(str(against)) if against else ""
+        print(f"| {source} | {name} | {workers} | {seconds:.2f} | {rate} | {against} | {split} |")
+    print(f"\n{watch.describe()}")
 
 if __name__ == "__main__":
     main()

@@ -1,11 +1,13 @@
 """Speed of mmidx.images on a 512² JPEG, JPEG decoders compared, and token counting over many sizes.
 
-    python benchmarks/bench_images.py [--bagel-repo DIR] [--repeats N]
+    python benchmarks/bench_images.py [--bagel-site DIR [--bagel-src DIR]] [--repeats N]
 
 Prints Markdown tables (best of N runs, as timeit does, since shared cores only add noise; one
-thread). With ``--bagel-repo`` (a checkout of ByteDance-Seed/Bagel whose ``data/`` imports with
-torchvision installed) it times BAGEL's own ``pil_img2rgb``/``ImageTransform``/``patchify`` beside
-mmidx's and checks the outputs are equal.
+thread). The reference of the to-tensor rows is PIL's bicubic ``resize`` + torchvision's ``ToTensor`` and
+``Normalize``: the real ones (checked equal to mmidx's output) when torchvision imports, e.g. from ``--bagel-site``
+(BAGEL's extra packages for a CPU torch, see bagel_peer.py); otherwise a transcription of their documented steps,
+and the table says which. With ``--bagel-src`` (a checkout of ByteDance-Seed/Bagel, ``--bagel-repo`` before) it
+times BAGEL's own ``pil_img2rgb``/``ImageTransform``/``patchify`` beside mmidx's and checks the outputs are equal.
 
 Decoders: PIL's libjpeg-turbo (what mmidx and BAGEL use) against ``simplejpeg`` and
 ``PyTurboJPEG`` (the system's libturbojpeg), each where installed, on the same bytes: time per
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import sys
 import types
 from collections.abc import Callable
 from importlib.metadata import version
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bagel_peer import add_bagel_site, import_bagel
 from common import best_of, machine
 from PIL import Image
 
@@ -100,26 +102,28 @@ def compare_decoders(repeats: int) -> list[tuple[str, float, str]]:
     return rows
 
 
-def torchvision_steps(image: Image.Image) -> torch.Tensor:
-    """ToTensor + Normalize(0.5, 0.5) as torchvision computes them, for comparison."""
+def transcribed_steps(image: Image.Image) -> torch.Tensor:
+    """A transcription of torchvision's documented ToTensor + Normalize(0.5, 0.5), for when it cannot be imported."""
     tensor = torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous().to(torch.float32).div(255)
     return tensor.sub_(0.5).div_(0.5)
 
 
-def import_bagel(repo: str) -> types.SimpleNamespace:
-    """BAGEL's data modules, importable beside the CPU torch wheel as BAGEL_SEMANTICS.md describes."""
-    stand_in = "torchvision._meta_registrations"
-    sys.modules.setdefault(stand_in, types.ModuleType(stand_in))
-    sys.modules.setdefault("cv2", types.ModuleType("cv2"))  # used only by augmentations we do not call
-    sys.path.insert(0, repo)
-    from data import data_utils, transforms
-
-    return types.SimpleNamespace(transforms=transforms, data_utils=data_utils)
+def to_tensor_reference() -> tuple[str, Callable[[Image.Image], torch.Tensor]]:
+    """torchvision's own ToTensor + Normalize(0.5, 0.5) where it imports, else the transcription; and its label."""
+    try:
+        from torchvision import __version__
+        from torchvision.transforms import Compose, Normalize, ToTensor
+    except (ImportError, RuntimeError):  # not installed, or its compiled operators refuse this torch
+        return "a transcription of torchvision's ToTensor/Normalize steps (torchvision not importable)", \
+            transcribed_steps
+    return f"torchvision {__version__} ToTensor/Normalize", Compose([ToTensor(), Normalize([0.5] * 3, [0.5] * 3)])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bagel-repo", help="BAGEL checkout to time side by side (needs torchvision)")
+    parser.add_argument("--bagel-src", "--bagel-repo", dest="bagel_src",
+                        help="BAGEL checkout to time side by side (needs torchvision: --bagel-site)")
+    parser.add_argument("--bagel-site", help="folder with torchvision (and BAGEL's other extras) for a CPU torch")
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -129,7 +133,17 @@ def main() -> None:
     resized = image.resize(BAGEL_VIT_TRANSFORM.output_size(image), Image.Resampling.BICUBIC)
     vit_tensor = BAGEL_VIT_TRANSFORM(image)
     rows: list[tuple[str, float, float | None]] = []
-    bagel = import_bagel(args.bagel_repo) if args.bagel_repo else None
+    add_bagel_site(args.bagel_site)
+    reference_name, reference = to_tensor_reference()
+    bagel = None
+    if args.bagel_src:
+        try:
+            import_bagel(args.bagel_src, args.bagel_site)
+        except ImportError as error:
+            parser.error(f"BAGEL's data package does not import ({error}); pass --bagel-site with its extras")
+        from data import data_utils, transforms  # BAGEL's own, unmodified
+
+        bagel = types.SimpleNamespace(transforms=transforms, data_utils=data_utils)
     bagel_vit = bagel and bagel.transforms.ImageTransform(518, 224, 14)
     bagel_vae = bagel and bagel.transforms.ImageTransform(1024, 512, 16)
 
@@ -142,12 +156,14 @@ def main() -> None:
 
     row("probe (header only)", lambda: probe(data))
     row("decode to RGB (open + to_rgb)", lambda: decode_rgb(data), bagel and bagel_decode)
-    row("to tensor, 512² (reference: torchvision's steps)", lambda: BAGEL_VAE_TRANSFORM.to_tensor(image),
-        lambda: torchvision_steps(image))
-    row("resize 512² → 518² + to tensor (fused; reference: PIL bicubic, torchvision's steps)",
+    row("to tensor, 512² (reference: ToTensor/Normalize)", lambda: BAGEL_VAE_TRANSFORM.to_tensor(image),
+        lambda: reference(image))
+    row("resize 512² → 518² + to tensor (fused; reference: PIL bicubic, ToTensor/Normalize)",
         lambda: BAGEL_VIT_TRANSFORM.to_tensor(image, resized.size),
-        lambda: torchvision_steps(image.resize(resized.size, Image.Resampling.BICUBIC)))
-    assert torch.equal(BAGEL_VIT_TRANSFORM.to_tensor(image, resized.size), torchvision_steps(resized))
+        lambda: reference(image.resize(resized.size, Image.Resampling.BICUBIC)))
+    assert torch.equal(BAGEL_VIT_TRANSFORM.to_tensor(image, resized.size), reference(resized))
+    assert torch.equal(BAGEL_VAE_TRANSFORM.to_tensor(image), reference(image))
+    assert torch.equal(reference(resized), transcribed_steps(resized))
     row("ViT transform 512² → 518² tensor", lambda: BAGEL_VIT_TRANSFORM(image),
         bagel and (lambda: bagel_vit(image)))
     row("VAE transform 512² → 512² tensor", lambda: BAGEL_VAE_TRANSFORM(image),
@@ -167,7 +183,8 @@ def main() -> None:
     kwargs = {"max_size": 518, "min_size": 224, "stride": 14, "max_pixels": BAGEL_VIT_TRANSFORM.max_pixels}
     scalar = best_of(lambda: [resize_shape(w, h, **kwargs) for w, h in sample], 3, warmup=True)[0] / len(sample) * 1e6
 
-    print(f"{len(data)}-byte 512² JPEG, one thread; {machine('Pillow', 'numpy', 'torch')}\n")
+    print(f"{len(data)}-byte 512² JPEG, one thread; {machine('Pillow', 'numpy', 'torch')}")
+    print(f"ToTensor/Normalize reference: {reference_name}; outputs checked equal to mmidx's\n")
     print("| step | mmidx (ms) | reference (ms) |\n|---|---:|---:|")
     for name, ours, theirs in rows:
         print(f"| {name} | {ours * 1e3:.2f} | {'' if theirs is None else f'{theirs * 1e3:.2f}'} |")

@@ -15,12 +15,9 @@ edit, vlm and a 1:1:1 mix measures on one thread:
 With ``--bagel-src DIR`` (a checkout of ByteDance-Seed/Bagel; its ``data`` package is imported
 unmodified) BAGEL's ``PackedDataset`` reads the same raw files with the same tokenizer and
 budgets, in flex and dense mode, and the table shows the ratios; then BAGEL's own image transforms
-(real torchvision) are checked bit-identical to mmidx's on the corpus's images. BAGEL needs torchvision (only
-its PIL-based ``ToTensor``/``Normalize``/``resize``), decord and cv2 importable; on a CPU-only
-torch, install them apart and pass ``--bagel-site DIR``:
-``pip install --target DIR --no-deps torchvision==0.28.0 decord opencv-python-headless pandas``.
-As BAGEL_SEMANTICS.md describes, an empty stand-in for ``torchvision._meta_registrations`` lets
-torchvision's Python parts import beside a CPU torch.
+(real torchvision) are checked bit-identical to mmidx's on the corpus's images. ``--bagel-site DIR``: BAGEL's
+extra packages for a CPU-only torch (see bagel_peer.py, which holds the corpus and the BAGEL-importing code this
+script shares with tools/check_bagel.py).
 """
 
 from __future__ import annotations
@@ -28,17 +25,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
-import json
 import os
 import statistics
-import sys
 import time
-import types
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from bagel_peer import BUDGETS, DROPOUT, MODES, import_bagel, packed_dataset, prepare
 from PIL import Image
 
 from mmidx.config import DataConfig
@@ -47,44 +42,6 @@ from mmidx.pack.builder import PackBuilder
 from mmidx.pack.masks import block_mask, dense_masks
 from mmidx.toolkit.bench import StageClock, machine
 from mmidx.toolkit.demo import BAGEL_GROUPS
-from mmidx.toolkit.synthetic import CorpusSpec, write_corpus
-
-MODES = {"t2i": ["t2i_pretrain"], "edit": ["unified_edit"], "vlm": ["vlm_sft"],
-         "mix": ["t2i_pretrain", "unified_edit", "vlm_sft"]}
-BUDGETS = {"expected_num_tokens": 32768, "max_num_tokens": 36864, "max_num_tokens_per_sample": 16384,
-           "prefer_buffer_before": 16384, "max_buffer_size": 50}
-DROPOUT = {"text": 0.1, "vit": 0.3, "vae": 0.3}
-
-
-def prepare(workdir: Path, image_size: int = 512) -> tuple[Path, Path]:
-    """The raw corpus of ``image_size``² JPEGs and the mmidx datasets built from it (reused when present)."""
-    from mmidx.ingest import build_from_config
-
-    if image_size == 512:
-        spec = CorpusSpec(t2i_files=4, t2i_rows=64, edit_files=4, edit_rows=32, vlm_lines=256, vlm_images=64)
-    else:  # larger images, fewer per pack: a corpus of a quarter of the samples still fills the packs timed
-        workdir = workdir / f"size{image_size}"
-        spec = CorpusSpec(image_size=image_size, t2i_files=4, t2i_rows=16, edit_files=4, edit_rows=8,
-                          vlm_lines=64, vlm_images=16)
-    raw = workdir / "raw"
-    if not (raw / "meta.json").exists():
-        write_corpus(raw, spec)
-    datasets = workdir / "datasets"
-    if not (datasets / "data.yaml").exists():
-        (workdir / "bagel.yaml").write_text(yaml.safe_dump(BAGEL_GROUPS, sort_keys=False))
-        (workdir / "dataset_info.yaml").write_text(yaml.safe_dump(dataset_info(raw)))
-        build_from_config(workdir / "bagel.yaml", workdir / "dataset_info.yaml", datasets,
-                          tokenizer=str(raw / "tokenizer"), workers=2, progress=False)
-    return raw, datasets
-
-
-def dataset_info(raw: Path) -> dict[str, Any]:
-    return {"t2i_pretrain": {"t2i": {"data_dir": str(raw / "t2i")}},
-            "unified_edit": {"seedxedit_multi": {
-                "data_dir": str(raw / "editing" / "seedxedit_multi"),
-                "parquet_info_path": str(raw / "editing" / "parquet_info" / "seedxedit_multi.json")}},
-            "vlm_sft": {"llava_ov": {"data_dir": str(raw / "vlm" / "images"),
-                                     "jsonl_path": str(raw / "vlm" / "sft.jsonl")}}}
 
 
 def batch_bytes(tensors: dict[str, Any]) -> int:
@@ -148,63 +105,12 @@ def run_mmidx(datasets: Path, groups: list[str], packs: int) -> dict[str, float]
     return result
 
 
-def import_bagel(bagel_src: str, bagel_site: str | None) -> None:
-    """Make BAGEL's ``data`` package importable (and torchvision's Python parts beside a CPU torch)."""
-    sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
-    if bagel_site and bagel_site not in sys.path:
-        sys.path.append(bagel_site)
-    if bagel_src not in sys.path:
-        sys.path.insert(0, bagel_src)
-
-
 def run_bagel(raw: Path, groups: list[str], packs: int, bagel_src: str, bagel_site: str | None) -> dict[str, float]:
+    """BAGEL's own PackedDataset over the same raw files: tokens per CPU-second and wall-second, MB per pack."""
     import_bagel(bagel_src, bagel_site)
-    import data.dataset_base as dataset_base  # BAGEL's own, unmodified
-    import data.dataset_info as dataset_info_module
-    from tokenizers import Tokenizer
-
-    for module in list(sys.modules.values()):  # BAGEL prints per skipped sample and per pack
-        if getattr(module, "__name__", "").startswith("data.") and hasattr(module, "__dict__"):
-            module.print = lambda *args, **kwargs: None
-
-    class BagelTokenizer:
-        """The part of Qwen2Tokenizer BAGEL's data code calls: ``encode`` (no special tokens)."""
-
-        def __init__(self, path: Path):
-            self.tokenizer = Tokenizer.from_file(str(path))
-
-        def encode(self, text: str) -> list[int]:
-            return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-    tokenizer = BagelTokenizer(raw / "tokenizer" / "bpe.json")
-    ids = tokenizer.tokenizer.token_to_id
-    special = {"bos_token_id": ids("<|im_start|>"), "eos_token_id": ids("<|im_end|>"),
-               "start_of_image": ids("<|vision_start|>"), "end_of_image": ids("<|vision_end|>")}
-    info = dataset_info(raw)
-    meta = json.loads((raw / "meta.json").read_text())
-    used = {"t2i_pretrain": [meta["t2i_files"]], "unified_edit": [meta["edit_files"]], "vlm_sft": [meta["vlm_lines"]]}
     result: dict[str, float] = {}
     for mode, use_flex in (("flex", True), ("dense", False)):
-        dataset_info_module.DATASET_INFO.clear()
-        dataset_info_module.DATASET_INFO.update(info)
-        grouped = {}
-        for group in groups:
-            spec = {key: (dict(value) if isinstance(value, dict) else value)
-                    for key, value in BAGEL_GROUPS[group].items()}
-            spec["num_used_data"] = used[group]
-            if group == "vlm_sft":
-                spec.update(shuffle_lines=True, shuffle_seed=0)
-            grouped[group] = spec
-        data_config = dataset_base.DataConfig(grouped_datasets=grouped)
-        data_config.vit_patch_size, data_config.max_num_patch_per_side = 14, 70
-        data_config.vae_image_downsample, data_config.max_latent_size = 16, 32
-        data_config.text_cond_dropout_prob = DROPOUT["text"]
-        data_config.vit_cond_dropout_prob, data_config.vae_cond_dropout_prob = DROPOUT["vit"], DROPOUT["vae"]
-        packed = dataset_base.PackedDataset(
-            data_config, tokenizer=tokenizer, special_tokens=special, local_rank=0, world_size=1, num_workers=1,
-            interpolate_pos=False, use_flex=use_flex, data_status=None, **BUDGETS)
-        packed.set_epoch(0)
-        iterator = iter(packed)
+        iterator = iter(packed_dataset(raw, groups, use_flex))
         next(iterator)  # warm up
         tokens, nbytes, start, cpu = 0, 0, time.perf_counter(), time.process_time()
         for _ in range(packs):
@@ -215,8 +121,6 @@ def run_bagel(raw: Path, groups: list[str], packs: int, bagel_src: str, bagel_si
         result[f"{mode}_wall_tokens_per_s"] = tokens / (time.perf_counter() - start)
         result[f"{mode}_mb_per_pack"] = nbytes / packs / 1e6
     return result
-
-
 
 
 def check_pixels(raw: Path, bagel_src: str, bagel_site: str | None) -> int:

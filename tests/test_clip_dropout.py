@@ -3,7 +3,8 @@
 BAGEL's ``_add_video(need_vae=True, enable_cfg=True)`` plans clean frames with ``split_start`` on
 the first and ``split_end`` on the last; dropping either makes BAGEL write ``split_lens`` and
 ``attn_modes`` of different lengths. mmidx opens the split on the first kept frame and closes it
-on the last kept one; packs where both ends are kept stay equal to the BAGEL reference.
+on the last kept one; packs where both ends are kept stay equal to the naive reference of the spec
+(support/bagel_reference.py, written from the same spec as mmidx, not BAGEL itself).
 """
 
 import numpy as np

@@ -55,7 +55,9 @@ def test_the_loader_moves_deferred_batches_and_decodes_them_there(setup):
     assert batch.deferred is None and any(key in batch.tensors for key in IMAGE_KEYS)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU test runs the same code")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU: the nvJPEG decode and the CUDA resize run only there (the CPU tests "
+                           "above decode with PIL and resize with torch on the CPU)")
 def test_deferred_images_decode_on_the_gpu(setup):
     config, index = setup
     batch = PackBuilder(config, decode_images="device").build(0, index.items(0)).to("cuda")

@@ -1,7 +1,8 @@
 """mmidx.images: probing, BAGEL's RGB conversion, resize rule, tensors, patches and position ids.
 
-References in this file are written from BAGEL_SEMANTICS.md's prose and torchvision's documented
-steps, independently of mmidx's code.
+References in this file are written from BAGEL_SEMANTICS.md's prose and a transcription of torchvision's
+documented ToTensor/Normalize steps (``transcribed_to_tensor_normalize``: torchvision itself is not importable beside
+the CPU torch here), independently of mmidx's code.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
-from support.images import encode, noise, palette_image, torchvision_steps
+from support.images import encode, noise, palette_image, transcribed_to_tensor_normalize
 
 from mmidx.format import IMAGE_DTYPE, IMAGE_FORMATS, IMAGE_MODES
 from mmidx.images.decode import (
@@ -356,27 +357,27 @@ def test_every_level_maps_to_its_float32_normalisation(mean, std):
 
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize(("width", "height"), [(512, 512), (300, 700), (1500, 900), (64, 2000), (518, 518)])
-def test_transform_equals_bicubic_resize_then_torchvision_steps(preset, width, height):
+def test_transform_equals_bicubic_resize_then_the_transcribed_torchvision_steps(preset, width, height):
     transform = PRESETS[preset]
     image = noise("RGB", width, height, seed=width)
     new_size = reference_resize(width, height, **preset_kwargs(transform), img_num=2)
-    expected = torchvision_steps(image.resize(new_size, Image.Resampling.BICUBIC))
+    expected = transcribed_to_tensor_normalize(image.resize(new_size, Image.Resampling.BICUBIC))
     output = transform(image, img_num=2)
     assert output.dtype == torch.float32
     assert torch.equal(output, expected)
 
 
-def test_transform_with_imagenet_statistics_equals_torchvision_steps():
+def test_transform_with_imagenet_statistics_equals_the_transcribed_torchvision_steps():
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     image = noise("RGB", 448, 448)
     transform = ImageTransform(448, 224, 14, image_mean=mean, image_std=std)
-    assert torch.equal(transform(image), torchvision_steps(image, mean, std))
+    assert torch.equal(transform(image), transcribed_to_tensor_normalize(image, mean, std))
 
 
 def test_resize_is_skipped_at_the_target_size_and_pil_would_not_change_it():
     image = noise("RGB", 518, 518)
     assert BAGEL_VIT_TRANSFORM.output_size(image) == image.size
-    assert torch.equal(BAGEL_VIT_TRANSFORM(image), torchvision_steps(image))
+    assert torch.equal(BAGEL_VIT_TRANSFORM(image), transcribed_to_tensor_normalize(image))
     assert np.array_equal(np.asarray(image.resize(image.size, Image.Resampling.BICUBIC)), np.asarray(image))
 
 

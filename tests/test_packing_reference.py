@@ -1,4 +1,8 @@
-"""mmidx's packed batches equal a naive reference of BAGEL's per-sample rules, key by key."""
+"""mmidx's packed batches equal a naive reference of BAGEL's per-sample rules, key by key.
+
+The reference (``support/bagel_reference.py``) was written from the same spec as mmidx's packing and takes mmidx's
+samples, plans and draws as input: it checks the optimised code against the naive reading of the spec, not
+against BAGEL (``tools/check_bagel.py`` compares with BAGEL's own code)."""
 
 
 import numpy as np

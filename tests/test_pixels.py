@@ -1,6 +1,7 @@
 """The fused pixel kernel (csrc/_pixels.pyx) against the path it replaces: PIL's bicubic ``resize``
-on the decoded RGB image, then torchvision's ``ToTensor`` + ``Normalize`` (written out step by step
-in float32 in ``torchvision_steps``), then BAGEL's ``patchify``; the JPEG decoder against PIL's;
+on the decoded RGB image, then torchvision's ``ToTensor`` + ``Normalize`` as transcribed step by step in float32
+(``transcribed_to_tensor_normalize``: a transcription of torchvision's documented steps, not torchvision), then
+BAGEL's ``patchify``; the JPEG decoder against PIL's;
 and the pool of batch buffers the kernel writes into. Every comparison is bit for bit.
 """
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageFile
-from support.images import encode, noise, palette_image, torchvision_steps
+from support.images import encode, noise, palette_image, transcribed_to_tensor_normalize
 from support.packing import GEOMETRY, build_groups
 
 import mmidx.images.transform
@@ -31,10 +32,11 @@ TRANSFORMS = [BAGEL_VAE_TRANSFORM, IMAGENET]
 
 
 def pil_reference(image: Image.Image, width: int, height: int, transform: ImageTransform) -> torch.Tensor:
-    """BAGEL's path: PIL bicubic resize (skipped at the same size, as torchvision does), ToTensor, Normalize."""
+    """BAGEL's path: PIL bicubic resize (skipped at the same size, as torchvision does), then the transcribed
+    ToTensor, Normalize."""
     if image.size != (width, height):
         image = image.resize((width, height), Image.Resampling.BICUBIC)
-    return torchvision_steps(image, transform.image_mean, transform.image_std)
+    return transcribed_to_tensor_normalize(image, transform.image_mean, transform.image_std)
 
 
 def kernel_chw(pixels: np.ndarray, width: int, height: int, transform: ImageTransform) -> torch.Tensor:
@@ -55,7 +57,7 @@ def random_image(rng: np.random.Generator, width: int, height: int) -> Image.Ima
     return Image.fromarray(np.clip(ramp, 0, 255).astype(np.uint8))
 
 
-def test_random_small_sizes_up_and_down_equal_pil_and_torchvision():
+def test_random_small_sizes_up_and_down_equal_pil_and_the_transcribed_torchvision_steps():
     rng = np.random.default_rng(13)
     for case in range(600):
         width, height, new_width, new_height = (int(v) for v in rng.integers(1, 48, 4))

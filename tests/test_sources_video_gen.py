@@ -346,7 +346,7 @@ def _split_spans(plan, spans):
 
 @pytest.mark.parametrize("use_flex", [False, True])
 @pytest.mark.parametrize("dropout", [NO_DROPOUT, {"text": 0.5, "vit": 0.0, "vae": 0.0}])
-def test_packs_equal_the_bagel_reference_key_by_key(clips, use_flex, dropout):
+def test_packs_equal_the_naive_reference_of_the_spec_key_by_key(clips, use_flex, dropout):
     for name in ("grouped", "plain"):
         dataset, _ = clips[name]
         config = _config(dataset.prefix, dropout)

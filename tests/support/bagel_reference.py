@@ -1,9 +1,13 @@
 """A deliberately naive reference of BAGEL's per-sample packing and mask rules, for tests only.
 
-Written from ``BAGEL_SEMANTICS.md`` element by element with Python lists, independent of mmidx's
-implementation: its own image conversion, resize rule, normalisation, patchify and position ids.
-The only shared inputs are the random draws (so dropout decisions can be compared) and the
-dataset's stored samples.
+Written with Python lists element by element from ``BAGEL_SEMANTICS.md`` (the project's written statement of
+BAGEL's behaviour, kept with its design notes outside this repository), the same spec mmidx's packing was
+written from, so it is not independent of mmidx: a misreading of the spec shared by
+both passes. It has its own image conversion, resize rule, normalisation (a transcription of torchvision's
+steps), patchify, position ids and masks, but it takes mmidx's stored samples, sequence plans (the views
+mmidx drew) and random draws (``sample_randomness``) as input. What it proves: mmidx's optimised packing
+(kernels, buffers, fast paths) computes what the naive reading of the spec computes. What it does not prove:
+that either equals BAGEL. ``tools/check_bagel.py`` checks that against BAGEL's own code.
 """
 
 from __future__ import annotations

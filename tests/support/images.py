@@ -1,4 +1,5 @@
-"""Test images: encoded, noisy and palette images, and torchvision's own steps as a reference."""
+"""Test images: encoded, noisy and palette images, and a transcription of torchvision's ToTensor + Normalize as a
+reference (torchvision itself cannot be imported beside the CPU torch of the test environment)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ def palette_image(width: int, height: int, transparency: int | None) -> Image.Im
     return image
 
 
-def torchvision_steps(image: Image.Image, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)) -> torch.Tensor:
-    """torchvision's ToTensor then Normalize on an RGB PIL image, step by step in float32."""
+def transcribed_to_tensor_normalize(image: Image.Image, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)) -> torch.Tensor:
+    """A transcription of torchvision's documented ``ToTensor`` then ``Normalize`` on an RGB PIL image, step by step in
+    float32 (uint8 HWC → CHW, ÷ 255, − mean, ÷ std). It is not torchvision: the real ``ToTensor``/``Normalize``
+    are compared with mmidx in ``benchmarks/bench_pack.py --bagel-src`` (BAGEL's ``ImageTransform``),
+    ``tools/check_bagel.py`` and ``benchmarks/bench_images.py --bagel-site``, where torchvision is importable."""
     tensor = torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous().to(torch.float32).div(255)
     mean_t = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
     std_t = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
