@@ -9,21 +9,27 @@ that drip one byte a second, ``--huge`` an 80 MiB body).
 
 Equal settings: 64 downloads in flight (mmidx ``--fetch-concurrency 64 --per-host 64``, one build process;
 img2dataset one process of 64 threads), timeout 2 s, 2 retries, images stored as served (img2dataset
-``resize_mode=no, disable_all_reencoding=True``; it writes files, mmidx a dataset, tokenizing captions
-with Qwen2's tokenizer). Runs alternate between the tools. CPU time is user+system of each tool's
-processes (``RUSAGE_CHILDREN``; the server's is not counted), startup included; the startup cost of each
-tool (a one-row table) is printed so it can be taken out. Each tool's counts are set against the
-server's truth (the class each route must end in).
+``resize_mode=no, disable_all_reencoding=True``; it writes files, mmidx a dataset, checking that every image
+decodes and tokenizing captions with Qwen2's tokenizer). img2dataset's defaults (decode, resize to 256 px,
+re-encode) are a third side. The sides take turns over ``--rounds`` rounds, the side going first rotating
+(the shared protocol of ``benchmarks/common.py``); each round gives a ratio and the headline is the median
+with its range. CPU time is user+system of every process of a side (``RUSAGE_CHILDREN``; this script is a
+child subreaper, so processes a tool leaves behind are waited for and counted too), startup included; the
+server's is never counted (it is this process's thread). mmidx's tokenizer cache (``MMIDX_CACHE_DIR``) starts
+empty: the first one-row build loads the tokenizer through ``transformers`` and fills it (cold startup), every
+later build reads it (warm). Each tool's counts are set against the server's truth (the class each route must
+end in); img2dataset's images per CPU-second are given both for what it stored and for the images among them.
 
 ``--rss-rows N`` also measures mmidx's peak RSS building an N-row table (row groups of 20,000 rows) of
 one small image at ``--fetch-concurrency 256`` from a server without latency.
 
-    python benchmarks/bench_download.py --rows 3000 --repeats 2
+    python benchmarks/bench_download.py --rows 3000 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import glob
 import importlib.util
@@ -45,7 +51,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from common import machine  # noqa: E402
+from common import Watch, machine, ratio  # noqa: E402
 from support.http_faults import FaultServer  # noqa: E402
 from support.sources import image_bytes  # noqa: E402
 
@@ -92,18 +98,47 @@ def write_table(path: Path, server: FaultServer, rows: int, drip: int, huge: int
     return truth
 
 
-def timed(command: list[str], cwd: Path) -> dict:
-    """Run ``command``; wall seconds, CPU seconds (its processes), peak RSS of its largest process, load."""
+def become_subreaper() -> None:
+    """Make this process adopt its descendants' orphans (Linux), so that their CPU time is counted too."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def reap_leftovers(seconds: float = 30.0) -> int:
+    """Wait for the processes a tool left behind (adopted orphans) to end; how many there were."""
+    reaped, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            time.sleep(0.05)
+        else:
+            reaped += 1
+    return reaped
+
+
+def timed(command: list[str], cwd: Path, env: dict[str, str] = ENV) -> dict:
+    """Run ``command``; wall seconds, CPU seconds (all its processes), peak RSS of its largest process, load."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    result = subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True)
-    wall = time.perf_counter() - started
+    with tempfile.TemporaryFile() as errors:
+        child = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(child.pid, 0)  # this run's own peak RSS, not the largest of every run's
+        child.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - started
+        errors.seek(0)
+        stderr = errors.read().decode(errors="replace")
+    leftovers = reap_leftovers()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if result.returncode not in (0, 1):
-        raise RuntimeError(f"{command[:4]} failed ({result.returncode}): {result.stderr[-2000:]}")
+    if child.returncode not in (0, 1):
+        raise RuntimeError(f"{command[:4]} failed ({child.returncode}): {stderr[-2000:]}")
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return {"wall": wall, "cpu": cpu, "maxrss_mb": after.ru_maxrss / 1024, "load": load}
+    return {"wall": wall, "cpu": cpu, "maxrss_mb": usage.ru_maxrss / 1024, "load": load, "leftovers": leftovers}
 
 
 def run_mmidx(table: Path, work: Path, concurrency: int, *extra: str) -> dict:
@@ -152,46 +187,58 @@ def accounting(truth: list[str], urls: list[str], mmidx: dict, i2d: dict) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of turns (each side once per round)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--drip", type=int, default=0, help="rows whose body drips one byte a second")
     parser.add_argument("--huge", type=int, default=0, help="rows of an 80 MiB body")
     parser.add_argument("--rss-rows", type=int, default=0, help="also measure mmidx's peak RSS on this many rows")
     args = parser.parse_args()
-    print(machine("aiohttp", "img2dataset", "pyarrow"))
+    print(machine("aiohttp", "uvloop", "img2dataset", "pyarrow", "tokenizers", "transformers"))
+    become_subreaper()
     work = Path(tempfile.mkdtemp(prefix="bench-download-"))
+    ENV["MMIDX_CACHE_DIR"] = str(work / "cache")  # starts empty: the first build fills the tokenizer cache
     server = FaultServer(latency=(0.02, 0.1), seed=0)
     add_images(server)
     try:
-        truth = write_table(work / "urls.parquet", server, args.rows, args.drip, args.huge)
-        urls = pq.read_table(work / "urls.parquet", columns=["URL"]).column("URL").to_pylist()
-        write_table(work / "one.parquet", server, 1, 0, 0)
-        tools = {"mmidx": run_mmidx, "img2dataset, stored as served": run_img2dataset,
-                 "img2dataset, defaults (256 px)": functools.partial(run_img2dataset, options=DEFAULTS)}
-        startup = {name: run(work / "one.parquet", work, args.concurrency)["cpu"] for name, run in tools.items()}
-        runs: dict[str, list[dict]] = {name: [] for name in tools}
-        for _ in range(args.repeats):  # interleaved
-            for name, run in tools.items():
-                server.requests.clear()  # 503-then-200 and 429 routes start over for each run
-                runs[name].append(run(work / "urls.parquet", work, args.concurrency))
+        with Watch() as watch:
+            truth = write_table(work / "urls.parquet", server, args.rows, args.drip, args.huge)
+            urls = pq.read_table(work / "urls.parquet", columns=["URL"]).column("URL").to_pylist()
+            write_table(work / "one.parquet", server, 1, 0, 0)
+            ok = {url for url, outcome in zip(urls, truth, strict=True) if outcome == "ok"}
+            tools = {"mmidx": run_mmidx, "img2dataset, stored as served": run_img2dataset,
+                     "img2dataset, defaults (256 px)": functools.partial(run_img2dataset, options=DEFAULTS)}
+            cold = run_mmidx(work / "one.parquet", work, args.concurrency)["cpu"]
+            startup = {name: run(work / "one.parquet", work, args.concurrency)["cpu"] for name, run in tools.items()}
+            runs: dict[str, list[dict]] = {name: [] for name in tools}
+            names = list(tools)
+            for round_ in range(args.rounds):  # turns, the side going first rotating
+                for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+                    server.requests.clear()  # 503-then-200 and 429 routes start over for each run
+                    runs[name].append(tools[name](work / "urls.parquet", work, args.concurrency))
         print(f"{args.rows:,} rows, {args.concurrency} in flight, latency 20-100 ms, timeout 2 s, 2 retries; "
-              f"{args.repeats} interleaved runs each (medians); startup CPU s (1-row table): "
-              + ", ".join(f"{name} {seconds:.1f}" for name, seconds in startup.items()))
+              f"{args.rounds} rounds of turns (medians); startup CPU s (1-row table): mmidx {cold:.1f} with an "
+              "empty tokenizer cache, then " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in startup.items()))
         print("| tool | wall s | CPU s | stored | images/s | images per CPU-s | images per CPU-s (no startup) | "
               "load (1 min) |")
         print("|---|---|---|---|---|---|---|---|")
-        rates = {}
         for name, results in runs.items():
             wall = statistics.median(r["wall"] for r in results)
             cpu = statistics.median(r["cpu"] for r in results)
             stored = results[-1]["stored"]
-            rates[name] = stored / cpu
             loads = ", ".join(f"{r['load']:.1f}" for r in results)
             print(f"| {name} | {wall:.1f} | {cpu:.1f} | {stored:,} | {stored / wall:,.0f} | {stored / cpu:,.0f} | "
                   f"{stored / max(cpu - startup[name], 1e-9):,.0f} | {loads} |")
-        for name in list(tools)[1:]:
-            print(f"mmidx / {name}: images per CPU-second {rates['mmidx'] / rates[name]:.2f}x; accounting against "
-                  f"the server's truth: {json.dumps(accounting(truth, urls, runs['mmidx'][-1], runs[name][-1]))}")
+        mmidx_rates = [r["stored"] / r["cpu"] for r in runs["mmidx"]]
+        for name in names[1:]:
+            stored = ratio(mmidx_rates, [r["stored"] / r["cpu"] for r in runs[name]])
+            images = ratio(mmidx_rates, [len(r["success_urls"] & ok) / r["cpu"] for r in runs[name]])
+            print(f"mmidx / {name}, images per CPU-second: "
+                  f"{watch.headline(f'{stored} counting all it stored, {images} counting its images only')}")
+            print(f"  accounting against the server's truth: "
+                  f"{json.dumps(accounting(truth, urls, runs['mmidx'][-1], runs[name][-1]))}")
+        leftovers = {name: sum(r["leftovers"] for r in results) for name, results in runs.items()}
+        print(f"processes left behind and counted: {json.dumps(leftovers)}")
+        print(watch.describe())
         if args.rss_rows:
             measure_rss(work, args.rss_rows)
     finally:

@@ -10,23 +10,39 @@ the Rust backend's ``encode_batch_fast``, checked at load time to give the same 
 
 A :class:`Tokenizer` pickles as its name or path and the sha256 of its serialized form: a worker
 process loads it again and refuses a tokenizer that changed on disk in between.
+
+Loading through ``transformers`` costs about 4 CPU-seconds per process (it imports torch), more than a
+whole small build's work. So the first load of a local tokenizer directory records what the build needs
+(the Rust backend as ``transformers`` set it up, once it agreed with ``tokenizer.encode``; the class
+name, vocabulary size, special ids and checksum) in ``$MMIDX_CACHE_DIR/tokenizers`` (default
+``~/.cache/mmidx``), keyed by the name, size, time and content of every file of the directory and the
+versions of ``transformers`` and ``tokenizers``; a later load with the same key takes the backend from
+there (0.5 CPU-s) and loads ``transformers`` only if ``hf``, ``encode`` or ``decode`` is used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import importlib.metadata
+import json
 import os
+import secrets
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mmidx.errors import MMIDXError
+from mmidx.io.storage import cache_root
 
 BAGEL_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>")
 
 # Strings whose encodings must agree between the batch path and ``tokenizer.encode``.
 _AGREEMENT_PROBES = ("", " ", "Hello world", "  two  spaces\n\ttab", "ünïcödé 漢字 🙂", "a<|im_start|>b<|im_end|>",
                      "<|vision_start|><|vision_end|>", "1234567890 3.14")
+_CACHE_FORMAT = 1
+_HASHED_FILE_BYTES = 64 << 20  # files up to this size are keyed by content, larger ones (weights) by size and time
 
 
 class TokenizerError(MMIDXError, ValueError):
@@ -41,32 +57,41 @@ class Tokenizer:
     """
 
     def __init__(self, name_or_path: str | os.PathLike):
-        from transformers import AutoTokenizer
-
         self.name_or_path = os.fspath(name_or_path)
-        try:
-            self.hf = AutoTokenizer.from_pretrained(self.name_or_path)
-        except (OSError, ValueError) as error:
-            raise TokenizerError(f"cannot load a tokenizer from {self.name_or_path!r}: {error}. Give a local "
-                                 "directory written by save_pretrained, or a name in the local Hugging Face "
-                                 "cache (downloads are off)") from error
-        special = set()
-        for value in self.hf.special_tokens_map.values():
-            special.update([value] if isinstance(value, str) else value)
-        self.hf.add_tokens([token for token in BAGEL_SPECIAL_TOKENS if token not in special])
-        backend = getattr(self.hf, "backend_tokenizer", None)
-        self._backend = backend if backend is not None and self._backend_agrees(backend) else None
-        self.sha256 = self._serialized_sha256()
+        self._hf: Any = None
+        key = _cache_key(self.name_or_path)
+        cached = _read_cache(key)
+        if cached is not None:
+            from tokenizers import Tokenizer as Backend
 
-    def _backend_agrees(self, backend: Any) -> bool:
-        ids = [encoding.ids for encoding in backend.encode_batch_fast(list(_AGREEMENT_PROBES))]
-        return ids == [self.hf.encode(text) for text in _AGREEMENT_PROBES]
-
-    def _serialized_sha256(self) -> str:
+            self._backend = Backend.from_str(cached.pop("backend"))
+            self._facts = cached
+            return
+        hf = _load_hf(self.name_or_path)
+        backend = getattr(hf, "backend_tokenizer", None)
+        self._backend = backend if backend is not None and _backend_agrees(hf, backend) else None
+        self._hf = hf
+        self._facts = {"class": type(hf).__name__, "vocab_size": len(hf), "eod": hf.eos_token_id,
+                       "sha256": _serialized_sha256(hf, self._backend),
+                       "ids": {token: hf.convert_tokens_to_ids(token) for token in BAGEL_SPECIAL_TOKENS}}
         if self._backend is not None:
-            return hashlib.sha256(self._backend.to_str().encode()).hexdigest()
-        vocab = sorted(self.hf.get_vocab().items(), key=lambda item: item[1])
-        return hashlib.sha256(repr((type(self.hf).__name__, vocab)).encode()).hexdigest()
+            _write_cache(key, {**self._facts, "backend": self._backend.to_str()})
+
+    @property
+    def hf(self) -> Any:
+        """The ``transformers`` tokenizer (loaded on first use when the backend came from the cache)."""
+        if self._hf is None:
+            hf = _load_hf(self.name_or_path)
+            if _serialized_sha256(hf, getattr(hf, "backend_tokenizer", None)) != self.sha256:
+                raise TokenizerError(f"the tokenizer at {self.name_or_path!r} changed since it was loaded; "
+                                     "load it again")
+            self._hf = hf
+        return self._hf
+
+    @property
+    def sha256(self) -> str:
+        """The sha256 of the tokenizer's serialized form (its backend, or its class and vocabulary)."""
+        return self._facts["sha256"]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _reload, (self.name_or_path, self.sha256)
@@ -87,31 +112,107 @@ class Tokenizer:
         """The text of token ids (special tokens spelled out), for people reading a dataset."""
         return self.hf.decode(list(ids), clean_up_tokenization_spaces=False)
 
-    def _id(self, token: str) -> int:
-        return self.hf.convert_tokens_to_ids(token)
-
     @property
     def eod(self) -> int | None:
         """End-of-document id: the tokenizer's eos token, as Megatron's Hugging Face tokenizer uses it."""
-        return self.hf.eos_token_id
+        return self._facts["eod"]
 
     @property
     def special_tokens(self) -> dict[str, int | None]:
         """BAGEL's ``new_token_ids`` (bos/eos = im_start/im_end, start/end of image) and ``eod``."""
-        return {"bos_token_id": self._id("<|im_start|>"), "eos_token_id": self._id("<|im_end|>"),
-                "start_of_image": self._id("<|vision_start|>"), "end_of_image": self._id("<|vision_end|>"),
-                "eod": self.eod}
+        ids = self._facts["ids"]
+        return {"bos_token_id": ids["<|im_start|>"], "eos_token_id": ids["<|im_end|>"],
+                "start_of_image": ids["<|vision_start|>"], "end_of_image": ids["<|vision_end|>"], "eod": self.eod}
 
     @property
     def vocab_size(self) -> int:
         """Number of ids including added tokens (``len(tokenizer)``), which decides the token dtype."""
-        return len(self.hf)
+        return self._facts["vocab_size"]
 
     @property
     def identity(self) -> dict[str, Any]:
         """What dataset metadata records about the tokenizer, to tell tokenizers apart later."""
-        return {"name_or_path": self.name_or_path, "class": type(self.hf).__name__,
+        return {"name_or_path": self.name_or_path, "class": self._facts["class"],
                 "vocab_size": self.vocab_size, "sha256": self.sha256}
+
+
+def _load_hf(name_or_path: str) -> Any:
+    """``AutoTokenizer.from_pretrained`` with BAGEL's special tokens added as BAGEL adds them."""
+    from transformers import AutoTokenizer
+
+    try:
+        hf = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as error:
+        raise TokenizerError(f"cannot load a tokenizer from {name_or_path!r}: {error}. Give a local "
+                             "directory written by save_pretrained, or a name in the local Hugging Face "
+                             "cache (downloads are off)") from error
+    special = set()
+    for value in hf.special_tokens_map.values():
+        special.update([value] if isinstance(value, str) else value)
+    hf.add_tokens([token for token in BAGEL_SPECIAL_TOKENS if token not in special])
+    return hf
+
+
+def _backend_agrees(hf: Any, backend: Any) -> bool:
+    ids = [encoding.ids for encoding in backend.encode_batch_fast(list(_AGREEMENT_PROBES))]
+    return ids == [hf.encode(text) for text in _AGREEMENT_PROBES]
+
+
+def _serialized_sha256(hf: Any, backend: Any) -> str:
+    if backend is not None:
+        return hashlib.sha256(backend.to_str().encode()).hexdigest()
+    vocab = sorted(hf.get_vocab().items(), key=lambda item: item[1])
+    return hashlib.sha256(repr((type(hf).__name__, vocab)).encode()).hexdigest()
+
+
+def _cache_key(name_or_path: str) -> str | None:
+    """The cache key of a local tokenizer directory (None for anything else): its files and the versions."""
+    folder = Path(name_or_path)
+    if not folder.is_dir():
+        return None
+    digest = hashlib.sha256(repr((_CACHE_FORMAT, BAGEL_SPECIAL_TOKENS, _AGREEMENT_PROBES,
+                                  importlib.metadata.version("transformers"),
+                                  importlib.metadata.version("tokenizers"))).encode())
+    try:
+        for path in sorted(folder.iterdir()):
+            if path.is_file():
+                stat = path.stat()
+                digest.update(repr((path.name, stat.st_size, stat.st_mtime_ns)).encode())
+                if stat.st_size <= _HASHED_FILE_BYTES:
+                    digest.update(hashlib.sha256(path.read_bytes()).digest())
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _cache_path(key: str) -> Path:
+    return cache_root().parent / "tokenizers" / f"{key}.json"
+
+
+def _read_cache(key: str | None) -> dict[str, Any] | None:
+    """The cached facts and backend of ``key``; None when absent or unreadable (then it is loaded afresh)."""
+    if key is None:
+        return None
+    try:
+        cached = json.loads(_cache_path(key).read_text())
+    except (OSError, ValueError):
+        return None
+    return cached if isinstance(cached, dict) and cached.get("format") == _CACHE_FORMAT else None
+
+
+def _write_cache(key: str | None, facts: dict[str, Any]) -> None:
+    """Record ``facts`` under ``key`` atomically; a cache that cannot be written is no error (loads stay slow)."""
+    if key is None:
+        return
+    target = _cache_path(key)
+    temporary = target.with_name(f"{target.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(json.dumps({"format": _CACHE_FORMAT, **facts}))
+        os.replace(temporary, target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
 
 
 def _reload(name_or_path: str, sha256: str) -> Tokenizer:

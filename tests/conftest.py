@@ -2,12 +2,14 @@
 
 import logging
 import os
+import tempfile
 import warnings
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("MMIDX_CACHE_DIR", tempfile.mkdtemp(prefix="mmidx-test-cache-"))  # never the user's cache
 warnings.filterwarnings("ignore", module="megatron")
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 

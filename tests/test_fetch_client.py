@@ -2,6 +2,7 @@
 fetch on time, DNS failures, and opt-out headers decided before the body."""
 
 import socket
+import sys
 import time
 
 import pytest
@@ -40,6 +41,21 @@ def test_the_global_concurrency_bounds_all_hosts_together(server):
         assert all(future.result().outcome == "ok" for future in
                    [pool.submit(server.url(f"/image/a?global={i}", host)) for host in hosts for i in range(6)])
     assert server.max_in_flight_total == 3
+
+
+@pytest.mark.parametrize("uvloop", ["installed", "absent"])
+def test_the_pool_runs_on_uvloop_when_installed_and_on_asyncio_otherwise_with_the_same_outcomes(server, uvloop,
+                                                                                                 monkeypatch):
+    if uvloop == "absent":
+        monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    paths = ["/image/a", "/status/404", "/reset", "/redirect/2/a", "/html", "/loop", "/short/a"]
+    with FetchPool(FetchSettings(timeout=1.0, retries=0)) as pool:
+        loop = type(pool._loop).__module__.split(".")[0]
+        results = [pool.submit(server.url(f"{path}?{uvloop}")).result() for path in paths]
+    assert loop == ("uvloop" if uvloop == "installed" else "asyncio")
+    assert [result.outcome for result in results] == ["ok", "not_found", "connection", "ok", "not_an_image",
+                                                      "redirects", "connection"]
+    assert results[0].body == results[3].body == server.images["a"]
 
 
 @pytest.mark.parametrize("path", ["/drip", "/reset", "/short/a", "/loop", "/redirect/9/a"])
