@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from mmidx.encodings import batch as encoded
+from mmidx.encodings.gather import PackRecord
 from mmidx.encodings.noise import sample_latents
 from mmidx.pack.buffers import _batch_buffer
 from mmidx.pack.pixels import DeferredImages, Stage, _ImageJob, _padded_images, _Pixels, _untimed, _vit_tokens
@@ -30,7 +31,7 @@ class _Pack:
     ce_indexes: list[np.ndarray] = field(default_factory=list)
     ce_weights: list[np.ndarray] = field(default_factory=list)
     vae_images: list[_ImageJob] = field(default_factory=list)
-    vae_latents: list[torch.Tensor] = field(default_factory=list)  # precached, instead of vae_images
+    vae_latents: list[PackRecord] = field(default_factory=list)  # precached, instead of vae_images
     text_embeddings: list[torch.Tensor] = field(default_factory=list)
     text_embedding_indexes: list[np.ndarray] = field(default_factory=list)
     text_encodings: dict[str, list[tuple[torch.Tensor, int, int]]] = field(default_factory=dict)  # (value, sample,
@@ -41,7 +42,7 @@ class _Pack:
     timesteps: list[np.ndarray] = field(default_factory=list)
     mse_indexes: list[np.ndarray] = field(default_factory=list)
     vit_images: list[_ImageJob] = field(default_factory=list)
-    vit_embeddings: list[torch.Tensor] = field(default_factory=list)  # precached, instead of vit_images
+    vit_embeddings: list[PackRecord] = field(default_factory=list)  # precached, instead of vit_images
     vit_position_ids: list[torch.Tensor] = field(default_factory=list)
     vit_indexes: list[np.ndarray] = field(default_factory=list)
     vit_seqlens: list[int] = field(default_factory=list)

@@ -30,6 +30,7 @@ import torch
 from mmidx import format as fmt
 from mmidx.config import DataConfig, GroupConfig
 from mmidx.encodings import batch as encoded
+from mmidx.encodings.gather import PackRecord
 from mmidx.format import FormatError
 from mmidx.images.patches import position_ids_extrapolate, position_ids_interpolate
 from mmidx.images.transform import ImageTransform
@@ -244,9 +245,9 @@ class PackBuilder:
                 pack.curr += tokens
                 split_len += tokens
                 if "vit" in uses:
-                    pack.vit_embeddings.append(encoded.vit_embedding(
+                    pack.vit_embeddings.append(PackRecord(
                         open_stream(sample.dataset, uses["vit"]), self._stored_image(sample, job), job.img_num,
-                        job.height // patch, job.width // patch))
+                        (job.height // patch, job.width // patch)))
                 else:
                     pack.vit_images.append(job)
                 pack.vit_seqlens.append(tokens)
@@ -265,9 +266,9 @@ class PackBuilder:
                 height, width = job.height // down, job.width // down
                 latent_tokens = height * width
                 if "vae" in uses:
-                    pack.vae_latents.append(encoded.latent(open_stream(sample.dataset, uses["vae"]),
-                                                           self._stored_image(sample, job), job.img_num,
-                                                           job.height, job.width, down))
+                    pack.vae_latents.append(PackRecord(open_stream(sample.dataset, uses["vae"]),
+                                                       self._stored_image(sample, job), job.img_num,
+                                                       (job.height, job.width, down)))
                 else:
                     pack.vae_images.append(job)
                 pack.vae_shapes.append((height, width))
