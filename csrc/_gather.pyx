@@ -1,10 +1,11 @@
 """Byte ranges of a mapped file copied into one batch buffer in one call, with streaming stores.
 
 A pack's precached records (ViT encodings, VAE moments) are copied from a stream's mapped ``.bin`` into a batch
-buffer that the loader worker does not read again: it is handed over as it is. Ordinary stores first read every
+buffer that building the pack does not read again. Ordinary stores first read every
 destination cache line they write (a read-for-ownership); streaming (non-temporal) stores write whole lines
-without reading them, a third less memory traffic for a copy of tens of MB. glibc's ``memcpy`` switches to them
-only for single copies of about the L3 size, never for a pack's records of 0.1 to 3 MB each.
+without reading them: memory traffic of two passes over the bytes instead of three. glibc's ``memcpy`` switches
+to them only above a threshold derived from the cache size (``x86_non_temporal_threshold``), which a pack's
+records of 0.1 to 3 MB each stay under.
 
 Each record is ``planes`` x ``rows`` rows of ``row_bytes`` contiguous bytes at its source offset, written at its
 destination offset + plane * ``plane_stride`` + row * ``row_stride``: one contiguous run for packed layouts, and
