@@ -120,7 +120,7 @@ def latent_tensors(records: list[PackRecord], seed: int, pack_index: int,
     count, ndim, dims = len(records), rows["ndim"].astype(np.int64), rows["shape"].astype(np.int64)
     moments = np.array([record.stream.meta["store"] == "moments" for record in records])
     height, width, down = np.array([record.size for record in records], np.int64).T
-    last = np.clip(ndim, 3, 4) - 1  # the (C, h, w) of a (C, h, w) or (2, C, h, w) record
+    last = np.minimum(np.maximum(ndim, 3), 4) - 1  # the (C, h, w) of a (C, h, w) or (2, C, h, w) record
     channels, h, w = (dims[np.arange(count), last - back] for back in (2, 1, 0))
     some_h, some_w = np.maximum(h, 1), np.maximum(w, 1)  # divisors: a record with h or w 0 is refused anyway
     factor = height // some_h
@@ -141,11 +141,12 @@ def latent_tensors(records: list[PackRecord], seed: int, pack_index: int,
     else:
         padded = allocate(count, int(channels[0]), most_h, most_w)
     sizes = list(zip(h.tolist(), w.tolist(), strict=True))
-    for slot, (sh, sw) in zip(padded, sizes, strict=True):  # only the padding is zeroed
+    for slot in np.flatnonzero((h < most_h) | (w < most_w)).tolist():  # only the padding is zeroed
+        sh, sw = sizes[slot]
         if sh < most_h:
-            slot[..., sh:, :].zero_()
+            padded[slot, ..., sh:, :].zero_()
         if sw < most_w:
-            slot[..., :sh, sw:].zero_()
+            padded[slot, ..., :sh, sw:].zero_()
     if same_dtype(records, padded.dtype):
         itemsize = padded.element_size()
         whole = (h == most_h) & (w == most_w)  # a full slot is one run of bytes

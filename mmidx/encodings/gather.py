@@ -45,7 +45,7 @@ def record_problems(stream: EncodingStream, rows: np.ndarray) -> np.ndarray:
     size and offset against the ``.bin``), for all at once."""
     ndim = rows["ndim"].astype(np.int64)
     dims = rows["shape"].astype(np.int64)
-    used = np.arange(4) < np.clip(ndim, 0, 4)[:, None]
+    used = np.arange(4) < ndim[:, None]  # the dimensions a record of 1 to 4 dimensions has
     # float64 is exact below 2**53, and a product at or above it cannot equal a size that fits the .bin
     size = np.prod(np.where(used, dims, 1), axis=1, dtype=np.float64) * stream.itemsize
     offset, nbytes = rows["offset"], rows["nbytes"]
