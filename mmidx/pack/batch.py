@@ -19,7 +19,8 @@ from mmidx.pack.runs import Runs
 
 @dataclass
 class _Pack:
-    """The lists one pack accumulates, sample after sample (BAGEL's ``sequence_status``)."""
+    """The lists and runs (:class:`~mmidx.pack.runs.Runs`) one pack accumulates, sample after sample (BAGEL's
+    ``sequence_status``)."""
 
     curr: int = 0
     sample_lens: list[int] = field(default_factory=list)
