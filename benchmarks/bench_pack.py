@@ -291,6 +291,18 @@ def print_encodings(args: argparse.Namespace, sizes: list[int]) -> None:
     print("# '2 enc': a second conv encoder fed the same transformed pixels in the same pass.")
 
 
+def _commit() -> str:
+    """The checkout's short commit (with "+changes" when its tracked files differ from it), or "unknown"."""
+    import subprocess
+
+    def git(*command: str) -> str:
+        return subprocess.run(["git", *command], cwd=Path(__file__).parent, capture_output=True, text=True).stdout
+
+    commit = git("rev-parse", "--short", "HEAD").strip()
+    return (commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no").strip() else "")) \
+        if commit else "unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="/tmp/mmidx-bench-pack", help="generated corpus and datasets")
@@ -310,7 +322,7 @@ def main() -> None:
     if args.encodings:
         print(f"# bench_pack --encodings — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per "
               f"mode, {' and '.join(f'{size}²' for size in sizes)} JPEGs")
-        print(f"# {machine('torch', 'Pillow')}")
+        print(f"# {machine('torch', 'Pillow')}, commit {_commit()}")
         print(f"# load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores; this machine is "
               "shared with other jobs")
         print_encodings(args, sizes)

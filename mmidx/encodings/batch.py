@@ -22,9 +22,11 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from mmidx.config import DataConfig, GroupConfig
+from mmidx.encodings.gather import PackRecord, copy_into, record_views, same_dtype, table_rows
 from mmidx.format import FormatError
 from mmidx.read.encoding_streams import IMG_NUM_RULE, EncodingStream, open_stream, stream_location
 
@@ -108,32 +110,53 @@ def stored_buffer(shape: tuple[int, ...], dtype: torch.dtype, allocate: Callable
     return allocate(-(-nbytes // 4)).view(torch.uint8)[:nbytes].view(dtype).view(shape)
 
 
-def latent_tensors(latents: list[torch.Tensor], seed: int, pack_index: int,
+def latent_tensors(records: list[PackRecord], seed: int, pack_index: int,
                    allocate: Callable[..., torch.Tensor] = torch.empty) -> dict[str, torch.Tensor]:
-    """The batch keys of a pack's precached latents: ``padded_latent`` (n, C, max h, max w) float32, each latent
-    top-left, zeros elsewhere; or, for moments, ``padded_latent_moments`` (n, 2, C, max h, max w) in the stored
-    dtype with ``latent_sizes`` and ``latent_noise_key``, sampled where the batch lives."""
-    channels = latents[0].shape[-3]
-    if any(value.shape[-3] != channels for value in latents):
+    """The batch keys of a pack's precached latents (:func:`latent`'s records): ``padded_latent`` (n, C, max h,
+    max w) float32, each latent top-left, zeros elsewhere; or, for moments, ``padded_latent_moments`` (n, 2, C,
+    max h, max w) in the stored dtype with ``latent_sizes`` and ``latent_noise_key``, sampled where the batch
+    lives. Records stored in the buffer's dtype are copied as bytes, all at once (:mod:`mmidx.encodings.gather`)."""
+    rows, numbers = table_rows(records)
+    count, ndim, dims = len(records), rows["ndim"].astype(np.int64), rows["shape"].astype(np.int64)
+    moments = np.array([record.stream.meta["store"] == "moments" for record in records])
+    height, width, down = np.array([record.size for record in records], np.int64).T
+    last = np.minimum(np.maximum(ndim, 3), 4) - 1  # the (C, h, w) of a (C, h, w) or (2, C, h, w) record
+    channels, h, w = (dims[np.arange(count), last - back] for back in (2, 1, 0))
+    some_h, some_w = np.maximum(h, 1), np.maximum(w, 1)  # divisors: a record with h or w 0 is refused anyway
+    factor = height // some_h
+    bad = (ndim != 3 + moments) | (moments & (dims[:, 0] != 2)) | (h <= 0) | (w <= 0) | (height % some_h != 0) \
+        | (width % some_w != 0) | (factor != width // some_w) | (factor == 0) | (down % np.maximum(factor, 1) != 0)
+    if bad.any():
+        record = records[int(bad.argmax())]
+        latent(record.stream, record.item, record.img_num, *record.size)  # raises its message
+    if np.any(channels != channels[0]):
         raise FormatError("the precached latents of one pack have different channel counts: the streams come from "
                           "different encoders; use one encoding name for every group")
-    moments = latents[0].dim() == 4
-    if any((value.dim() == 4) != moments for value in latents):
+    if np.any(moments != moments[0]):
         raise FormatError("a pack mixes precached moments with single-tensor latents: precache every group's "
                           "VAE images with the same --store")
-    height, width = max(value.shape[-2] for value in latents), max(value.shape[-1] for value in latents)
-    if moments:
-        padded = stored_buffer((len(latents), 2, channels, height, width), latents[0].dtype, allocate)
+    planes, most_h, most_w = (2 if moments[0] else 1) * int(channels[0]), int(h.max()), int(w.max())
+    if moments[0]:
+        padded = stored_buffer((count, 2, int(channels[0]), most_h, most_w), records[0].stream.dtype, allocate)
     else:
-        padded = allocate(len(latents), channels, height, width)
-    sizes = [tuple(value.shape[-2:]) for value in latents]
-    for slot, value, (h, w) in zip(padded, latents, sizes, strict=True):  # only the padding is zeroed
-        if h < height:
-            slot[..., h:, :].zero_()
-        if w < width:
-            slot[..., :h, w:].zero_()
-        (slot if (h, w) == (height, width) else slot[..., :h, :w]).copy_(value)
-    if not moments:
+        padded = allocate(count, int(channels[0]), most_h, most_w)
+    sizes = list(zip(h.tolist(), w.tolist(), strict=True))
+    for slot in np.flatnonzero((h < most_h) | (w < most_w)).tolist():  # only the padding is zeroed
+        sh, sw = sizes[slot]
+        if sh < most_h:
+            padded[slot, ..., sh:, :].zero_()
+        if sw < most_w:
+            padded[slot, ..., :sh, sw:].zero_()
+    if same_dtype(records, padded.dtype):
+        itemsize = padded.element_size()
+        whole = (h == most_h) & (w == most_w)  # a full slot is one run of bytes
+        copy_into(padded, records, rows, np.arange(count, dtype=np.int64) * (planes * most_h * most_w * itemsize),
+                  np.where(whole, 1, planes), np.where(whole, 1, h), np.where(whole, rows["nbytes"], w * itemsize),
+                  most_h * most_w * itemsize, most_w * itemsize)
+    else:
+        for slot, value, (sh, sw) in zip(padded, record_views(records, numbers), sizes, strict=True):
+            slot[..., :sh, :sw].copy_(value)
+    if not moments[0]:
         return {"padded_latent": padded}
     return {"padded_latent_moments": padded, "latent_sizes": torch.tensor(sizes, dtype=torch.int64),
             "latent_noise_key": torch.tensor([seed, pack_index], dtype=torch.int64)}
@@ -163,24 +186,37 @@ def vit_embedding(stream: EncodingStream, item: int, img_num: int, height: int, 
     return value
 
 
-def packed_vit_embeddings(values: list[torch.Tensor], allocate: Callable[..., torch.Tensor] = torch.empty) \
+def packed_vit_embeddings(records: list[PackRecord], allocate: Callable[..., torch.Tensor] = torch.empty) \
         -> dict[str, torch.Tensor]:
-    """The batch key of a pack's precached ViT encodings: ``packed_vit_embeddings_stored`` (tokens, D) in the
-    stored dtype, each image's (h, w, D) record in the order of ``packed_vit_tokens``; widened to the float32
+    """The batch key of a pack's precached ViT encodings (:func:`vit_embedding`'s records):
+    ``packed_vit_embeddings_stored`` (tokens, D) in the stored dtype, each image's (h, w, D) record in the order of
+    ``packed_vit_tokens``, copied as bytes all at once (:mod:`mmidx.encodings.gather`); widened to the float32
     ``packed_vit_embeddings`` where the batch lives (:meth:`mmidx.pack.batch.PackedBatch.to`), so loader
     workers do not spend memory bandwidth on it."""
-    dims, dtype = values[0].shape[2], values[0].dtype
-    if any(value.shape[2] != dims for value in values):
+    rows, numbers = table_rows(records)
+    dims = rows["shape"].astype(np.int64)
+    grid = np.array([record.size for record in records], np.int64)
+    bad = (rows["ndim"] != 3) | np.any(dims[:, :2] != grid, axis=1)
+    if bad.any():
+        record = records[int(bad.argmax())]
+        vit_embedding(record.stream, record.item, record.img_num, *record.size)  # raises its message
+    width, dtype = int(dims[0, 2]), records[0].stream.dtype
+    if np.any(dims[:, 2] != width):
         raise FormatError("the precached ViT encodings of one pack have different widths: the streams come from "
                           "different encoders; use one encoding name for every group")
-    if any(value.dtype != dtype for value in values):  # groups precached at different dtypes
+    if not same_dtype(records, dtype):  # groups precached at different dtypes
         dtype = torch.float32
-    counts = [value.shape[0] * value.shape[1] for value in values]
-    packed = stored_buffer((sum(counts), dims), dtype, allocate)
-    start = 0
-    for value, count in zip(values, counts, strict=True):
-        packed[start:start + count].copy_(value.view(count, dims))
-        start += count
+    counts = grid[:, 0] * grid[:, 1]
+    packed = stored_buffer((int(counts.sum()), width), dtype, allocate)
+    if same_dtype(records, dtype):
+        nbytes = rows["nbytes"]
+        ones = np.ones(len(records), np.int64)
+        copy_into(packed, records, rows, np.cumsum(nbytes) - nbytes, ones, ones, nbytes)
+    else:
+        start = 0
+        for value, count in zip(record_views(records, numbers), counts.tolist(), strict=True):
+            packed[start:start + count].copy_(value.view(count, width))
+            start += count
     return {"packed_vit_embeddings_stored": packed}
 
 

@@ -10,50 +10,53 @@ import numpy as np
 import torch
 
 from mmidx.encodings import batch as encoded
+from mmidx.encodings.gather import PackRecord
 from mmidx.encodings.noise import sample_latents
 from mmidx.pack.buffers import _batch_buffer
 from mmidx.pack.pixels import DeferredImages, Stage, _ImageJob, _padded_images, _Pixels, _untimed, _vit_tokens
+from mmidx.pack.runs import Runs
 
 
 @dataclass
 class _Pack:
-    """The lists one pack accumulates, sample after sample (BAGEL's ``sequence_status``)."""
+    """The lists and runs (:class:`~mmidx.pack.runs.Runs`) one pack accumulates, sample after sample (BAGEL's
+    ``sequence_status``)."""
 
     curr: int = 0
     sample_lens: list[int] = field(default_factory=list)
     split_lens: list[list[int]] = field(default_factory=list)
     attn_modes: list[list[str]] = field(default_factory=list)
     text_ids: list[np.ndarray] = field(default_factory=list)
-    text_indexes: list[np.ndarray] = field(default_factory=list)
-    position_ids: list[np.ndarray] = field(default_factory=list)
+    text_indexes: Runs = field(default_factory=Runs)
+    position_ids: Runs = field(default_factory=Runs)
     label_ids: list[np.ndarray] = field(default_factory=list)
-    ce_indexes: list[np.ndarray] = field(default_factory=list)
-    ce_weights: list[np.ndarray] = field(default_factory=list)
+    ce_indexes: Runs = field(default_factory=Runs)
+    ce_weights: Runs = field(default_factory=Runs)
     vae_images: list[_ImageJob] = field(default_factory=list)
-    vae_latents: list[torch.Tensor] = field(default_factory=list)  # precached, instead of vae_images
+    vae_latents: list[PackRecord] = field(default_factory=list)  # precached, instead of vae_images
     text_embeddings: list[torch.Tensor] = field(default_factory=list)
-    text_embedding_indexes: list[np.ndarray] = field(default_factory=list)
+    text_embedding_indexes: Runs = field(default_factory=Runs)
     text_encodings: dict[str, list[tuple[torch.Tensor, int, int]]] = field(default_factory=dict)  # (value, sample,
     # element) of each text kept, per text-input encoding used
     vae_shapes: list[tuple[int, int]] = field(default_factory=list)
     latent_position_ids: list[torch.Tensor] = field(default_factory=list)
-    vae_indexes: list[np.ndarray] = field(default_factory=list)
-    timesteps: list[np.ndarray] = field(default_factory=list)
-    mse_indexes: list[np.ndarray] = field(default_factory=list)
+    vae_indexes: Runs = field(default_factory=Runs)
+    timesteps: Runs = field(default_factory=Runs)
+    mse_indexes: Runs = field(default_factory=Runs)
     vit_images: list[_ImageJob] = field(default_factory=list)
-    vit_embeddings: list[torch.Tensor] = field(default_factory=list)  # precached, instead of vit_images
+    vit_embeddings: list[PackRecord] = field(default_factory=list)  # precached, instead of vit_images
     vit_position_ids: list[torch.Tensor] = field(default_factory=list)
-    vit_indexes: list[np.ndarray] = field(default_factory=list)
+    vit_indexes: Runs = field(default_factory=Runs)
     vit_seqlens: list[int] = field(default_factory=list)
     data_indexes: list[dict[str, Any]] = field(default_factory=list)
 
     def add_special(self, token: int, loss_label: int | None) -> None:
         """One framing token at ``curr``; with a label when the element's special_token_loss is set."""
         self.text_ids.append(np.array([token], dtype=np.int64))
-        self.text_indexes.append(np.array([self.curr], dtype=np.int64))
+        self.text_indexes.add(self.curr, 1)
         if loss_label is not None:
-            self.ce_indexes.append(np.array([self.curr], dtype=np.int64))
-            self.ce_weights.append(np.ones(1))
+            self.ce_indexes.add(self.curr, 1)
+            self.ce_weights.add(1.0, 1, 0)
             self.label_ids.append(np.array([loss_label], dtype=np.int64))
         self.curr += 1
 
@@ -97,15 +100,15 @@ class PackedBatch:
                              "every group with ViT images (or for none)")
         tensors: dict[str, Any] = {
             "packed_text_ids": _cat(pack.text_ids, np.int64),
-            "packed_text_indexes": _cat(pack.text_indexes, np.int64),
-            "packed_position_ids": _cat(pack.position_ids, np.int64),
+            "packed_text_indexes": pack.text_indexes.tensor(np.int64),
+            "packed_position_ids": pack.position_ids.tensor(np.int64),
         }
         if pack.vae_latents:
             with stage("assemble"):
                 tensors.update(encoded.latent_tensors(pack.vae_latents, *noise, _batch_buffer))
         if pack.text_embeddings:
             tensors.update(packed_text_embeddings=torch.cat([value.float() for value in pack.text_embeddings]),
-                           packed_text_embedding_indexes=_cat(pack.text_embedding_indexes, np.int64))
+                           packed_text_embedding_indexes=pack.text_embedding_indexes.tensor(np.int64))
         for use, rows in pack.text_encodings.items():
             values, lengths, samples, elements = encoded.text_encoding_keys(use)
             tensors[values], tensors[lengths] = encoded.padded_text_encoding([row[0] for row in rows])
@@ -117,7 +120,7 @@ class PackedBatch:
                     tensors["padded_images"] = _padded_images(pack.vae_images, pixels)
             tensors.update(patchified_vae_latent_shapes=pack.vae_shapes,
                            packed_latent_position_ids=torch.cat(pack.latent_position_ids),
-                           packed_vae_token_indexes=_cat(pack.vae_indexes, np.int64))
+                           packed_vae_token_indexes=pack.vae_indexes.tensor(np.int64))
         if pack.vit_embeddings:
             with stage("assemble"):
                 tensors.update(encoded.packed_vit_embeddings(pack.vit_embeddings, _batch_buffer))
@@ -127,15 +130,15 @@ class PackedBatch:
                     tensors["packed_vit_tokens"] = _vit_tokens(pack.vit_images, pack.vit_seqlens, vit_patch_size,
                                                                pixels)
             tensors.update(packed_vit_position_ids=torch.cat(pack.vit_position_ids),
-                           packed_vit_token_indexes=_cat(pack.vit_indexes, np.int64),
+                           packed_vit_token_indexes=pack.vit_indexes.tensor(np.int64),
                            vit_token_seqlens=torch.tensor(pack.vit_seqlens, dtype=torch.int64))
         if pack.timesteps:
-            tensors.update(packed_timesteps=_cat(pack.timesteps, np.float32),
-                           mse_loss_indexes=_cat(pack.mse_indexes, np.int64))
+            tensors.update(packed_timesteps=pack.timesteps.tensor(np.float32),
+                           mse_loss_indexes=pack.mse_indexes.tensor(np.int64))
         if pack.label_ids:
             tensors.update(packed_label_ids=_cat(pack.label_ids, np.int64),
-                           ce_loss_indexes=_cat(pack.ce_indexes, np.int64),
-                           ce_loss_weights=_cat(pack.ce_weights, np.float32))
+                           ce_loss_indexes=pack.ce_indexes.tensor(np.int64),
+                           ce_loss_weights=pack.ce_weights.tensor(np.float32))
         with stage("read"):
             images = DeferredImages.of(pack.vae_images, pack.vit_images, vit_patch_size) \
                 if deferred and (pack.vae_images or pack.vit_images) else None

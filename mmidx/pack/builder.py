@@ -30,6 +30,7 @@ import torch
 from mmidx import format as fmt
 from mmidx.config import DataConfig, GroupConfig
 from mmidx.encodings import batch as encoded
+from mmidx.encodings.gather import PackRecord
 from mmidx.format import FormatError
 from mmidx.images.patches import position_ids_extrapolate, position_ids_interpolate
 from mmidx.images.transform import ImageTransform
@@ -182,7 +183,7 @@ class PackBuilder:
             if use == "text":
                 pack.text_embeddings.append(encoded.text_embedding(open_stream(sample.dataset, name), first + payload,
                                                                    length))
-                pack.text_embedding_indexes.append(np.arange(pack.curr + 1, pack.curr + length + 1))
+                pack.text_embedding_indexes.add(pack.curr + 1, length)
             elif use not in encoded.USES:
                 value = encoded.text_embedding(open_stream(sample.dataset, name), first + payload, None)
                 pack.text_encodings.setdefault(use, []).append((value, len(pack.sample_lens), element))
@@ -222,17 +223,17 @@ class PackBuilder:
                 if text_uses:
                     self._text_encodings(pack, text_uses, sample, payload, len(ids), e)
                 pack.text_ids.append(np.concatenate([[special["bos_token_id"]], ids]))
-                pack.text_indexes.append(np.arange(pack.curr, pack.curr + shifted))
+                pack.text_indexes.add(pack.curr, shifted)
                 if flags & fmt.FLAG_LOSS:
-                    pack.ce_indexes.append(np.arange(pack.curr, pack.curr + shifted))
-                    pack.ce_weights.append(np.full(shifted, 1 / shifted**0.5))  # BAGEL's len2weight
+                    pack.ce_indexes.add(pack.curr, shifted)
+                    pack.ce_weights.add(1 / shifted**0.5, shifted, 0)  # BAGEL's len2weight
                     pack.label_ids.append(np.concatenate([ids, [special["eos_token_id"]]]))
                 pack.curr += shifted
                 split_len += shifted
                 pack.add_special(special["eos_token_id"], special_loss_label)
                 split_len += 1
                 attn_modes.append("causal")
-                pack.position_ids.append(np.arange(rope, rope + split_len))
+                pack.position_ids.add(rope, split_len)
                 rope += split_len
             elif kind == fmt.VIT_IMAGE:
                 pack.add_special(special["start_of_image"], None)
@@ -240,13 +241,13 @@ class PackBuilder:
                 job = self._job(group.vit_transform, group, "vit", item, sample, payload, img_num)
                 patch = geometry.vit_patch_size
                 tokens = (job.height // patch) * (job.width // patch)
-                pack.vit_indexes.append(np.arange(pack.curr, pack.curr + tokens))
+                pack.vit_indexes.add(pack.curr, tokens)
                 pack.curr += tokens
                 split_len += tokens
                 if "vit" in uses:
-                    pack.vit_embeddings.append(encoded.vit_embedding(
+                    pack.vit_embeddings.append(PackRecord(
                         open_stream(sample.dataset, uses["vit"]), self._stored_image(sample, job), job.img_num,
-                        job.height // patch, job.width // patch))
+                        (job.height // patch, job.width // patch)))
                 else:
                     pack.vit_images.append(job)
                 pack.vit_seqlens.append(tokens)
@@ -255,7 +256,7 @@ class PackBuilder:
                 pack.add_special(special["end_of_image"], special_loss_label)
                 split_len += 1
                 attn_modes.append("full")
-                pack.position_ids.append(np.full(split_len, rope))
+                pack.position_ids.add(rope, split_len, 0)
                 rope += 1
             else:
                 pack.add_special(special["start_of_image"], None)
@@ -265,24 +266,24 @@ class PackBuilder:
                 height, width = job.height // down, job.width // down
                 latent_tokens = height * width
                 if "vae" in uses:
-                    pack.vae_latents.append(encoded.latent(open_stream(sample.dataset, uses["vae"]),
-                                                           self._stored_image(sample, job), job.img_num,
-                                                           job.height, job.width, down))
+                    pack.vae_latents.append(PackRecord(open_stream(sample.dataset, uses["vae"]),
+                                                       self._stored_image(sample, job), job.img_num,
+                                                       (job.height, job.width, down)))
                 else:
                     pack.vae_images.append(job)
                 pack.vae_shapes.append((height, width))
                 pack.latent_position_ids.append(self._position_ids(
                     job.height, job.width, down, geometry.max_latent_size))
-                pack.vae_indexes.append(np.arange(pack.curr, pack.curr + latent_tokens))
+                pack.vae_indexes.add(pack.curr, latent_tokens)
                 noised = bool(flags & fmt.FLAG_LOSS)
                 if noised:
-                    pack.mse_indexes.append(np.arange(pack.curr, pack.curr + latent_tokens))
+                    pack.mse_indexes.add(pack.curr, latent_tokens)
                     if opens or timestep is None:
                         timestep = float(normals[e])
                     value = timestep
                 else:
                     value = float("-inf")
-                pack.timesteps.append(np.full(latent_tokens, value))
+                pack.timesteps.add(value, latent_tokens, 0)
                 pack.curr += latent_tokens
                 split_len += latent_tokens
                 pack.add_special(special["end_of_image"], special_loss_label)
@@ -290,7 +291,7 @@ class PackBuilder:
                 has_frame_delta = bool(flags & fmt.FLAG_HAS_FRAME_DELTA)
                 if opens:  # a clip's first frame: the split opens on the first kept one
                     attn_modes.append("noise" if noised and not has_frame_delta else "full")
-                pack.position_ids.append(np.full(latent_tokens + 2, rope))
+                pack.position_ids.add(rope, latent_tokens + 2, 0)
                 if has_frame_delta:
                     rope += frame_delta
                 elif not noised:
