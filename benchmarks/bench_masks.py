@@ -1,17 +1,18 @@
 """Cost of mmidx.pack.masks on realistic 32K-token BAGEL packs, against the floors that matter.
 
-Dense masks are compared with merely allocating and filling tensors of the same shapes and dtype
-(the memory-bound floor of any dense mask); the BlockMask with ``create_block_mask`` of the same
-predicate (``--with-create-block-mask``: about 20 s and 10 GB per pack on a CPU). Peak memory is
-the rise of the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) over its
-resident set before the build: tensors are not seen by tracemalloc. Every run starts with freed
-memory handed back to the system (malloc_trim), so builds and floors alike pay for fresh pages, as
-a data loader making new masks every step does. The dense build, its floor and the BlockMask take
-turns pack by pack over ``--repeats`` rounds, the first rotating (``common.interleave``); times are
-medians over rounds and the ratio is the median of the per-round ratios with its range, which holds
-up on a shared machine. The load average and other processes' cores are recorded, and the headline
-ratios are withheld when other processes kept over half a core busy. With CUDA, all masks of a pack
-are also timed on the GPU.
+Dense masks are compared with merely allocating and filling tensors of the same shapes and dtype, in
+memory of the kind they are written into (huge pages: the memory-bound floor of the masks) and as
+torch allocates it (4 KiB pages, what a mask built with torch's allocator pays); the BlockMask with
+``create_block_mask`` of the same predicate (``--with-create-block-mask``: about 20 s and 10 GB per
+pack on a CPU). Peak memory is the rise of the process's peak resident set (VmHWM, reset through
+/proc/self/clear_refs) over its resident set before the build: tensors are not seen by tracemalloc.
+Every run starts with freed memory handed back to the system (malloc_trim), so builds and floors
+alike pay for fresh pages, as a data loader making new masks every step does. The dense build, its
+floor and the BlockMask take turns pack by pack over ``--repeats`` rounds, the first rotating
+(``common.interleave``); times are medians over rounds and the ratio is the median of the per-round
+ratios with its range, which holds up on a shared machine. The load average and other processes'
+cores are recorded, and the headline ratios are withheld when other processes kept over half a core
+busy. With CUDA, all masks of a pack are also timed on the GPU.
 
     python benchmarks/bench_masks.py [--repeats 5] [--threads N] [--with-create-block-mask]
 """
@@ -32,6 +33,7 @@ import torch
 from common import Watch, interleave, machine, ratio
 from torch.nn.attention.flex_attention import create_block_mask
 
+from mmidx.pack.buffers import huge_page_tensor
 from mmidx.pack.masks import block_mask, dense_masks, mask_predicate
 
 KINDS = ("t2i", "edit", "vlm")
@@ -125,8 +127,13 @@ def mib(value: float | None) -> str:
 
 
 def fill(sample_lens: list[int]) -> list[torch.Tensor]:
-    """Tensors of a pack's dense mask shapes, allocated and filled: the memory floor of any dense mask."""
+    """Tensors of a pack's dense mask shapes, allocated by torch (4 KiB pages) and filled."""
     return [torch.full((n, n), float("-inf")) for n in sample_lens]
+
+
+def fill_huge_pages(sample_lens: list[int]) -> list[torch.Tensor]:
+    """The same in memory of the kind dense_masks writes into (huge pages): the memory floor of its masks."""
+    return [huge_page_tensor((n, n), torch.float32).fill_(float("-inf")) for n in sample_lens]
 
 
 def main() -> None:
@@ -148,6 +155,7 @@ def main() -> None:
     builds = {
         "dense": {kind: functools.partial(dense_masks, *layout, device="cpu") for kind, layout in layouts.items()},
         "fill": {kind: functools.partial(fill, layout[2]) for kind, layout in layouts.items()},
+        "fill, huge pages": {kind: functools.partial(fill_huge_pages, layout[2]) for kind, layout in layouts.items()},
         "BlockMask": {kind: functools.partial(block_mask, *layout, device="cpu") for kind, layout in layouts.items()},
     }
     timed: dict[str, dict[str, list[float]]] = {side: {kind: [] for kind in layouts} for side in builds}
@@ -172,25 +180,25 @@ def main() -> None:
                                              sum(layout[2]), device="cpu")
                 reference[kind] = (f"{seconds(create) * 1e3:.0f}", mib(peak_extra_mib(create)))
     print(
-        "| pack | samples | splits | dense ms | fill ms | dense ÷ fill | dense MiB | fill MiB | ratio "
-        "| BlockMask ms | BlockMask MiB | create_block_mask ms | create_block_mask MiB |"
+        "| pack | samples | splits | dense ms | fill ms | fill ms, huge pages | dense ÷ fill, huge pages | dense MiB "
+        "| fill MiB | ratio | BlockMask ms | BlockMask MiB | create_block_mask ms | create_block_mask MiB |"
     )
-    print("|" + "---|" * 14)
+    print("|" + "---|" * 15)
     ratios = {}
     for kind, (split_lens, _, sample_lens) in layouts.items():
-        dense_ms, fill_ms, blocks_ms = (statistics.median(timed[name][kind]) * 1e3 for name in builds)
-        ratios[kind] = ratio(timed["dense"][kind], timed["fill"][kind])
+        dense_ms, fill_ms, huge_ms, blocks_ms = (statistics.median(timed[name][kind]) * 1e3 for name in builds)
+        ratios[kind] = ratio(timed["dense"][kind], timed["fill, huge pages"][kind])
         dense_mib, fill_mib = memory["dense"][kind], memory["fill"][kind]
         memory_ratio = f"{dense_mib / fill_mib:.2f}" if dense_mib and fill_mib else "n/a"
         reference_ms, reference_mib = reference.get(kind, ("-", "-"))
         print(
-            f"| {kind} | {len(sample_lens)} | {len(split_lens)} | {dense_ms:.1f} | {fill_ms:.1f} "
+            f"| {kind} | {len(sample_lens)} | {len(split_lens)} | {dense_ms:.1f} | {fill_ms:.1f} | {huge_ms:.1f} "
             f"| {ratios[kind]} | {mib(dense_mib)} | {mib(fill_mib)} | {memory_ratio} "
             f"| {blocks_ms:.1f} | {mib(memory['BlockMask'][kind])} | {reference_ms} | {reference_mib} |"
         )
     print(f"\n{watch.describe()}")
     for kind, value in ratios.items():
-        text = f"{kind}: dense masks cost {value} allocating and filling the same tensors"
+        text = f"{kind}: dense masks cost {value} allocating and filling the same tensors (huge pages)"
         print(f"headline: {watch.headline(text)}")
 
     if torch.cuda.is_available():

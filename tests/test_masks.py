@@ -192,8 +192,8 @@ def test_dense_masks_are_contiguous_and_independent():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dense_masks_over_a_huge_page_are_written_in_memory_of_their_own_and_equal_the_rule(dtype):
-    # samples of 1100+ tokens: each mask is over 2 MiB, so the CPU writes it into fresh huge-page memory
-    samples = [[(600, "causal"), (500, "noise"), (40, "full")], [(1200, "full"), (3, "causal")], [(5, "causal")]]
+    # samples of 4200+ tokens: each mask is over 32 MiB, so the CPU writes it into fresh huge-page memory
+    samples = [[(2600, "causal"), (1600, "noise"), (40, "full")], [(4200, "full"), (3, "causal")], [(5, "causal")]]
     masks = dense_masks(*flatten(samples), device="cpu", dtype=dtype)
     for mask, expected in zip(masks, naive_sample_masks(samples), strict=True):
         assert mask.is_contiguous()

@@ -16,6 +16,7 @@ from mmidx.io.libc import advise_huge_pages
 
 _PAGE = 4096
 _HUGE_PAGE = 2 << 20
+_FRESH = 32 << 20  # glibc's largest mmap threshold: allocations from this size up are always mapped afresh
 
 
 class _BufferPool:
@@ -71,14 +72,16 @@ def _batch_buffer(*shape: int) -> torch.Tensor:
 
 
 def huge_page_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor of ``shape`` and ``dtype`` in memory of its own (not pooled: freed with the
-    tensor), with the kernel asked to back it by transparent huge pages.
+    """An uninitialised CPU tensor of ``shape`` and ``dtype``; from 32 MiB up, in memory of its own (not pooled:
+    freed with the tensor) that the kernel is asked to back by transparent huge pages.
 
-    For large outputs written once, such as dense attention masks: faulting in fresh 4 KiB pages costs
-    several times filling them (a 7000² float32 mask: 105 ms allocated and filled by torch, 19 ms here,
-    15 ms to fill reused memory; measured on this machine, one thread), 2 MiB pages a fraction of it.
+    For large outputs written once, such as dense attention masks. glibc maps every allocation over 32 MiB
+    (its largest mmap threshold) afresh, and faulting in 4 KiB pages then costs several times filling them;
+    2 MiB pages cost a fraction (the dense masks of an edit pack, 270 MB each: 250 ms per pack with torch's
+    allocation, 80 ms here, one thread, ``benchmarks/bench_masks.py``). Smaller tensors come from torch's
+    allocator, whose heap reuses freed pages.
     """
     count = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if count < _HUGE_PAGE:  # less than one huge page: the allocator's memory as it is
+    if count < _FRESH:
         return torch.empty(shape, dtype=dtype)
     return torch.from_numpy(_huge_pages(np.empty(count, np.uint8))).view(dtype).view(shape)

@@ -38,8 +38,8 @@ mask is therefore written in one pass: the predicate at each split's last row gi
 (splits × L_i) template, ``index_select`` copies the template row of every token's split into
 the (L_i, L_i) output, and each causal diagonal block gets its upper triangle blocked. No
 (L_i, L_i) temporary exists besides the output. Dense masks are memory-bound, and most of what
-they cost on a CPU is paging in fresh memory: a mask over 2 MiB is written into memory of its own
-advised to use huge pages (``mmidx.pack.buffers.huge_page_tensor``), a fraction of the cost of
+they cost on a CPU is paging in fresh memory: a mask of 32 MiB or more is written into memory of
+its own advised to use huge pages (``mmidx.pack.buffers.huge_page_tensor``), a fraction of the cost of
 torch's allocation of 4 KiB pages (``benchmarks/bench_masks.py`` times both against filling
 tensors that torch allocates).
 
@@ -264,7 +264,7 @@ def dense_masks(
         last_rows = keys.split_last[splits, None]
         template = torch.where(allowed(None, None, last_rows, position[None, start:end]), attend, blocked)
         rows = keys.local_split[start:end]
-        if position.device.type == "cpu":  # into fresh memory of 2 MiB pages: most of a dense mask's cost is paging
+        if position.device.type == "cpu":  # large masks into huge pages: most of their cost is paging memory in
             mask = torch.index_select(template, 0, rows, out=huge_page_tensor((end - start, end - start), dtype))
         else:
             mask = template.index_select(0, rows)
