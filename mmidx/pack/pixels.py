@@ -108,8 +108,10 @@ def _padded_images(jobs: list[_ImageJob], pixels: _Pixels) -> torch.Tensor:
     height, width = max(job.height for job in jobs), max(job.width for job in jobs)
     padded = _batch_buffer(len(jobs), 3, height, width)
     for slot, job in zip(padded, jobs, strict=True):
-        slot[:, job.height:, :].zero_()
-        slot[:, : job.height, job.width:].zero_()
+        if job.height < height:
+            slot[:, job.height:, :].zero_()
+        if job.width < width:
+            slot[:, : job.height, job.width:].zero_()
         job.transform.normalize_into(pixels(job), slot[:, : job.height, : job.width])
     return padded
 
