@@ -4,17 +4,25 @@ Generates (once, under --workdir) a BAGEL-format corpus of 512² JPEGs (``--imag
 t2i parquet, edit parquet, vlm JSONL + images), builds the mmidx datasets from it, and for t2i,
 edit, vlm and a 1:1:1 mix measures on one thread:
 
-* end-to-end tokens per CPU-second of ~32K-token packs (CPU time of the process, so that other
-  load on a shared machine does not count; the wall-clock ratio is printed too): images decoded and
-  transformed, batch tensors built, split metadata instead of masks (flex); and the same plus dense
-  masks built on the CPU (dense);
+* end-to-end tokens per CPU-second of ~32K-token packs (CPU time of the process; the wall-clock
+  ratio is printed too): images decoded and transformed, batch tensors built, split metadata
+  instead of masks (flex); and the same plus dense masks built on the CPU (dense);
+* the decode floor: the stored images each pack decodes (the JPEGs ``decode_images="device"`` would
+  ship), decoded alone through mmidx's decoder with no transform, and each mode's pack time as a
+  multiple of it (a t2i pack of 512² images needs no resize: decode + normalise);
 * mask build time per pack on the CPU: dense per-sample masks (with an allocate-and-fill of the
-  same tensors, the memory floor, in the same run) and the FlexAttention BlockMask;
+  same tensors by torch's allocator in the same run) and the FlexAttention BlockMask;
 * bytes per pack.
 
 With ``--bagel-src DIR`` (a checkout of ByteDance-Seed/Bagel; its ``data`` package is imported
 unmodified) BAGEL's ``PackedDataset`` reads the same raw files with the same tokenizer and
-budgets, in flex and dense mode, and the table shows the ratios; then BAGEL's own image transforms
+budgets, in flex and dense mode, and the table shows the ratios. The protocol is ``common.py``'s:
+mmidx flex and dense, BAGEL flex and dense (each pulling the next pack of its PackedDataset
+stream) and the decode floor take turns pack by pack over ``--rounds`` rounds, the first rotating;
+each round gives one tokens/CPU-s ratio, the table shows the median and range, each mode's load
+and other processes' cores are printed, and its headline is withheld when those exceeded half a
+core. The defaults (``--packs 8 --rounds 5``) take about 8 minutes for the four modes on 2 shared
+cores while other jobs kept 1.6 of them busy, less on a quiet machine. Then BAGEL's own image transforms
 (real torchvision) are checked bit-identical to mmidx's on the corpus's images. BAGEL needs torchvision (only
 its PIL-based ``ToTensor``/``Normalize``/``resize``), decord and cv2 importable; on a CPU-only
 torch, install them apart and pass ``--bagel-site DIR``:
@@ -503,8 +511,9 @@ def print_packs(args: argparse.Namespace, raw: Path, datasets: Path) -> None:
     print("# median of the per-round ratios (lowest–highest); 'flex × wall' is the flex ratio by wall-clock time.")
     print("# images, decode ms: stored images a pack decodes, and decoding them alone (mmidx's decoder, no")
     print("# transform) per pack; ÷ floor: a pack's CPU time as a multiple of that, median over rounds.")
-    print("# dense ms: mmidx dense masks of one pack; fill ms: allocating and filling tensors of the same shapes")
-    print("# (the memory floor); BlockMask ms: FlexAttention's block mask. Medians over the packs.")
+    print("# dense ms: mmidx dense masks of one pack; fill ms: allocating (torch's allocator) and filling tensors of")
+    print("# the same shapes; BlockMask ms: FlexAttention's block mask. Medians over the packs (bench_masks.py has")
+    print("# the floor in huge-page memory).")
     for mode, watch in watches.items():
         print(f"# {mode}: {watch.describe()}")
     for mode, r in results.items():
