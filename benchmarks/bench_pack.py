@@ -21,8 +21,8 @@ mmidx flex and dense, BAGEL flex and dense (each pulling the next pack of its Pa
 stream) and the decode floor take turns pack by pack over ``--rounds`` rounds, the first rotating;
 each round gives one tokens/CPU-s ratio, the table shows the median and range, each mode's load
 and other processes' cores are printed, and its headline is withheld when those exceeded half a
-core. The defaults (``--packs 8 --rounds 5``) take about 8 minutes for the four modes on 2 shared
-cores while other jobs kept 1.6 of them busy, less on a quiet machine. Then BAGEL's own image transforms
+core. The defaults (``--packs 8 --rounds 5``) took 4.6 to 8 minutes for the four modes on 2 cores
+while other jobs kept 1.3 to 1.6 of them busy, less on a quiet machine. Then BAGEL's own image transforms
 (real torchvision) are checked bit-identical to mmidx's on the corpus's images. BAGEL needs torchvision (only
 its PIL-based ``ToTensor``/``Normalize``/``resize``), decord and cv2 importable; on a CPU-only
 torch, install them apart and pass ``--bagel-site DIR``:
