@@ -1,14 +1,18 @@
 """Cost of mmidx.pack.masks on realistic 32K-token BAGEL packs, against the floors that matter.
 
-Dense masks are compared with merely allocating and filling tensors of the same shapes and dtype
-(the memory-bound floor of any dense mask); the BlockMask with ``create_block_mask`` of the same
-predicate (``--with-create-block-mask``: about 20 s and 10 GB per pack on a CPU). Peak memory is
-the rise of the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) over its
-resident set before the build: tensors are not seen by tracemalloc. Every run starts with freed
-memory handed back to the system (malloc_trim), so builds and floors alike pay for fresh pages, as
-a data loader making new masks every step does. Times are medians of ``--repeats`` runs; the
-dense build and its floor run in turn and their ratio is the median of the per-turn ratios, which
-holds up on a shared machine. With CUDA, all masks of a pack are also timed on the GPU.
+Dense masks are compared with merely allocating and filling tensors of the same shapes and dtype, in
+memory of the kind they are written into (huge pages: the memory-bound floor of the masks) and as
+torch allocates it (4 KiB pages, what a mask built with torch's allocator pays); the BlockMask with
+``create_block_mask`` of the same predicate (``--with-create-block-mask``: about 20 s and 10 GB per
+pack on a CPU). Peak memory is the rise of the process's peak resident set (VmHWM, reset through
+/proc/self/clear_refs) over its resident set before the build: tensors are not seen by tracemalloc.
+Every run starts with freed memory handed back to the system (malloc_trim), so builds and floors
+alike pay for fresh pages, as a data loader making new masks every step does. The dense build, its
+floor and the BlockMask take turns pack by pack over ``--repeats`` rounds, the first rotating
+(``common.interleave``); times are medians over rounds and the ratio is the median of the per-round
+ratios with its range, which holds up on a shared machine. The load average and other processes'
+cores are recorded, and the headline ratios are withheld when other processes kept over half a core
+busy. With CUDA, all masks of a pack are also timed on the GPU.
 
     python benchmarks/bench_masks.py [--repeats 5] [--threads N] [--with-create-block-mask]
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import gc
 import random
 import re
@@ -25,9 +30,10 @@ import time
 from collections.abc import Callable
 
 import torch
-from common import machine
+from common import Watch, interleave, machine, ratio
 from torch.nn.attention.flex_attention import create_block_mask
 
+from mmidx.pack.buffers import huge_page_tensor
 from mmidx.pack.masks import block_mask, dense_masks, mask_predicate
 
 KINDS = ("t2i", "edit", "vlm")
@@ -120,6 +126,16 @@ def mib(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f}"
 
 
+def fill(sample_lens: list[int]) -> list[torch.Tensor]:
+    """Tensors of a pack's dense mask shapes, allocated by torch (4 KiB pages) and filled."""
+    return [torch.full((n, n), float("-inf")) for n in sample_lens]
+
+
+def fill_huge_pages(sample_lens: list[int]) -> list[torch.Tensor]:
+    """The same in memory of the kind dense_masks writes into (huge pages): the memory floor of its masks."""
+    return [huge_page_tensor((n, n), torch.float32).fill_(float("-inf")) for n in sample_lens]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32768, help="pack length (default 32768)")
@@ -133,50 +149,57 @@ def main() -> None:
 
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     print(f"machine: {machine('torch')} ({torch.get_num_threads()} threads){gpu}")
-    print(f"packs: {args.tokens} tokens, median of {args.repeats} runs; memory = peak RSS rise\n")
-    print(
-        "| pack | samples | splits | dense ms | fill ms | ratio | dense MiB | fill MiB | ratio "
-        "| BlockMask ms | BlockMask MiB | create_block_mask ms | create_block_mask MiB |"
-    )
-    print("|" + "---|" * 14)
-    for kind in args.kinds:
-        layout = bagel_pack(kind, args.tokens)
-        split_lens, _, sample_lens = layout
-        length = sum(sample_lens)
+    print(f"packs: {args.tokens} tokens; the dense build, its fill floor and the BlockMask take turns pack by pack "
+          f"over {args.repeats} rounds (median, lowest–highest); memory = peak RSS rise\n")
+    layouts = {kind: bagel_pack(kind, args.tokens) for kind in args.kinds}
+    builds = {
+        "dense": {kind: functools.partial(dense_masks, *layout, device="cpu") for kind, layout in layouts.items()},
+        "fill": {kind: functools.partial(fill, layout[2]) for kind, layout in layouts.items()},
+        "fill, huge pages": {kind: functools.partial(fill_huge_pages, layout[2]) for kind, layout in layouts.items()},
+        "BlockMask": {kind: functools.partial(block_mask, *layout, device="cpu") for kind, layout in layouts.items()},
+    }
+    timed: dict[str, dict[str, list[float]]] = {side: {kind: [] for kind in layouts} for side in builds}
 
-        def dense(layout=layout):
-            return dense_masks(*layout, device="cpu")
+    def side(name: str) -> Callable[[str], None]:
+        def run(kind: str) -> None:  # its own clock, started after freed memory is handed back
+            timed[name][kind].append(seconds(builds[name][kind]))
+        return run
 
-        def fill(sample_lens=sample_lens):
-            return [torch.full((n, n), float("-inf")) for n in sample_lens]
-
-        def blocks(layout=layout):
-            return block_mask(*layout, device="cpu")
-
-        def reference(layout=layout, length=length):
-            predicate = mask_predicate(*layout, device="cpu")
-            return create_block_mask(predicate, None, None, length, length, device="cpu")
-
-        dense(), fill(), blocks()  # warm up
-        dense_s, fill_s = [], []
-        for _ in range(args.repeats):
-            dense_s.append(seconds(dense))
-            fill_s.append(seconds(fill))
-        dense_ms, fill_ms = statistics.median(dense_s) * 1e3, statistics.median(fill_s) * 1e3
-        time_ratio = statistics.median(d / f for d, f in zip(dense_s, fill_s, strict=True))
-        dense_mib, fill_mib = peak_extra_mib(dense), peak_extra_mib(fill)
-        memory_ratio = f"{dense_mib / fill_mib:.2f}" if dense_mib and fill_mib else "n/a"
-        blocks_ms = statistics.median(seconds(blocks) for _ in range(args.repeats)) * 1e3
-        blocks_mib = peak_extra_mib(blocks)
-        reference_ms = reference_mib = "-"
+    with Watch() as watch:
+        for per_kind in builds.values():
+            for build in per_kind.values():
+                build()  # warm up
+        interleave({name: side(name) for name in builds}, list(layouts), args.repeats)
+        memory = {name: {kind: peak_extra_mib(build) for kind, build in per_kind.items()}
+                  for name, per_kind in builds.items()}
+        reference = {}
         if args.with_create_block_mask:
-            reference_ms = f"{seconds(reference) * 1e3:.0f}"
-            reference_mib = mib(peak_extra_mib(reference))
+            for kind, layout in layouts.items():
+                def create(layout=layout):
+                    return create_block_mask(mask_predicate(*layout, device="cpu"), None, None, sum(layout[2]),
+                                             sum(layout[2]), device="cpu")
+                reference[kind] = (f"{seconds(create) * 1e3:.0f}", mib(peak_extra_mib(create)))
+    print(
+        "| pack | samples | splits | dense ms | fill ms | fill ms, huge pages | dense ÷ fill, huge pages | dense MiB "
+        "| fill MiB | ratio | BlockMask ms | BlockMask MiB | create_block_mask ms | create_block_mask MiB |"
+    )
+    print("|" + "---|" * 15)
+    ratios = {}
+    for kind, (split_lens, _, sample_lens) in layouts.items():
+        dense_ms, fill_ms, huge_ms, blocks_ms = (statistics.median(timed[name][kind]) * 1e3 for name in builds)
+        ratios[kind] = ratio(timed["dense"][kind], timed["fill, huge pages"][kind])
+        dense_mib, fill_mib = memory["dense"][kind], memory["fill"][kind]
+        memory_ratio = f"{dense_mib / fill_mib:.2f}" if dense_mib and fill_mib else "n/a"
+        reference_ms, reference_mib = reference.get(kind, ("-", "-"))
         print(
-            f"| {kind} | {len(sample_lens)} | {len(split_lens)} | {dense_ms:.1f} | {fill_ms:.1f} "
-            f"| {time_ratio:.2f} | {mib(dense_mib)} | {mib(fill_mib)} | {memory_ratio} "
-            f"| {blocks_ms:.1f} | {mib(blocks_mib)} | {reference_ms} | {reference_mib} |"
+            f"| {kind} | {len(sample_lens)} | {len(split_lens)} | {dense_ms:.1f} | {fill_ms:.1f} | {huge_ms:.1f} "
+            f"| {ratios[kind]} | {mib(dense_mib)} | {mib(fill_mib)} | {memory_ratio} "
+            f"| {blocks_ms:.1f} | {mib(memory['BlockMask'][kind])} | {reference_ms} | {reference_mib} |"
         )
+    print(f"\n{watch.describe()}")
+    for kind, value in ratios.items():
+        text = f"{kind}: dense masks cost {value} allocating and filling the same tensors (huge pages)"
+        print(f"headline: {watch.headline(text)}")
 
     if torch.cuda.is_available():
         print("\n| pack (CUDA) | dense bf16 ms | fill bf16 ms | BlockMask ms | all masks ms |")

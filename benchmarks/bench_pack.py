@@ -4,17 +4,25 @@ Generates (once, under --workdir) a BAGEL-format corpus of 512² JPEGs (``--imag
 t2i parquet, edit parquet, vlm JSONL + images), builds the mmidx datasets from it, and for t2i,
 edit, vlm and a 1:1:1 mix measures on one thread:
 
-* end-to-end tokens per CPU-second of ~32K-token packs (CPU time of the process, so that other
-  load on a shared machine does not count; the wall-clock ratio is printed too): images decoded and
-  transformed, batch tensors built, split metadata instead of masks (flex); and the same plus dense
-  masks built on the CPU (dense);
+* end-to-end tokens per CPU-second of ~32K-token packs (CPU time of the process; the wall-clock
+  ratio is printed too): images decoded and transformed, batch tensors built, split metadata
+  instead of masks (flex); and the same plus dense masks built on the CPU (dense);
+* the decode floor: the stored images each pack decodes (the JPEGs ``decode_images="device"`` would
+  ship), decoded alone through mmidx's decoder with no transform, and each mode's pack time as a
+  multiple of it (a t2i pack of 512² images needs no resize: decode + normalise);
 * mask build time per pack on the CPU: dense per-sample masks (with an allocate-and-fill of the
-  same tensors, the memory floor, in the same run) and the FlexAttention BlockMask;
+  same tensors by torch's allocator in the same run) and the FlexAttention BlockMask;
 * bytes per pack.
 
 With ``--bagel-src DIR`` (a checkout of ByteDance-Seed/Bagel; its ``data`` package is imported
 unmodified) BAGEL's ``PackedDataset`` reads the same raw files with the same tokenizer and
-budgets, in flex and dense mode, and the table shows the ratios; then BAGEL's own image transforms
+budgets, in flex and dense mode, and the table shows the ratios. The protocol is ``common.py``'s:
+mmidx flex and dense, BAGEL flex and dense (each pulling the next pack of its PackedDataset
+stream) and the decode floor take turns pack by pack over ``--rounds`` rounds, the first rotating;
+each round gives one tokens/CPU-s ratio, the table shows the median and range, each mode's load
+and other processes' cores are printed, and its headline is withheld when those exceeded half a
+core. The defaults (``--packs 8 --rounds 5``) took 4.6 to 8 minutes for the four modes on 2 cores
+while other jobs kept 1.3 to 1.6 of them busy, less on a quiet machine. Then BAGEL's own image transforms
 (real torchvision) are checked bit-identical to mmidx's on the corpus's images. ``--bagel-site DIR``: BAGEL's
 extra packages for a CPU-only torch (see bagel_peer.py, which holds the corpus and the BAGEL-importing code this
 script shares with tools/check_bagel.py).
@@ -28,19 +36,22 @@ import io
 import os
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 from bagel_peer import BUDGETS, DROPOUT, MODES, import_bagel, packed_dataset, prepare
+from common import Watch, commit, interleave, machine, ratio
 from PIL import Image
 
 from mmidx.config import DataConfig
+from mmidx.images.decode import decode_rgb_pixels
 from mmidx.index.pack_index import build_pack_index
 from mmidx.pack.builder import PackBuilder
 from mmidx.pack.masks import block_mask, dense_masks
-from mmidx.toolkit.bench import StageClock, machine
+from mmidx.toolkit.bench import StageClock
 from mmidx.toolkit.demo import BAGEL_GROUPS
 
 
@@ -64,29 +75,87 @@ def _config_and_items(datasets: Path, groups: list[str], packs: int,
     return config, [index.items(k) for k in range(packs)]
 
 
-def _throughput(builder: PackBuilder, items: list[Any], mode: str) -> dict[str, float]:
-    """Tokens per CPU-second and per wall-second, and MB per pack, of building ``items``' packs as batch dicts."""
-    builder.build(0, items[0])  # warm caches
-    tokens, nbytes, start, cpu = 0, 0, time.perf_counter(), time.process_time()
+def _pack_images(config: DataConfig, items: list[Any]) -> list[list[bytes]]:
+    """The encoded bytes of the stored images each pack decodes (each once, CFG-dropped images left out): what
+    ``decode_images="device"`` ships instead of pixels, the same images the loader-side build decodes."""
+    deferred = PackBuilder(config, decode_images="device")
+    packs = []
     for k in range(len(items)):
+        images = deferred.build(k, items[k]).deferred
+        packs.append([] if images is None else [data.numpy().tobytes() for data in images.encoded])
+    return packs
+
+
+def _decode_floor(images: list[bytes]) -> int:
+    """Decode a pack's images through mmidx's decoder (simplejpeg for YCbCr and grey JPEGs), nothing else."""
+    for data in images:
+        decode_rgb_pixels(data)
+    return len(images)
+
+
+def _mmidx_side(builder: PackBuilder, items: list[Any], log: list[tuple[int, int]]) -> Callable[[int], None]:
+    def build(k: int) -> None:  # the batch dict a trainer receives; nothing kept, so batch buffers are reused
         batch = builder.build(k, items[k])
-        data = batch.to_dict()
-        tokens += batch.sequence_length
-        nbytes += batch_bytes(data)
-    return {f"{mode}_tokens_per_s": tokens / (time.process_time() - cpu),
-            f"{mode}_wall_tokens_per_s": tokens / (time.perf_counter() - start),
-            f"{mode}_mb_per_pack": nbytes / len(items) / 1e6}
+        log.append((batch.sequence_length, batch_bytes(batch.to_dict())))
+    return build
 
 
-def run_mmidx(datasets: Path, groups: list[str], packs: int) -> dict[str, float]:
+def _bagel_side(packs: Iterator[dict[str, Any]], log: list[tuple[int, int]]) -> Callable[[int], None]:
+    def pull(_k: int) -> None:  # BAGEL's PackedDataset is a stream: its next pack, whichever it is
+        data = next(packs)
+        log.append((data["sequence_length"], batch_bytes(data)))
+    return pull
+
+
+def _rates(log: list[tuple[int, int]], seconds: list[float]) -> list[float]:
+    """Tokens per second of each round, from a side's (tokens, bytes) log of every pack in order."""
+    per_round = len(log) // len(seconds)
+    return [sum(tokens for tokens, _ in log[r * per_round:(r + 1) * per_round]) / spent
+            for r, spent in enumerate(seconds)]
+
+
+def compare(raw: Path, datasets: Path, groups: list[str], packs: int, rounds: int, bagel_src: str | None,
+            bagel_site: str | None) -> dict[str, Any]:
+    """Every side on every pack, taking turns pack by pack over ``rounds`` rounds (``common.interleave``):
+    mmidx flex and dense, BAGEL flex and dense (with ``bagel_src``), and the decode floor (the same packs'
+    images decoded alone). Returns per-round rates and ratios, MB per pack and the masks' median times."""
     config, items = _config_and_items(datasets, groups, packs)
-    packs = len(items)
-    result: dict[str, float] = {}
+    indexes = list(range(len(items)))
+    logs: dict[str, list[tuple[int, int]]] = {}
+    sides: dict[str, Callable[[int], Any]] = {}
     for mode, use_flex in (("flex", True), ("dense", False)):
-        result.update(_throughput(PackBuilder(config, use_flex=use_flex), items, mode))
-    builder = PackBuilder(config)
+        builder = PackBuilder(config, use_flex=use_flex)
+        builder.build(0, items[0]).to_dict()  # warm caches and the batch buffers
+        sides[f"mmidx {mode}"] = _mmidx_side(builder, items, logs.setdefault(f"mmidx {mode}", []))
+        if bagel_src:
+            stream = bagel_packs(raw, groups, use_flex, bagel_src, bagel_site)
+            next(stream)  # warm up
+            sides[f"BAGEL {mode}"] = _bagel_side(stream, logs.setdefault(f"BAGEL {mode}", []))
+    images = _pack_images(config, items)
+    _decode_floor(images[0])
+    sides["decode"] = lambda k: _decode_floor(images[k])
+    turns = interleave(sides, indexes, rounds)
+    result: dict[str, Any] = {"packs": len(items), "images": sum(map(len, images)) / len(items)}
+    for side, log in logs.items():
+        for clock in ("cpu", "wall"):
+            result[f"{side} {clock}"] = _rates(log, turns.per_round(side, clock))
+        result[f"{side} MB"] = statistics.mean(nbytes for _, nbytes in log) / 1e6
+    floor = turns.per_round("decode")
+    for mode in ("flex", "dense"):
+        result[f"{mode} / floor"] = ratio(turns.per_round(f"mmidx {mode}"), floor)
+        if bagel_src:
+            for clock in ("cpu", "wall"):
+                result[f"{mode} × {clock}"] = ratio(result[f"mmidx {mode} {clock}"], result[f"BAGEL {mode} {clock}"])
+    result["floor ms"] = statistics.median(floor) / len(items) * 1e3
+    result.update(_mask_ms(PackBuilder(config), items))
+    return result
+
+
+def _mask_ms(builder: PackBuilder, items: list[Any]) -> dict[str, float]:
+    """Median ms per pack of its dense masks, of allocating and filling tensors of their shapes (the memory
+    floor), and of its BlockMask, on the CPU."""
     dense_ms, floor_ms, block_ms = [], [], []
-    for k in range(packs):
+    for k in range(len(items)):
         batch = builder.build(k, items[k])
         split_lens, attn_modes, sample_lens = batch.flat_split_metadata(pad=False)
         start = time.perf_counter()
@@ -100,27 +169,15 @@ def run_mmidx(datasets: Path, groups: list[str], packs: int) -> dict[str, float]
         start = time.perf_counter()
         block_mask(*batch.flat_split_metadata(pad=True), device="cpu")
         block_ms.append((time.perf_counter() - start) * 1e3)
-    result.update(dense_mask_ms=statistics.median(dense_ms), fill_floor_ms=statistics.median(floor_ms),
-                  block_mask_ms=statistics.median(block_ms), packs=packs)
-    return result
+    return {"dense mask ms": statistics.median(dense_ms), "fill ms": statistics.median(floor_ms),
+            "BlockMask ms": statistics.median(block_ms)}
 
 
-def run_bagel(raw: Path, groups: list[str], packs: int, bagel_src: str, bagel_site: str | None) -> dict[str, float]:
-    """BAGEL's own PackedDataset over the same raw files: tokens per CPU-second and wall-second, MB per pack."""
+def bagel_packs(raw: Path, groups: list[str], use_flex: bool, bagel_src: str,
+                bagel_site: str | None) -> Iterator[dict[str, Any]]:
+    """BAGEL's own ``PackedDataset`` over the raw corpus (same tokenizer, budgets, dropout): its stream of packs."""
     import_bagel(bagel_src, bagel_site)
-    result: dict[str, float] = {}
-    for mode, use_flex in (("flex", True), ("dense", False)):
-        iterator = iter(packed_dataset(raw, groups, use_flex))
-        next(iterator)  # warm up
-        tokens, nbytes, start, cpu = 0, 0, time.perf_counter(), time.process_time()
-        for _ in range(packs):
-            data = next(iterator)
-            tokens += data["sequence_length"]
-            nbytes += batch_bytes(data)
-        result[f"{mode}_tokens_per_s"] = tokens / (time.process_time() - cpu)
-        result[f"{mode}_wall_tokens_per_s"] = tokens / (time.perf_counter() - start)
-        result[f"{mode}_mb_per_pack"] = nbytes / packs / 1e6
-    return result
+    return iter(packed_dataset(raw, groups, use_flex))
 
 
 def check_pixels(raw: Path, bagel_src: str, bagel_site: str | None) -> int:
@@ -291,22 +348,12 @@ def print_encodings(args: argparse.Namespace, sizes: list[int]) -> None:
     print("# '2 enc': a second conv encoder fed the same transformed pixels in the same pass.")
 
 
-def _commit() -> str:
-    """The checkout's short commit (with "+changes" when its tracked files differ from it), or "unknown"."""
-    import subprocess
-
-    def git(*command: str) -> str:
-        return subprocess.run(["git", *command], cwd=Path(__file__).parent, capture_output=True, text=True).stdout
-
-    commit = git("rev-parse", "--short", "HEAD").strip()
-    return (commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no").strip() else "")) \
-        if commit else "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="/tmp/mmidx-bench-pack", help="generated corpus and datasets")
-    parser.add_argument("--packs", type=int, default=10, help="packs timed per mode")
+    parser.add_argument("--packs", type=int, default=8, help="packs timed per mode (and per round)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds of the default table: every side builds the same packs each round")
     parser.add_argument("--modes", default="t2i,edit,vlm,mix")
     parser.add_argument("--bagel-src", help="checkout of ByteDance-Seed/Bagel to compare with")
     parser.add_argument("--bagel-site", help="folder with torchvision, decord, cv2 for BAGEL (see the docstring)")
@@ -322,7 +369,7 @@ def main() -> None:
     if args.encodings:
         print(f"# bench_pack --encodings — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per "
               f"mode, {' and '.join(f'{size}²' for size in sizes)} JPEGs")
-        print(f"# {machine('torch', 'Pillow')}, commit {_commit()}")
+        print(f"# {machine('torch', 'Pillow')}, commit {commit()}")
         print(f"# load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores; this machine is "
               "shared with other jobs")
         print_encodings(args, sizes)
@@ -330,35 +377,56 @@ def main() -> None:
         return
     args.image_size = sizes[0]
     raw, datasets = prepare(Path(args.workdir), args.image_size)
-    print(f"# bench_pack — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per mode, "
-          f"{args.image_size}² JPEGs")
-    print(f"# {machine('torch', 'Pillow')}")
-    header = (f"{'mode':<5} {'mmidx flex tok/s':>16} {'mmidx dense tok/s':>17} {'MB/pack':>8} {'dense ms':>9} "
-              f"{'fill ms':>8} {'ratio':>6} {'BlockMask ms':>12}")
-    if args.bagel_src:
-        header += f" {'BAGEL flex':>11} {'BAGEL dense':>11} {'flex ×':>7} {'dense ×':>8} {'flex × wall':>11}"
+    print(f"# bench_pack — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per mode x "
+          f"{args.rounds} rounds, sides taking turns pack by pack, {args.image_size}² JPEGs")
+    print(f"# {machine('torch', 'Pillow', 'simplejpeg')}")
+    print_packs(args, raw, datasets)
+
+
+def print_packs(args: argparse.Namespace, raw: Path, datasets: Path) -> None:
+    """The default table: mmidx against BAGEL (with --bagel-src) and against the decode floor, per mode, then
+    each mode's load and verdict, and the headlines a quiet run may print."""
+    bagel = bool(args.bagel_src)
+    header = f"{'mode':<5} {'mmidx flex tok/s':>16} {'mmidx dense tok/s':>17}"
+    if bagel:
+        header += (f" {'BAGEL flex':>11} {'BAGEL dense':>11} {'flex × BAGEL':>26} {'dense × BAGEL':>26} "
+                   f"{'flex × wall':>11}")
+    header += (f" {'images':>6} {'decode ms':>9} {'flex ÷ floor':>12} {'dense ÷ floor':>13} {'MB/pack':>8} "
+               f"{'dense ms':>9} {'fill ms':>8} {'BlockMask ms':>12}")
     print(header)
+    watches, results = {}, {}
     for mode in args.modes.split(","):
-        ours = run_mmidx(datasets, MODES[mode], args.packs)
-        line = (f"{mode:<5} {ours['flex_tokens_per_s']:>16,.0f} {ours['dense_tokens_per_s']:>17,.0f} "
-                f"{ours['flex_mb_per_pack']:>8.0f} {ours['dense_mask_ms']:>9.0f} {ours['fill_floor_ms']:>8.0f} "
-                f"{ours['dense_mask_ms'] / ours['fill_floor_ms']:>6.2f} {ours['block_mask_ms']:>12.1f}")
-        if args.bagel_src:
-            theirs = run_bagel(raw, MODES[mode], args.packs, args.bagel_src, args.bagel_site)
-            line += (f" {theirs['flex_tokens_per_s']:>11,.0f} {theirs['dense_tokens_per_s']:>11,.0f}"
-                     f" {ours['flex_tokens_per_s'] / theirs['flex_tokens_per_s']:>7.2f}"
-                     f" {ours['dense_tokens_per_s'] / theirs['dense_tokens_per_s']:>8.2f}"
-                     f" {ours['flex_wall_tokens_per_s'] / theirs['flex_wall_tokens_per_s']:>11.2f}")
+        with Watch() as watches[mode]:
+            r = results[mode] = compare(raw, datasets, MODES[mode], args.packs, args.rounds, args.bagel_src,
+                                        args.bagel_site)
+        line = (f"{mode:<5} {statistics.median(r['mmidx flex cpu']):>16,.0f} "
+                f"{statistics.median(r['mmidx dense cpu']):>17,.0f}")
+        if bagel:
+            line += (f" {statistics.median(r['BAGEL flex cpu']):>11,.0f} "
+                     f"{statistics.median(r['BAGEL dense cpu']):>11,.0f}"
+                     f" {r['flex × cpu']!s:>26} {r['dense × cpu']!s:>26} {r['flex × wall'].median:>10.2f}×")
+        line += (f" {r['images']:>6.1f} {r['floor ms']:>9.1f} {r['flex / floor'].median:>11.2f}× "
+                 f"{r['dense / floor'].median:>12.2f}× {r['mmidx flex MB']:>8.0f} {r['dense mask ms']:>9.0f} "
+                 f"{r['fill ms']:>8.0f} {r['BlockMask ms']:>12.1f}")
         print(line, flush=True)
-    if args.bagel_src:
+    if bagel:
         compared = check_pixels(raw, args.bagel_src, args.bagel_site)
         print(f"# pixels: {compared} image transforms (every group's, img_num 1/2/5, 512² and cut sizes) "
               "bit-identical to BAGEL's pil_img2rgb + ImageTransform")
-    print("# tok/s: real tokens (not padding) per second of this process's CPU time, so that other load on a shared")
-    print("# machine does not count; 'flex × wall' is the flex ratio by wall-clock time instead.")
-    print("# dense ms: mmidx dense masks of one pack; fill ms: allocating and filling tensors of the same shapes")
-    print("# (the memory floor); ratio = dense / fill. Medians over the packs.")
-
+    print("# tok/s: real tokens (not padding) per second of this process's CPU time, median over rounds; × BAGEL:")
+    print("# median of the per-round ratios (lowest–highest); 'flex × wall' is the flex ratio by wall-clock time.")
+    print("# images, decode ms: stored images a pack decodes, and decoding them alone (mmidx's decoder, no")
+    print("# transform) per pack; ÷ floor: a pack's CPU time as a multiple of that, median over rounds.")
+    print("# dense ms: mmidx dense masks of one pack; fill ms: allocating (torch's allocator) and filling tensors of")
+    print("# the same shapes; BlockMask ms: FlexAttention's block mask. Medians over the packs (bench_masks.py has")
+    print("# the floor in huge-page memory).")
+    for mode, watch in watches.items():
+        print(f"# {mode}: {watch.describe()}")
+    for mode, r in results.items():
+        text = f"{mode}: {r['flex / floor'].median:.2f}× the decode floor (flex)"
+        if bagel:
+            text += f", flex {r['flex × cpu']}, dense {r['dense × cpu']} BAGEL's tokens per CPU-second"
+        print(f"# headline {watches[mode].headline(text)}")
 
 if __name__ == "__main__":
     main()

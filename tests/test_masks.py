@@ -190,6 +190,19 @@ def test_dense_masks_are_contiguous_and_independent():
     assert masks[0].untyped_storage().data_ptr() != masks[1].untyped_storage().data_ptr()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_masks_over_a_huge_page_are_written_in_memory_of_their_own_and_equal_the_rule(dtype):
+    # samples of 4200+ tokens: each mask is over 32 MiB, so the CPU writes it into fresh huge-page memory
+    samples = [[(2600, "causal"), (1600, "noise"), (40, "full")], [(4200, "full"), (3, "causal")], [(5, "causal")]]
+    masks = dense_masks(*flatten(samples), device="cpu", dtype=dtype)
+    for mask, expected in zip(masks, naive_sample_masks(samples), strict=True):
+        assert mask.is_contiguous()
+        assert_same_bits(mask, additive(expected, dtype))
+    assert len({mask.untyped_storage().data_ptr() for mask in masks}) == 3
+    masks[0].fill_(1.0)  # writable, and shared with nothing
+    assert_same_bits(masks[1], additive(naive_sample_masks(samples)[1], dtype))
+
+
 def test_dense_masks_of_empty_samples_are_empty():
     masks = dense_masks([0, 4, 0], ["noise", "causal", "full"], [0, 4, 0], device="cpu")
     assert [m.shape for m in masks] == [(0, 0), (4, 4), (0, 0)]
@@ -344,7 +357,9 @@ def test_cpu_masks_never_touch_cuda(monkeypatch):
 
 
 @pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU tests cover the same code"
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU; the CPU tests check the same rule, but on the CPU dense masks are written into "
+    "huge-page memory, and on a GPU into torch's allocations, which only this test covers",
 )
 def test_cuda_masks_equal_cpu_masks():
     split_lens, attn_modes, sample_lens = flatten(bagel_pack(32768, seed=3))

@@ -55,3 +55,30 @@ def test_element_problem_of_one_sample_answers_as_its_vectorised_form():
         assert element_problem(records, texts, images) == expected
         answers.add(expected if expected is None else expected.split(" ")[0])
     assert None in answers and len(answers) >= 4  # sound views and several kinds of corruption were compared
+
+
+def test_pack_pixels_decode_each_stored_image_once_and_let_it_go_after_its_last_use(monkeypatch):
+    from types import SimpleNamespace
+
+    from mmidx.images.transform import BAGEL_VAE_TRANSFORM
+    from mmidx.pack import pixels
+
+    decoded = []
+
+    def decode(data):  # a stand-in decoder: counts calls, gives distinct pixels per image
+        decoded.append(data)
+        return np.full((2, 3, 3), data[0], np.uint8)
+
+    monkeypatch.setattr(pixels, "decode_rgb_pixels", decode)
+    images = {payload: SimpleNamespace(data=bytes([payload]), width=3, height=2) for payload in (0, 1)}
+    sample = SimpleNamespace(image=images.__getitem__, dataset=SimpleNamespace(prefix="p"))
+
+    def job(payload):
+        return pixels._ImageJob((0, 0, 7, payload), sample, BAGEL_VAE_TRANSFORM, 1, 2, 3)
+
+    jobs = [job(0), job(1), job(0)]  # image 0 used twice (an edit pack's VAE and ViT element), image 1 once
+    pack_pixels = pixels._Pixels(jobs)
+    seen = [int(pack_pixels(each)[0, 0, 0]) for each in jobs]
+    assert seen == [0, 1, 0]
+    assert decoded == [b"\x00", b"\x01"]  # image 0 decoded once for both of its uses
+    assert pack_pixels.decoded == {}  # nothing held once every use is done

@@ -91,7 +91,7 @@ class PackedBatch:
     @classmethod
     def from_pack(cls, pack: _Pack, *, use_flex: bool, max_num_tokens: int, vit_patch_size: int,
                   deferred: bool = False, stage: Stage = _untimed, noise: tuple[int, int] = (0, 0)) -> PackedBatch:
-        pixels = _Pixels(stage)
+        pixels = _Pixels([*pack.vae_images, *pack.vit_images], stage)
         if pack.vae_images and pack.vae_latents:
             raise ValueError("a pack mixes VAE images with precached latents: name the vae encodings for every "
                              "group with VAE images (or for none)")

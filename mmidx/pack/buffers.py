@@ -1,5 +1,6 @@
 """Batch buffers: large tensors handed out from a per-process pool of page-aligned, huge-page-advised
-allocations, so building a pack does not fault in fresh memory for every batch.
+allocations, so building a pack does not fault in fresh memory for every batch; and fresh huge-page-advised
+tensors for large outputs that are not pooled (dense attention masks).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch
 from mmidx.io.libc import advise_huge_pages
 
 _PAGE = 4096
+_HUGE_PAGE = 2 << 20
+_FRESH = 32 << 20  # glibc's largest mmap threshold: allocations from this size up are always mapped afresh
 
 
 class _BufferPool:
@@ -53,7 +56,7 @@ class _BufferPool:
 
 def _huge_pages(array: np.ndarray) -> np.ndarray:
     """``array`` (not touched yet), with the kernel asked to back it by transparent huge pages where it can."""
-    if array.nbytes >= 2 << 20:
+    if array.nbytes >= _HUGE_PAGE:
         start = -(-array.ctypes.data // _PAGE) * _PAGE
         end = (array.ctypes.data + array.nbytes) // _PAGE * _PAGE
         advise_huge_pages(start, end - start)
@@ -66,3 +69,19 @@ _BUFFERS = _BufferPool()
 def _batch_buffer(*shape: int) -> torch.Tensor:
     """An uninitialised float32 CPU tensor for a large batch key, from the process's pool (``_BufferPool``)."""
     return _BUFFERS.take(*shape)
+
+
+def huge_page_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor of ``shape`` and ``dtype``; from 32 MiB up, in memory of its own (not pooled:
+    freed with the tensor) that the kernel is asked to back by transparent huge pages.
+
+    For large outputs written once, such as dense attention masks. glibc maps every allocation over 32 MiB
+    (its largest mmap threshold) afresh, and faulting in 4 KiB pages then costs several times filling them;
+    2 MiB pages cost a fraction (the dense masks of an edit pack, 270 MB each: 250 ms per pack with torch's
+    allocation, 80 ms here, one thread, ``benchmarks/bench_masks.py``). Smaller tensors come from torch's
+    allocator, whose heap reuses freed pages.
+    """
+    count = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if count < _FRESH:
+        return torch.empty(shape, dtype=dtype)
+    return torch.from_numpy(_huge_pages(np.empty(count, np.uint8))).view(dtype).view(shape)

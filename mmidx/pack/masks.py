@@ -37,8 +37,11 @@ q (``row_limit[q] = q + 1``): the strict upper triangle of the split's diagonal 
 mask is therefore written in one pass: the predicate at each split's last row gives a small
 (splits × L_i) template, ``index_select`` copies the template row of every token's split into
 the (L_i, L_i) output, and each causal diagonal block gets its upper triangle blocked. No
-(L_i, L_i) temporary exists besides the output, and the build costs 1.1-1.2× allocating and
-filling the same tensors (CPU, ``benchmarks/bench_masks.py``): dense masks are memory-bound.
+(L_i, L_i) temporary exists besides the output. Dense masks are memory-bound, and most of what
+they cost on a CPU is paging in fresh memory: a mask of 32 MiB or more is written into memory of
+its own advised to use huge pages (``mmidx.pack.buffers.huge_page_tensor``), a fraction of the cost of
+torch's allocation of 4 KiB pages (``benchmarks/bench_masks.py`` times both against filling
+tensors that torch allocates).
 
 Block classification (``block_mask``)
 -------------------------------------
@@ -77,6 +80,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask
+
+from mmidx.pack.buffers import huge_page_tensor
 
 __all__ = ["ATTN_MODES", "block_mask", "dense_masks", "mask_predicate"]
 
@@ -241,8 +246,8 @@ def dense_masks(
     Bit for bit BAGEL's ``nested_attention_masks`` (``prepare_attention_mask_per_sample``) when
     ``dtype`` is float32; any floating dtype (bfloat16 for the model) holds the same 0 / -inf.
     Each mask is copied row by row from a small per-split template (only causal diagonal blocks
-    are written again), so the cost is close to that of filling the outputs; a Python loop runs
-    over samples and causal splits, never over tokens.
+    are written again), so the cost is close to that of filling the outputs (on the CPU, into
+    huge-page memory of their own); a Python loop runs over samples and causal splits, never over tokens.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating dtype such as torch.float32, got {dtype!r}")
@@ -258,7 +263,11 @@ def dense_masks(
         splits = slice(split_bounds[sample], split_bounds[sample + 1])
         last_rows = keys.split_last[splits, None]
         template = torch.where(allowed(None, None, last_rows, position[None, start:end]), attend, blocked)
-        mask = template.index_select(0, keys.local_split[start:end])
+        rows = keys.local_split[start:end]
+        if position.device.type == "cpu":  # large masks into huge pages: most of their cost is paging memory in
+            mask = torch.index_select(template, 0, rows, out=huge_page_tensor((end - start, end - start), dtype))
+        else:
+            mask = template.index_select(0, rows)
         causal = layout.causal[splits]
         causal_starts = (layout.starts[splits][causal] - start).tolist()
         causal_ends = (layout.ends[splits][causal] - start).tolist()
