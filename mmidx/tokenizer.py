@@ -197,7 +197,11 @@ def _read_cache(key: str | None) -> dict[str, Any] | None:
         cached = json.loads(_cache_path(key).read_text())
     except (OSError, ValueError):
         return None
-    return cached if isinstance(cached, dict) and cached.get("format") == _CACHE_FORMAT else None
+    if not (isinstance(cached, dict) and cached.get("format") == _CACHE_FORMAT
+            and isinstance(cached.get("backend"), str)):
+        return None
+    # the entry vouches for itself: its backend must hash to the checksum it records (else it is loaded afresh)
+    return cached if hashlib.sha256(cached["backend"].encode()).hexdigest() == cached.get("sha256") else None
 
 
 def _write_cache(key: str | None, facts: dict[str, Any]) -> None:

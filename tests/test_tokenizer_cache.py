@@ -87,6 +87,19 @@ def test_a_corrupt_cache_entry_is_ignored_and_rewritten(cache, tmp_path):
     assert json.loads(entry.read_text())["sha256"] == fresh.sha256
 
 
+def test_a_cache_entry_whose_backend_does_not_match_its_checksum_is_loaded_afresh(cache, tmp_path):
+    directory = train_tokenizer(tmp_path / "tok")
+    fresh = Tokenizer(directory)
+    (entry,) = cache.iterdir()
+    facts = json.loads(entry.read_text())
+    other = Tokenizer(train_tokenizer(tmp_path / "other", special=("<|other|>",)))  # valid, but not this one
+    assert other.sha256 != fresh.sha256
+    facts["backend"] = other._backend.to_str()
+    entry.write_text(json.dumps(facts))
+    again = Tokenizer(directory)
+    assert again._hf is not None and _facts(again) == _facts(fresh)
+
+
 def test_a_cache_that_cannot_be_written_only_costs_time(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("MMIDX_CACHE_DIR", str(tmp_path / "file"))
