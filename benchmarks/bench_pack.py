@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +42,7 @@ from typing import Any
 import torch
 import yaml
 from bagel_peer import BUDGETS, DROPOUT, MODES, import_bagel, packed_dataset, prepare
-from common import Watch, commit, interleave, machine, ratio
+from common import Watch, interleave, machine, ratio
 from PIL import Image
 
 from mmidx.config import DataConfig
@@ -261,23 +260,28 @@ def _precache_rate(config: DataConfig, jobs: list[Any], encoders: list[torch.nn.
     return images / (time.process_time() - cpu)
 
 
-def _worker_ms(builders: dict[str, PackBuilder], items: list[Any], rounds: int = 2) -> dict[str, float]:
-    """Median CPU ms of ``PackDataset[k]`` (``builder.build``: what a loader worker spends on pack k) per builder,
-    the builders interleaved pack by pack so that load from other jobs falls on all of them alike."""
+def _worker_ms(builders: dict[str, PackBuilder], items: list[Any], rounds: int) -> dict[str, Any]:
+    """CPU ms of ``PackDataset[k]`` (``builder.build``: what a loader worker spends on pack k) per builder, the
+    builders taking turns pack by pack over ``rounds`` rounds (common.interleave): each builder's median ms a
+    pack, and each encodings builder's speed-up over pixels as the median of the per-round ratios."""
     for builder in builders.values():
         builder.build(0, items[0])  # warm caches
-    spent: dict[str, list[float]] = {name: [] for name in builders}
-    for _ in range(rounds):
-        for k in range(len(items)):
-            for name, builder in builders.items():
-                cpu = time.process_time()
-                builder.build(k, items[k])
-                spent[name].append((time.process_time() - cpu) * 1e3)
-    return {name: statistics.median(values) for name, values in spent.items()}
+    def side(builder: PackBuilder) -> Callable[[int], None]:
+        def build(k: int) -> None:
+            builder.build(k, items[k])  # dropped at once, as a worker hands it over: its buffers are reused
+
+        return build
+
+    turns = interleave({name: side(builder) for name, builder in builders.items()}, range(len(items)), rounds)
+    result: dict[str, Any] = {f"{name}_ms": statistics.median(ms * 1e3 for per_round in turns.cpu[name]
+                                                               for ms in per_round) for name in builders}
+    pixels = turns.per_round("pixels")
+    result.update({f"{name}_speedup": ratio(pixels, turns.per_round(name)) for name in builders if name != "pixels"})
+    return result
 
 
-def run_latents(datasets: Path, groups: list[str], packs: int, geometry: dict[str, int], vit: bool) \
-        -> dict[str, float]:
+def run_latents(datasets: Path, groups: list[str], packs: int, geometry: dict[str, int], vit: bool,
+                rounds: int) -> dict[str, Any]:
     """Precache the groups' VAE images as moments with one encoder, then with two in one pass (images per
     CPU-second), and (``vit``) their ViT images; then the worker-side CPU ms of a pack with pixels against
     one with latents (and with ViT encodings), interleaved, and the ViT pixels' share of the latent pack."""
@@ -299,7 +303,7 @@ def run_latents(datasets: Path, groups: list[str], packs: int, geometry: dict[st
             for prefix in group.datasets:
                 precache_dataset(prefix, job, group.vit_transform, progress=False, encoder=BenchViT().eval())
         builders["frozen_vit"] = PackBuilder(config, encodings={"vae": vae.name, "vit": job.name})
-    result.update({f"{name}_ms": ms for name, ms in _worker_ms(builders, items).items()})
+    result.update(_worker_ms(builders, items, rounds))
     clock = StageClock()  # the latent pack's remaining pixel work: its ViT images (VAE images are not decoded)
     timed = PackBuilder(config, encodings={"vae": vae.name}, stage=clock)
     start = time.perf_counter()  # wall time, as the stage clock's
@@ -317,35 +321,40 @@ def run_latents(datasets: Path, groups: list[str], packs: int, geometry: dict[st
 
 
 def print_encodings(args: argparse.Namespace, sizes: list[int]) -> None:
-    """The --encodings table, per image size: worker-side ms per pack, pixels against latents, and precache
-    images/s with one and two encoders in a pass."""
-    print(f"{'JPEGs':<6} {'mode':<16} {'pixels ms':>10} {'latents ms':>11} {'×':>6} {'Amdahl bound':>13} "
-          f"{'of bound':>9} {'draw ms':>8} {'precache img/s 1 enc':>21} {'2 enc, one pass':>16}")
-    for size, mode in ((size, mode) for size in sizes for mode in ("t2i", "edit")):
-        _, datasets = prepare(Path(args.workdir), size)
-        # 1024² VAE images (BAGEL's t2i transform caps at 1024) need BAGEL's 1024 setting of max_latent_size
-        r = run_latents(datasets, MODES[mode], args.packs, {"max_latent_size": 64} if size > 512 else {},
-                        vit=mode == "edit")
-        print(f"{size:<6} ", end="")
+    """The --encodings table, per image size: worker-side ms per pack, pixels against latents (median of the
+    per-round ratios and their range), and precache images/s with one and two encoders in a pass."""
+    results = {}
+    with Watch() as watch:
+        for size, mode in ((size, mode) for size in sizes for mode in ("t2i", "edit")):
+            _, datasets = prepare(Path(args.workdir), size)
+            # 1024² VAE images (BAGEL's t2i transform caps at 1024) need BAGEL's 1024 setting of max_latent_size
+            results[size, mode] = run_latents(datasets, MODES[mode], args.packs,
+                                              {"max_latent_size": 64} if size > 512 else {},
+                                              vit=mode == "edit", rounds=args.rounds)
+    print(f"{'JPEGs':<6} {'mode':<16} {'pixels ms':>10} {'latents ms':>11} {'× pixels, median (range)':>32} "
+          f"{'Amdahl bound':>13} {'of bound':>9} {'draw ms':>8} {'precache img/s 1 enc':>21} {'2 enc, one pass':>16}")
+    for (size, mode), r in results.items():
         rates = f"{r['one_encoder_images_per_s']:>21.1f} {r['two_encoders_images_per_s']:>16.1f}"
+        speedup = watch.headline(str(r["latents_speedup"]))
         if mode == "t2i":
-            print(f"{'t2i':<16} {r['pixels_ms']:>10.1f} {r['latents_ms']:>11.1f} "
-                  f"{r['pixels_ms'] / r['latents_ms']:>6.1f} {'-':>13} {'-':>9} {r['draw_ms']:>8.1f} {rates}")
+            print(f"{size:<6} {'t2i':<16} {r['pixels_ms']:>10.1f} {r['latents_ms']:>11.1f} {speedup:>32} "
+                  f"{'-':>13} {'-':>9} {r['draw_ms']:>8.1f} {rates}")
             continue
         bound = r["pixels_ms"] / (r["vit_pixel_share"] * r["latents_ms"])
-        speedup = r["pixels_ms"] / r["latents_ms"]
-        print(f"{'edit, ViT train':<16} {r['pixels_ms']:>10.1f} {r['latents_ms']:>11.1f} {speedup:>6.1f} "
-              f"{bound:>13.1f} {speedup / bound:>9.2f} {r['draw_ms']:>8.1f} {rates}")
+        of_bound = watch.headline(f"{r['latents_speedup'].median / bound:.2f}")
+        print(f"{size:<6} {'edit, ViT train':<16} {r['pixels_ms']:>10.1f} {r['latents_ms']:>11.1f} {speedup:>32} "
+              f"{bound:>13.1f} {of_bound:>9} {r['draw_ms']:>8.1f} {rates}")
         print(f"{size:<6} {'edit, ViT frozen':<16} {r['pixels_ms']:>10.1f} {r['frozen_vit_ms']:>11.1f} "
-              f"{r['pixels_ms'] / r['frozen_vit_ms']:>6.1f} {'-':>13} {'-':>9} {r['draw_ms']:>8.1f} {rates}")
+              f"{watch.headline(str(r['frozen_vit_speedup'])):>32} {'-':>13} {'-':>9} {r['draw_ms']:>8.1f} {rates}")
     print("# ms: median CPU ms of PackDataset[k] (builder.build, what a loader worker spends) per ~32K-token pack,")
-    print("# pixels and latents interleaved pack by pack; latents: bf16 moments of a 32-channel conv+GroupNorm")
-    print("# stand-in VAE (8x down), shipped with their (seed, pack) key: the sample is drawn on the batch's")
-    print("# device ('draw ms': to('cpu').to_dict() of one pack here, on the trainer's side, not the worker's).")
+    print("# the builders taking turns pack by pack over the rounds; latents: bf16 moments of a 32-channel")
+    print("# conv+GroupNorm stand-in VAE (8x down), shipped with their (seed, pack) key: the sample is drawn on")
+    print("# the batch's device ('draw ms': to('cpu').to_dict() of one pack here: the trainer's side).")
     print("# ViT frozen: the ViT images as bf16 outputs of a 1152-wide 14-pixel patch embedding as well.")
     print("# Amdahl bound: pixels ms / the ViT pixel work left in the latent pack (decode+resize+normalise).")
     print("# precache img/s: decode + BAGEL transform + encoder(s) + store per CPU-second, one thread, batches of 8;")
     print("# '2 enc': a second conv encoder fed the same transformed pixels in the same pass.")
+    print(f"# {watch.describe()}")
 
 
 def main() -> None:
@@ -369,11 +378,8 @@ def main() -> None:
     if args.encodings:
         print(f"# bench_pack --encodings — one thread, packs of ~32K tokens (BAGEL budgets), {args.packs} packs per "
               f"mode, {' and '.join(f'{size}²' for size in sizes)} JPEGs")
-        print(f"# {machine('torch', 'Pillow')}, commit {commit()}")
-        print(f"# load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores; this machine is "
-              "shared with other jobs")
+        print(f"# {machine('torch', 'Pillow')}")
         print_encodings(args, sizes)
-        print(f"# load average after: {os.getloadavg()[0]:.2f} (1 min)")
         return
     args.image_size = sizes[0]
     raw, datasets = prepare(Path(args.workdir), args.image_size)

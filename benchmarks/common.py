@@ -130,7 +130,9 @@ def interleave(sides: Mapping[str, Callable[[Any], Any]], items: Sequence[Any], 
     """Run every side on every item, taking turns item by item, for ``rounds`` rounds.
 
     The side that goes first rotates with the item and the round, so no side always meets a warm (or a
-    cold) cache left by the other. The items are the same objects on every side and round.
+    cold) cache left by the other. The items are the same objects on every side and round. Each side's
+    results of the current round are kept (:attr:`Turns.results`): a side should return something small,
+    not a batch whose buffers would then stay alive, and not be reused, until the round ends.
     """
     names = list(sides)
     cpu = {name: [] for name in names}
