@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import statistics
 import types
 from collections.abc import Callable
 from importlib.metadata import version
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from bagel_peer import add_bagel_site, import_bagel
-from common import best_of, machine
+from common import Watch, best_of, interleave, machine
 from PIL import Image
 
 from mmidx.images.decode import decode_rgb, probe, rgb_pixels
@@ -128,62 +129,72 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    data = photo_like_jpeg()
-    image = decode_rgb(data)
-    resized = image.resize(BAGEL_VIT_TRANSFORM.output_size(image), Image.Resampling.BICUBIC)
-    vit_tensor = BAGEL_VIT_TRANSFORM(image)
-    rows: list[tuple[str, float, float | None]] = []
-    add_bagel_site(args.bagel_site)
-    reference_name, reference = to_tensor_reference()
-    bagel = None
-    if args.bagel_src:
-        try:
-            import_bagel(args.bagel_src, args.bagel_site)
-        except ImportError as error:
-            parser.error(f"BAGEL's data package does not import ({error}); pass --bagel-site with its extras")
-        from data import data_utils, transforms  # BAGEL's own, unmodified
+    with Watch() as watch:
+        data = photo_like_jpeg()
+        image = decode_rgb(data)
+        resized = image.resize(BAGEL_VIT_TRANSFORM.output_size(image), Image.Resampling.BICUBIC)
+        vit_tensor = BAGEL_VIT_TRANSFORM(image)
+        rows: list[tuple[str, float, float | None]] = []
+        add_bagel_site(args.bagel_site)
+        reference_name, reference = to_tensor_reference()
+        bagel = None
+        if args.bagel_src:
+            try:
+                import_bagel(args.bagel_src, args.bagel_site)
+            except ImportError as error:
+                parser.error(f"BAGEL's data package does not import ({error}); pass --bagel-site with its extras")
+            from data import data_utils, transforms  # BAGEL's own, unmodified
 
-        bagel = types.SimpleNamespace(transforms=transforms, data_utils=data_utils)
-    bagel_vit = bagel and bagel.transforms.ImageTransform(518, 224, 14)
-    bagel_vae = bagel and bagel.transforms.ImageTransform(1024, 512, 16)
+            bagel = types.SimpleNamespace(transforms=transforms, data_utils=data_utils)
+        bagel_vit = bagel and bagel.transforms.ImageTransform(518, 224, 14)
+        bagel_vae = bagel and bagel.transforms.ImageTransform(1024, 512, 16)
 
-    def row(name: str, ours: Callable[[], Any], theirs: Callable[[], Any] | None = None) -> None:
-        theirs_time = best_of(theirs, args.repeats, warmup=True)[0] if theirs else None
-        rows.append((name, best_of(ours, args.repeats, warmup=True)[0], theirs_time))
+        def row(name: str, ours: Callable[[], Any], theirs: Callable[[], Any] | None = None) -> None:
+            """Median CPU seconds of each side, the two taking turns call by call (common.interleave)."""
+            sides = {"mmidx": ours, **({"reference": theirs} if theirs else {})}
+            for side in sides.values():
+                side()  # warm up
+            turns = interleave({key: (lambda _, side=side: side()) for key, side in sides.items()},
+                               range(args.repeats), rounds=1)
+            median = {key: statistics.median(turns.cpu[key][0]) for key in sides}
+            rows.append((name, median["mmidx"], median.get("reference")))
 
-    def bagel_decode() -> Image.Image:
-        return bagel.data_utils.pil_img2rgb(Image.open(io.BytesIO(data)))
+        def bagel_decode() -> Image.Image:
+            return bagel.data_utils.pil_img2rgb(Image.open(io.BytesIO(data)))
 
-    row("probe (header only)", lambda: probe(data))
-    row("decode to RGB (open + to_rgb)", lambda: decode_rgb(data), bagel and bagel_decode)
-    row("to tensor, 512² (reference: ToTensor/Normalize)", lambda: BAGEL_VAE_TRANSFORM.to_tensor(image),
-        lambda: reference(image))
-    row("resize 512² → 518² + to tensor (fused; reference: PIL bicubic, ToTensor/Normalize)",
-        lambda: BAGEL_VIT_TRANSFORM.to_tensor(image, resized.size),
-        lambda: reference(image.resize(resized.size, Image.Resampling.BICUBIC)))
-    assert torch.equal(BAGEL_VIT_TRANSFORM.to_tensor(image, resized.size), reference(resized))
-    assert torch.equal(BAGEL_VAE_TRANSFORM.to_tensor(image), reference(image))
-    assert torch.equal(reference(resized), transcribed_steps(resized))
-    row("ViT transform 512² → 518² tensor", lambda: BAGEL_VIT_TRANSFORM(image),
-        bagel and (lambda: bagel_vit(image)))
-    row("VAE transform 512² → 512² tensor", lambda: BAGEL_VAE_TRANSFORM(image),
-        bagel and (lambda: bagel_vae(image)))
-    row("patchify 518², p=14", lambda: patchify(vit_tensor, 14),
-        bagel and (lambda: bagel.data_utils.patchify(vit_tensor, 14)))
-    row("decode + ViT transform + patchify", lambda: patchify(BAGEL_VIT_TRANSFORM(decode_rgb(data)), 14),
-        bagel and (lambda: bagel.data_utils.patchify(bagel_vit(bagel_decode()), 14)))
-    if bagel:
-        assert torch.equal(BAGEL_VIT_TRANSFORM(decode_rgb(data)), bagel_vit(bagel_decode()))
-        assert torch.equal(BAGEL_VAE_TRANSFORM(decode_rgb(data)), bagel_vae(bagel_decode()))
+        row("probe (header only)", lambda: probe(data))
+        row("decode to RGB (open + to_rgb)", lambda: decode_rgb(data), bagel and bagel_decode)
+        row("to tensor, 512² (reference: ToTensor/Normalize)", lambda: BAGEL_VAE_TRANSFORM.to_tensor(image),
+            lambda: reference(image))
+        row("resize 512² → 518² + to tensor (fused; reference: PIL bicubic, ToTensor/Normalize)",
+            lambda: BAGEL_VIT_TRANSFORM.to_tensor(image, resized.size),
+            lambda: reference(image.resize(resized.size, Image.Resampling.BICUBIC)))
+        assert torch.equal(BAGEL_VIT_TRANSFORM.to_tensor(image, resized.size), reference(resized))
+        assert torch.equal(BAGEL_VAE_TRANSFORM.to_tensor(image), reference(image))
+        assert torch.equal(reference(resized), transcribed_steps(resized))
+        row("ViT transform 512² → 518² tensor", lambda: BAGEL_VIT_TRANSFORM(image),
+            bagel and (lambda: bagel_vit(image)))
+        row("VAE transform 512² → 512² tensor", lambda: BAGEL_VAE_TRANSFORM(image),
+            bagel and (lambda: bagel_vae(image)))
+        row("patchify 518², p=14", lambda: patchify(vit_tensor, 14),
+            bagel and (lambda: bagel.data_utils.patchify(vit_tensor, 14)))
+        row("decode + ViT transform + patchify", lambda: patchify(BAGEL_VIT_TRANSFORM(decode_rgb(data)), 14),
+            bagel and (lambda: bagel.data_utils.patchify(bagel_vit(bagel_decode()), 14)))
+        if bagel:
+            assert torch.equal(BAGEL_VIT_TRANSFORM(decode_rgb(data)), bagel_vit(bagel_decode()))
+            assert torch.equal(BAGEL_VAE_TRANSFORM(decode_rgb(data)), bagel_vae(bagel_decode()))
 
-    rng = np.random.default_rng(0)
-    widths, heights = rng.integers(64, 4096, 1_000_000), rng.integers(64, 4096, 1_000_000)
-    vectorised = best_of(lambda: num_image_tokens(widths, heights, BAGEL_VIT_TRANSFORM), 5, warmup=True)[0]
-    sample = list(zip(widths[:20_000].tolist(), heights[:20_000].tolist(), strict=True))
-    kwargs = {"max_size": 518, "min_size": 224, "stride": 14, "max_pixels": BAGEL_VIT_TRANSFORM.max_pixels}
-    scalar = best_of(lambda: [resize_shape(w, h, **kwargs) for w, h in sample], 3, warmup=True)[0] / len(sample) * 1e6
+        rng = np.random.default_rng(0)
+        widths, heights = rng.integers(64, 4096, 1_000_000), rng.integers(64, 4096, 1_000_000)
+        vectorised = best_of(lambda: num_image_tokens(widths, heights, BAGEL_VIT_TRANSFORM), 5, warmup=True)[0]
+        sample = list(zip(widths[:20_000].tolist(), heights[:20_000].tolist(), strict=True))
+        kwargs = {"max_size": 518, "min_size": 224, "stride": 14, "max_pixels": BAGEL_VIT_TRANSFORM.max_pixels}
+        scalar = best_of(lambda: [resize_shape(w, h, **kwargs) for w, h in sample], 3, warmup=True)[0]
+        scalar = scalar / len(sample) * 1e6
 
-    print(f"{len(data)}-byte 512² JPEG, one thread; {machine('Pillow', 'numpy', 'torch')}")
+        decoders = compare_decoders(args.repeats)
+    print(f"{len(data)}-byte 512² JPEG, one thread; {machine('Pillow', 'numpy', 'torch')}; medians of "
+          f"{args.repeats} calls a side, the sides taking turns (CPU time)")
     print(f"ToTensor/Normalize reference: {reference_name}; outputs checked equal to mmidx's\n")
     print("| step | mmidx (ms) | reference (ms) |\n|---|---:|---:|")
     for name, ours, theirs in rows:
@@ -193,8 +204,9 @@ def main() -> None:
     if bagel:
         print("\nReference column: BAGEL's own code where one exists; transform outputs checked bit-equal.")
     print("\n| JPEG decoder | ms per 512² decode to RGB | pixels equal to PIL's |\n|---|---:|---|")
-    for name, milliseconds, verdict in compare_decoders(args.repeats):
+    for name, milliseconds, verdict in decoders:
         print(f"| {name} | {milliseconds:.2f} | {verdict} |")
+    print(f"\n{watch.describe()}")
 
 
 if __name__ == "__main__":
