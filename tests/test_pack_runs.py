@@ -2,6 +2,7 @@
 ``np.arange(start, start + length)`` for step 1 and ``np.full(length, start)`` for step 0, concatenated and cast."""
 
 import numpy as np
+import pytest
 import torch
 
 from mmidx.pack.runs import Runs
@@ -33,3 +34,13 @@ def test_runs_equal_the_concatenated_per_element_arrays():
             got = recorded.tensor(dtype)
             expected = torch.from_numpy(_reference(runs, dtype))
             assert got.dtype == expected.dtype and torch.equal(got, expected), (trial, runs)
+
+
+def test_the_run_kernel_refuses_a_negative_length_and_lists_of_different_lengths():
+    from mmidx import _runs
+
+    assert _runs.int_runs([3, 10], [2, 3], [1, 0]).tolist() == [3, 4, 10, 10, 10]
+    with pytest.raises(ValueError, match="negative length"):
+        _runs.int_runs([0, 5], [4, -1], [1, 1])
+    with pytest.raises(ValueError, match="one start, length and step each"):
+        _runs.int_runs([0], [1, 2], [1, 1])

@@ -1,5 +1,6 @@
 """Batch keys made of runs (index ranges, repeated rope ids, weights, timesteps), recorded per element as three
-numbers and made into one array per pack in one vectorised pass, instead of one small numpy array per element.
+numbers and made into one array per pack in one pass (:mod:`mmidx._runs`), instead of one small numpy array per
+element.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from mmidx import _runs
 
 
 class Runs:
@@ -36,11 +39,8 @@ class Runs:
 
     def tensor(self, dtype: Any) -> torch.Tensor:
         """All runs, in order, as one tensor of numpy dtype ``dtype``."""
-        lengths = np.array(self.lengths, np.int64)
         if not any(self.steps):  # repeated values only (and every float key)
-            return torch.from_numpy(np.repeat(np.array(self.starts), lengths).astype(dtype, copy=False))
-        ends = np.cumsum(lengths)
-        position = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - lengths, lengths)  # k within its run
-        values = np.repeat(np.array(self.starts, np.int64), lengths) + np.repeat(np.array(self.steps, np.int64),
-                                                                                 lengths) * position
+            values = np.repeat(np.array(self.starts), np.array(self.lengths, np.int64))
+        else:
+            values = _runs.int_runs(self.starts, self.lengths, self.steps)
         return torch.from_numpy(values.astype(dtype, copy=False))
