@@ -22,16 +22,7 @@ from mmidx.format import IMAGE_FLAG_TRANSPARENCY, IMAGE_FORMATS, IMAGE_MODES, Fo
 cnp.import_array()
 
 
-cdef inline int64_t _load_i64(const char* base, int64_t i) noexcept nogil:
-    cdef int64_t value
-    memcpy(&value, base + 8 * i, 8)
-    return value
-
-
-cdef inline int32_t _load_i32(const char* base, int64_t i) noexcept nogil:
-    cdef int32_t value
-    memcpy(&value, base + 4 * i, 4)
-    return value
+include "_unaligned.pxi"
 
 
 def map_readonly(path):

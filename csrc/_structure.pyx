@@ -29,16 +29,7 @@ if [IMAGE_DTYPE.fields[name][1] for name in ("width", "height", "format", "mode"
                       "at bytes 0, 4, 8 and 9 of 12")
 
 
-cdef inline int64_t _i64(const char* base, int64_t i) noexcept nogil:
-    cdef int64_t value
-    memcpy(&value, base + 8 * i, 8)
-    return value
-
-
-cdef inline int32_t _i32(const char* base, int64_t i) noexcept nogil:
-    cdef int32_t value
-    memcpy(&value, base + 4 * i, 4)
-    return value
+include "_unaligned.pxi"
 
 
 cdef const char* _data(cnp.ndarray array, object dtype, int64_t length, str name) except NULL:
@@ -52,10 +43,10 @@ cdef const char* _data(cnp.ndarray array, object dtype, int64_t length, str name
 cdef bint _ordered(const char* offsets, int64_t count, int64_t last) noexcept nogil:
     """Whether ``count + 1`` offsets start at 0, never decrease and end at ``last``."""
     cdef int64_t i
-    if _i64(offsets, 0) != 0 or _i64(offsets, count) != last:
+    if _load_i64(offsets, 0) != 0 or _load_i64(offsets, count) != last:
         return False
     for i in range(count):
-        if _i64(offsets, i + 1) < _i64(offsets, i):
+        if _load_i64(offsets, i + 1) < _load_i64(offsets, i):
             return False
     return True
 
@@ -72,13 +63,13 @@ def tokens_sound(cnp.ndarray lengths, cnp.ndarray pointers, cnp.ndarray document
     cdef bint sound = True
     with nogil:
         for i in range(n):
-            size = _i32(length, i)
-            if size < 0 or <uint64_t>_i64(pointer, i) != total:
+            size = _load_i32(length, i)
+            if size < 0 or <uint64_t>_load_i64(pointer, i) != total:
                 sound = False
                 break
             total += <uint64_t>size * <uint64_t>itemsize
         for i in range(documents - 1):
-            if _i64(document, i + 1) < _i64(document, i):
+            if _load_i64(document, i + 1) < _load_i64(document, i):
                 sound = False
                 break
     return sound
@@ -124,18 +115,18 @@ def plan_sound(cnp.ndarray document_indices, dict plan, int64_t sources) -> bool
         return False
     with nogil:
         for s in range(samples):
-            first_view, end_view = _i64(sample_views, s), _i64(sample_views, s + 1)
-            source = _i64(origins, 2 * s)
+            first_view, end_view = _load_i64(sample_views, s), _load_i64(sample_views, s + 1)
+            source = _load_i64(origins, 2 * s)
             if first_view == end_view or source < -1 or source >= sources:
                 sound = False
                 break
-            texts = _i64(document, s + 1) - _i64(document, s)
-            pictures = _i64(sample_images, s + 1) - _i64(sample_images, s)
+            texts = _load_i64(document, s + 1) - _load_i64(document, s)
+            pictures = _load_i64(sample_images, s + 1) - _load_i64(sample_images, s)
             for v in range(first_view, end_view):
-                for e in range(_i64(view_elements, v), _i64(view_elements, v + 1)):
+                for e in range(_load_i64(view_elements, v), _load_i64(view_elements, v + 1)):
                     record = element + 16 * e
                     memcpy(&img_num, record + 2, 2)
-                    payload = _i32(record + 12, 0)
+                    payload = _load_i32(record + 12, 0)
                     if (<unsigned char>record[0] >= kinds or <unsigned char>record[1] & unknown_flags or img_num < 1
                             or payload < 0 or payload >= (texts if <unsigned char>record[0] == text else pictures)):
                         sound = False
@@ -147,7 +138,7 @@ def plan_sound(cnp.ndarray document_indices, dict plan, int64_t sources) -> bool
         if sound:
             for e in range(images):
                 record = image + 12 * e
-                if (_i32(record, 0) <= 0 or _i32(record, 1) <= 0 or <unsigned char>record[8] >= formats
+                if (_load_i32(record, 0) <= 0 or _load_i32(record, 1) <= 0 or <unsigned char>record[8] >= formats
                         or <unsigned char>record[9] >= modes):
                     sound = False
                     break
