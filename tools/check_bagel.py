@@ -33,7 +33,6 @@ import argparse
 import contextlib
 import os
 import shlex
-import subprocess
 import sys
 import time
 import types
@@ -50,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bagel_peer import BUDGETS, DROPOUT, GEOMETRY, MODES, bagel_commit, import_bagel, packed_dataset, prepare
 from bagel_rows import BagelSamples, NotBagels
+from common import commit
 
 from mmidx.config import DataConfig
 from mmidx.index.pack_index import PackItem, build_pack_index
@@ -248,12 +248,10 @@ def main() -> int:
     for reason, count in tally.deliberate.items():
         print(f"deliberate difference ({count}×): {reason}")
     command = " ".join(["python", "tools/check_bagel.py", *map(shlex.quote, sys.argv[1:])])
-    ours = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).parent).stdout.strip() or "unknown"
     print(f"check_bagel: {tally.comparisons} comparisons ({tally.batches} packed batches key by key: "
           f"{', '.join(f'{m} {n} packs' for m, n in packs.items())}, each flex and dense; {tally.plans} sample "
           f"plans, {tally.videos} of them video clips), {len(tally.mismatches)} mismatches, "
-          f"{sum(tally.deliberate.values())} deliberate differences; mmidx commit {ours}, BAGEL commit "
+          f"{sum(tally.deliberate.values())} deliberate differences; mmidx commit {commit()}, BAGEL commit "
           f"{bagel_commit(args.bagel_src, args.bagel_commit)}; {time.perf_counter() - start:.0f} s, "
           f"load average {os.getloadavg()[0]:.2f}")
     print(f"# command: {command}")
