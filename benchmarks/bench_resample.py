@@ -1,14 +1,15 @@
 """The Pillow-exact resize kernels against each other: scalar C, SSE4.1 and AVX2, per image and per pack.
 
-    python benchmarks/bench_resample.py [--rounds 15] [--packs 6] [--modes t2i,edit,vlm,mix] [--no-packs]
+    python benchmarks/bench_resample.py [--rounds 15] [--packs 6] [--modes t2i,edit,vlm,mix]   # --packs 0: images only
 
 Every kernel the CPU runs (``mmidx._pixels.available_kernels()``, forced in turn with ``set_kernel``) resizes
 and normalises the same images to BAGEL's sizes (``BAGEL_VIT_TRANSFORM`` / ``BAGEL_VAE_TRANSFORM``'s
 ``output_size``: 512² photos to the ViT's 518², upscales to the VAE's minimum side, downscales of 1536² and
-larger, odd sizes), one thread, the kernels taking turns image by image over ``--rounds`` rounds
-(benchmarks/common.py's protocol). Per image: each kernel's median milliseconds of CPU time, and the median
-ratio of the scalar kernel's time to each SIMD kernel's with its spread over the rounds. Every kernel's output
-is checked equal to the scalar kernel's (the tests check each against Pillow).
+larger, odd sizes; and a 512² photo kept at 512² for the VAE, which only normalises: the AVX2 kernel computes
+the normalised values, the others look them up), one thread, the kernels taking turns image by image over
+``--rounds`` rounds (benchmarks/common.py's protocol). Per image: each kernel's median milliseconds of CPU
+time, and the median ratio of the scalar kernel's time to each SIMD kernel's with its spread over the rounds.
+Every kernel's output is checked equal to the scalar kernel's (the tests check each against Pillow).
 
 Per pack: BAGEL-budget packs (~32K tokens, benchmarks/bench_pack.py's corpus of 512² JPEGs, built once under
 ``--workdir``) built whole (decode, resize, normalise, token tensors) by a ``PackBuilder`` under each kernel,
@@ -59,14 +60,14 @@ def load_baseline(path: str) -> ModuleType:
 
 def image_cases() -> list[tuple[str, np.ndarray, torch.Tensor, ImageTransform]]:
     """(name, pixels, output buffer, transform) per source size and BAGEL transform that resizes it (a
-    transform that keeps the size is left out: no resize to time)."""
+    transform that keeps the size is left out, but for the 512² photo: normalising alone, t2i's case)."""
     rng = np.random.default_rng(0)
     cases = []
     for width, height in SOURCES:
         pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
         for label, transform in (("vit", BAGEL_VIT_TRANSFORM), ("vae", BAGEL_VAE_TRANSFORM)):
             new_width, new_height = (int(side) for side in transform.output_shapes(width, height, 1))
-            if (new_width, new_height) == (width, height):
+            if (new_width, new_height) == (width, height) != (512, 512):
                 continue
             cases.append((f"{width}×{height} → {new_width}×{new_height} {label}", pixels,
                           torch.empty(3, new_height, new_width), transform))
@@ -74,12 +75,16 @@ def image_cases() -> list[tuple[str, np.ndarray, torch.Tensor, ImageTransform]]:
 
 
 def render(module: ModuleType, kernel: str | None, case: tuple) -> None:
-    """``ImageTransform.normalize_into``'s call of the kernel, with ``module``'s kernel ``kernel``."""
+    """``ImageTransform.normalize_into``'s call of the kernel, with ``module``'s kernel ``kernel`` (a baseline
+    build, ``kernel`` None, may predate the normalise step and its ``normalization`` argument)."""
     _name, pixels, out, transform = case
-    if kernel is not None:
-        module.set_kernel(kernel)
     height, width = out.shape[1:]
-    module.render_chw(pixels, out.numpy(), transform.lookup_table, _vertical_pass_first(pixels, width, height))
+    arguments = (pixels, out.numpy(), transform.lookup_table, _vertical_pass_first(pixels, width, height))
+    if kernel is None:
+        module.render_chw(*arguments)
+        return
+    module.set_kernel(kernel)
+    module.render_chw(*arguments, transform.normalization)
 
 
 def ratios(names: list[str]) -> list[tuple[str, str]]:

@@ -10,7 +10,9 @@ each level, and written as float32 into a (3, H, W) slot of ``padded_images`` or
 ``packed_vit_tokens``. No intermediate image exists beyond the horizontal pass's 8-bit rows.
 
 The two passes run in one of three kernels, all giving the same bytes: portable C
-(``_pixels_rows.h``, "scalar") and SSE4.1 / AVX2 intrinsics (``_pixels_simd.h``), the best the CPU
+(``_pixels_rows.h``, "scalar") and SSE4.1 / AVX2 intrinsics (``_pixels_simd.h``; the AVX2 kernel also
+computes the normalised values instead of looking them up, ``_pixels_normalize.h``, where it reproduces
+every level of the table bit for bit, checked before each image), the best the CPU
 supports chosen at import; ``set_kernel`` forces one (tests run every Pillow comparison on each,
 benchmarks/bench_resample.py times them). The vertical pass runs over whole rows instead of Pillow's
 column-by-column loop, the horizontal pass over 8 rows at once; integer sums are exact, so the order
@@ -20,6 +22,7 @@ does not change the result.
 from libc.math cimport ceil
 from libc.stdint cimport int32_t, uint8_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcmp
 
 cdef extern from "_pixels_simd.h":
     enum: MMIDX_BLOCK
@@ -31,10 +34,16 @@ cdef extern from "_pixels_simd.h":
                                          const int32_t* weights, Py_ssize_t ksize,
                                          Py_ssize_t width, uint8_t* out, Py_ssize_t out_stride,
                                          uint8_t* scratch) noexcept nogil
+    ctypedef Py_ssize_t (*mmidx_planes_fn)(const uint8_t* row, Py_ssize_t pixel_stride, Py_ssize_t width,
+                                           const float* norm, float* r, float* g, float* b) noexcept nogil
+    ctypedef void (*mmidx_values_fn)(const uint8_t* values, Py_ssize_t count, const float* norm,
+                                     float* out) noexcept nogil
     ctypedef struct mmidx_kernel:
         const char* name
         mmidx_vertical_fn vertical
         mmidx_horizontal_fn horizontal
+        mmidx_planes_fn planes
+        mmidx_values_fn values
     const mmidx_kernel mmidx_kernels[]
     int mmidx_kernel_supported(int i) noexcept nogil
 
@@ -97,23 +106,50 @@ cdef Py_ssize_t _coefficients(Py_ssize_t in_size, Py_ssize_t out_size, int32_t**
     return ksize
 
 
+cdef bint _levels_match(const mmidx_kernel* kernel, const float* table, const float* norm) noexcept nogil:
+    """Whether the kernel's normalise step gives ``table``'s bits for every level of every channel, through
+    both of its layouts (CHW planes, pixel-major values): then it may replace looking the table up."""
+    cdef uint8_t levels[768]
+    cdef float planes[768]
+    cdef float values[768]
+    cdef Py_ssize_t v, c
+    for v in range(768):
+        levels[v] = <uint8_t>(v // 3)          # pixel v // 3 is grey level v // 3
+    if kernel.planes(levels, 3, 256, norm, planes, planes + 256, planes + 512) != 256:
+        return False
+    kernel.values(levels, 768, norm, values)
+    for v in range(256):
+        for c in range(3):
+            if memcmp(&values[3 * v + c], &table[c * 256 + v], sizeof(float)):
+                return False
+    return memcmp(planes, table, sizeof(planes)) == 0
+
+
 cdef void _emit(const uint8_t* row, Py_ssize_t pixel_stride, Py_ssize_t y, Py_ssize_t width,
-                const float* table, float* chw, Py_ssize_t plane, Py_ssize_t line,
-                float* patches, Py_ssize_t patch) noexcept nogil:
-    """Normalised output row ``y`` (``width`` RGB pixels at ``row``) into the CHW view or the patch rows."""
-    cdef Py_ssize_t x, q, c, columns, patch_values
+                const float* table, const mmidx_kernel* kernel, const float* norm, float* chw, Py_ssize_t plane,
+                Py_ssize_t line, float* patches, Py_ssize_t patch) noexcept nogil:
+    """Normalised output row ``y`` (``width`` RGB pixels at ``row``) into the CHW view or the patch rows:
+    by the kernel's normalise step where ``norm`` is given (``_levels_match``), else looked up in ``table``."""
+    cdef Py_ssize_t x, q, c, columns, patch_values, done = 0
     cdef float* target
     cdef const uint8_t* pixel
     if chw != NULL:
+        if norm != NULL:
+            target = chw + y * line
+            done = kernel.planes(row, pixel_stride, width, norm, target, target + plane, target + 2 * plane)
         for c in range(3):
             target = chw + c * plane + y * line
-            for x in range(width):
+            for x in range(done, width):
                 target[x] = table[c * 256 + row[x * pixel_stride + c]]
     else:
         columns = width // patch
         patch_values = patch * patch * 3
         # Patch (y // patch, q), its pixel row y % patch: patch·3 consecutive values per patch.
         target = patches + (y // patch) * columns * patch_values + (y % patch) * patch * 3
+        if norm != NULL and pixel_stride == 3 and patch * 3 >= 8:
+            for q in range(columns):
+                kernel.values(row + q * patch * 3, patch * 3, norm, target + q * patch_values)
+            return
         for q in range(columns):
             for x in range(patch):
                 pixel = row + (q * patch + x) * pixel_stride
@@ -123,7 +159,7 @@ cdef void _emit(const uint8_t* row, Py_ssize_t pixel_stride, Py_ssize_t y, Py_ss
 
 cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_width, Py_ssize_t row_stride,
                  Py_ssize_t pixel_stride, Py_ssize_t height, Py_ssize_t width, bint vertical_first,
-                 const float* table, float* chw, Py_ssize_t plane, Py_ssize_t line,
+                 const float* table, const float* norm, float* chw, Py_ssize_t plane, Py_ssize_t line,
                  float* patches, Py_ssize_t patch) noexcept nogil:
     """Resize (in_height, in_width) → (height, width) as Pillow does and emit every row; -1 if out of memory.
 
@@ -146,6 +182,8 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     cdef Py_ssize_t in_line = in_width * pixel_stride, in_span = (in_width - 1) * pixel_stride + 3
     cdef bint failed = False
     vertical_first = vertical_first and horizontal and vertical
+    if norm != NULL and (kernel.planes == NULL or not _levels_match(kernel, table, norm)):
+        norm = NULL                    # look the table up
     if vertical:
         ksv = _coefficients(in_height, height, &kv, &bv)
         failed = ksv == 0
@@ -174,7 +212,7 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
             kernel.horizontal(middle, in_line, pixel_stride, in_width, n, bh, kh, ksh, width, rows, out_line,
                               scratch)
             for r in range(n):
-                _emit(rows + r * out_line, 3, y + r, width, table, chw, plane, line, patches, patch)
+                _emit(rows + r * out_line, 3, y + r, width, table, kernel, norm, chw, plane, line, patches, patch)
             y += MMIDX_BLOCK
     elif not failed:
         y = 0
@@ -187,15 +225,15 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
             if horizontal and vertical:
                 kernel.vertical(rows + (bv[2 * y] - first) * out_line, out_line, bv[2 * y + 1], kv + y * ksv,
                                 out_line, row8)
-                _emit(row8, 3, y, width, table, chw, plane, line, patches, patch)
+                _emit(row8, 3, y, width, table, kernel, norm, chw, plane, line, patches, patch)
             elif vertical:
                 kernel.vertical(pixels + bv[2 * y] * row_stride, row_stride, bv[2 * y + 1], kv + y * ksv,
                                 in_span, row8)
-                _emit(row8, pixel_stride, y, width, table, chw, plane, line, patches, patch)
+                _emit(row8, pixel_stride, y, width, table, kernel, norm, chw, plane, line, patches, patch)
             elif horizontal:
-                _emit(rows + y * out_line, 3, y, width, table, chw, plane, line, patches, patch)
+                _emit(rows + y * out_line, 3, y, width, table, kernel, norm, chw, plane, line, patches, patch)
             else:
-                _emit(pixels + y * row_stride, pixel_stride, y, width, table, chw, plane, line, patches, patch)
+                _emit(pixels + y * row_stride, pixel_stride, y, width, table, kernel, norm, chw, plane, line, patches, patch)
     free(kv)
     free(bv)
     free(kh)
@@ -222,15 +260,28 @@ cdef const float* _table(const float[:, ::1] table) except NULL:
     return &table[0, 0]
 
 
+cdef const float* _norm(const float[:, ::1] normalization) except? NULL:
+    if normalization is None:
+        return NULL
+    if normalization.shape[0] != 2 or normalization.shape[1] != 3:
+        raise ValueError("normalization must be (2, 3) float32: the mean, then the std, of R, G and B")
+    return &normalization[0, 0]
+
+
 def render_chw(const uint8_t[:, :, :] pixels, float[:, :, :] out, const float[:, ::1] table,
-               bint vertical_first):
+               bint vertical_first, const float[:, ::1] normalization=None):
     """out[c, y, x] = table[c, v] for v the (H, W, 3) ``pixels`` bicubic-resized as Pillow does to
-    out's (h, w) (not resized if equal): a (3, h, w) view whose rows are contiguous."""
+    out's (h, w) (not resized if equal): a (3, h, w) view whose rows are contiguous.
+
+    ``normalization`` (the float32 mean and std the table was computed from, as rows) lets the kernel
+    compute the values instead of looking them up, where it has a normalise step that reproduces every
+    level of ``table`` bit for bit (checked on each call); the result is the table's either way."""
     if pixels.strides[1] not in (3, 4):
         pixels = pixels.copy()        # the kernels read RGB or RGBX pixels (3 or 4 bytes apart)
     cdef Py_ssize_t row_stride, pixel_stride
     cdef const uint8_t* source = _source(pixels, &row_stride, &pixel_stride)
     cdef const float* levels = _table(table)
+    cdef const float* norm = _norm(normalization)
     cdef Py_ssize_t height = out.shape[1], width = out.shape[2]
     if out.shape[0] != 3 or height < 1 or width < 1 or out.strides[2] != sizeof(float):
         raise ValueError(f"out must be a non-empty (3, h, w) float32 view with contiguous rows, got shape "
@@ -238,21 +289,24 @@ def render_chw(const uint8_t[:, :, :] pixels, float[:, :, :] out, const float[:,
     cdef int status
     with nogil:
         status = _render(source, pixels.shape[0], pixels.shape[1], row_stride, pixel_stride, height, width,
-                         vertical_first, levels, &out[0, 0, 0], out.strides[0] // sizeof(float), out.strides[1] // sizeof(float),
+                         vertical_first, levels, norm, &out[0, 0, 0], out.strides[0] // sizeof(float), out.strides[1] // sizeof(float),
                          NULL, 0)
     if status:
         raise MemoryError(f"resizing {pixels.shape[1]}x{pixels.shape[0]} to {width}x{height}")
 
 
 def render_patches(const uint8_t[:, :, :] pixels, float[:, ::1] out, const float[:, ::1] table,
-                   Py_ssize_t height, Py_ssize_t width, Py_ssize_t patch, bint vertical_first):
+                   Py_ssize_t height, Py_ssize_t width, Py_ssize_t patch, bint vertical_first,
+                   const float[:, ::1] normalization=None):
     """BAGEL's ``patchify`` of the normalised ``pixels`` bicubic-resized as Pillow does to (height, width),
-    into the rows of ``out``: one row per patch (row-major), each flattened as (patch row, column, channel)."""
+    into the rows of ``out``: one row per patch (row-major), each flattened as (patch row, column, channel).
+    ``normalization`` as in ``render_chw``."""
     if pixels.strides[1] not in (3, 4):
         pixels = pixels.copy()        # the kernels read RGB or RGBX pixels (3 or 4 bytes apart)
     cdef Py_ssize_t row_stride, pixel_stride
     cdef const uint8_t* source = _source(pixels, &row_stride, &pixel_stride)
     cdef const float* levels = _table(table)
+    cdef const float* norm = _norm(normalization)
     if patch < 1 or height < patch or width < patch or height % patch or width % patch:
         raise ValueError(f"an image of {height}x{width} does not divide into {patch}x{patch} patches")
     cdef Py_ssize_t count = (height // patch) * (width // patch)
@@ -261,12 +315,22 @@ def render_patches(const uint8_t[:, :, :] pixels, float[:, ::1] out, const float
     cdef int status
     with nogil:
         status = _render(source, pixels.shape[0], pixels.shape[1], row_stride, pixel_stride, height, width,
-                         vertical_first, levels, NULL, 0, 0, &out[0, 0], patch)
+                         vertical_first, levels, norm, NULL, 0, 0, &out[0, 0], patch)
     if status:
         raise MemoryError(f"resizing {pixels.shape[1]}x{pixels.shape[0]} to {width}x{height}")
 
 
 cdef const mmidx_kernel* _kernel = &mmidx_kernels[0]
+
+
+def computes_levels(const float[:, ::1] table, const float[:, ::1] normalization) -> bool:
+    """Whether the kernel in use computes ``table``'s values from ``normalization`` (its vectorised
+    normalise step reproduces every level bit for bit) rather than looking them up: True for BAGEL's
+    tables on an AVX2 CPU. Either way ``render_chw`` and ``render_patches`` write the table's values."""
+    cdef const mmidx_kernel* kernel = _kernel
+    cdef const float* levels = _table(table)
+    cdef const float* norm = _norm(normalization)
+    return norm != NULL and kernel.planes != NULL and _levels_match(kernel, levels, norm)
 
 
 def available_kernels() -> tuple:

@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_pixels_normalize.h"
 #include "_pixels_rows.h"
 
 typedef void (*mmidx_vertical_fn)(const uint8_t *rows, ptrdiff_t row_stride, ptrdiff_t count, const int32_t *k,
@@ -41,6 +42,8 @@ typedef struct {
     const char *name;
     mmidx_vertical_fn vertical;
     mmidx_horizontal_fn horizontal;
+    mmidx_planes_fn planes;    /* the normalise step (_pixels_normalize.h), or NULL: the table is looked up */
+    mmidx_values_fn values;
 } mmidx_kernel;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -245,10 +248,10 @@ static void mmidx_horizontal_sse4(const uint8_t *in, ptrdiff_t row_stride, ptrdi
 
 /* The kernels, best last. */
 static const mmidx_kernel mmidx_kernels[] = {
-    {"scalar", mmidx_vertical_scalar, mmidx_horizontal_scalar},
+    {"scalar", mmidx_vertical_scalar, mmidx_horizontal_scalar, NULL, NULL},
 #ifdef MMIDX_X86
-    {"sse4", mmidx_vertical_sse4, mmidx_horizontal_sse4},
-    {"avx2", mmidx_vertical_avx2, mmidx_horizontal_avx2},
+    {"sse4", mmidx_vertical_sse4, mmidx_horizontal_sse4, NULL, NULL},
+    {"avx2", mmidx_vertical_avx2, mmidx_horizontal_avx2, mmidx_planes_avx2, mmidx_values_avx2},
 #endif
 };
 #define MMIDX_KERNELS ((int)(sizeof(mmidx_kernels) / sizeof(mmidx_kernels[0])))

@@ -154,6 +154,61 @@ def test_the_best_kernel_the_cpu_runs_is_chosen_and_others_can_be_forced():
     assert previous == available[-1]
 
 
+CLIP = ImageTransform(518, 224, 14, image_mean=(0.48145466, 0.4578275, 0.40821073),
+                      image_std=(0.26862954, 0.26130258, 0.27577711))
+
+
+def looked_up(pixels: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """The straightforward reference of an unresized image: each channel's level looked up, as (3, H, W)."""
+    return np.stack([table[c][pixels[:, :, c]] for c in range(3)])
+
+
+@pytest.mark.usefixtures("resize_kernel")
+@pytest.mark.parametrize("transform", [BAGEL_VAE_TRANSFORM, IMAGENET, CLIP], ids=["bagel", "imagenet", "clip"])
+def test_unresized_rows_of_every_width_are_the_table_looked_up_bit_for_bit(transform):
+    """Widths around the vector widths (8 and 16 pixels) and their tails, 3- and 4-byte pixels."""
+    rng = np.random.default_rng(5)
+    for width in [*range(1, 40), 64, 95, 512]:
+        image = Image.fromarray(rng.integers(0, 256, (3, width, 3), dtype=np.uint8))
+        for pixels in (np.asarray(image), rgb_pixels(image)):
+            out = kernel_chw(pixels, width, 3, transform).numpy()
+            assert out.tobytes() == looked_up(np.asarray(image), transform.lookup_table).tobytes(), width
+
+
+def test_the_avx2_kernel_computes_the_levels_of_the_usual_normalisations_and_only_where_they_match():
+    if "avx2" not in _pixels.available_kernels():
+        pytest.skip("this CPU does not run the avx2 kernel, the one with a normalise step")
+    previous = _pixels.kernel()
+    try:
+        _pixels.set_kernel("avx2")
+        for transform in (BAGEL_VAE_TRANSFORM, BAGEL_VIT_TRANSFORM, IMAGENET, CLIP):
+            assert _pixels.computes_levels(transform.lookup_table, transform.normalization)
+        table = BAGEL_VAE_TRANSFORM.lookup_table.copy()
+        table[1, 200] = np.nextafter(table[1, 200], np.float32(2))      # one level one ulp off
+        assert not _pixels.computes_levels(table, BAGEL_VAE_TRANSFORM.normalization)
+        unit = ImageTransform(512, 256, 16, image_mean=(0.0, 0.0, 0.0), image_std=(1.0, 1.0, 1.0))
+        assert _pixels.computes_levels(unit.lookup_table, unit.normalization)
+        negative_zero = unit.lookup_table.copy()
+        assert negative_zero[2, 0] == 0 and not np.signbit(negative_zero[2, 0])
+        negative_zero[2, 0] = -0.0                                       # == 0.0, but not bit for bit
+        assert not _pixels.computes_levels(negative_zero, unit.normalization)
+        # a table the normalisation does not reproduce is looked up, in both layouts
+        rng = np.random.default_rng(8)
+        pixels = rng.integers(0, 256, (28, 40, 3), dtype=np.uint8)
+        pixels[0, :, 1] = 200
+        out = np.zeros((3, 28, 40), np.float32)
+        _pixels.render_chw(pixels, out, table, False, BAGEL_VAE_TRANSFORM.normalization)
+        assert out.tobytes() == looked_up(pixels, table).tobytes()
+        patches = np.zeros((4, 588), np.float32)
+        _pixels.render_patches(pixels[:, :28], patches, table, 28, 28, 14, False, BAGEL_VAE_TRANSFORM.normalization)
+        expected = torch.from_numpy(looked_up(np.ascontiguousarray(pixels[:, :28]), table))
+        assert torch.equal(torch.from_numpy(patches), patchify(expected, 14))
+        _pixels.set_kernel("sse4")
+        assert not _pixels.computes_levels(BAGEL_VAE_TRANSFORM.lookup_table, BAGEL_VAE_TRANSFORM.normalization)
+    finally:
+        _pixels.set_kernel(previous)
+
+
 def test_kernel_refuses_mismatched_shapes():
     pixels = np.zeros((20, 30, 3), np.uint8)
     table = BAGEL_VAE_TRANSFORM.lookup_table
@@ -167,6 +222,8 @@ def test_kernel_refuses_mismatched_shapes():
         _pixels.render_chw(pixels, np.zeros((3, 5, 5), np.float32)[:, :, ::2], table, False)
     with pytest.raises(ValueError, match="table"):
         _pixels.render_chw(pixels, np.zeros((3, 5, 5), np.float32), np.zeros((3, 255), np.float32), False)
+    with pytest.raises(ValueError, match="normalization must be"):
+        _pixels.render_chw(pixels, np.zeros((3, 5, 5), np.float32), table, False, np.zeros((3, 2), np.float32))
     with pytest.raises(ValueError, match="does not divide"):
         _pixels.render_patches(pixels, np.zeros((4, 588), np.float32), table, 28, 29, 14, False)
     with pytest.raises(ValueError, match=r"out must be \(4, 588\)"):

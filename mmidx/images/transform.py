@@ -151,15 +151,22 @@ class ImageTransform:
         mean, std = (torch.tensor(v, dtype=torch.float32).view(3, 1) for v in (self.image_mean, self.image_std))
         return np.ascontiguousarray(levels.sub(mean).div(std).numpy())
 
+    @cached_property
+    def normalization(self) -> np.ndarray:
+        """(2, 3) float32: the mean and the std ``lookup_table`` is computed from, for the resize kernel's
+        vectorised normalise step, which computes the same values (checked level by level against the table)."""
+        return np.array([self.image_mean, self.image_std], dtype=np.float32)
+
     def normalize_into(self, pixels: np.ndarray, out: torch.Tensor) -> torch.Tensor:
         """Write (H, W, 3) uint8 ``pixels``, resized to out's (h, w), normalised, into the (3, h, w) CPU view ``out``.
 
         One fused Cython pass: Pillow's bicubic resize reproduced bit for bit (none if the sizes are
-        equal), then ``lookup_table``, each value written once, straight into a slice of a batch
-        buffer if ``out`` is one.
+        equal), then ``lookup_table``'s values (computed with AVX2 where the CPU has it, bit-identical),
+        each written once, straight into a slice of a batch buffer if ``out`` is one.
         """
         height, width = out.shape[1:]
-        _pixels.render_chw(pixels, out.numpy(), self.lookup_table, _vertical_pass_first(pixels, width, height))
+        _pixels.render_chw(pixels, out.numpy(), self.lookup_table, _vertical_pass_first(pixels, width, height),
+                           self.normalization)
         return out
 
     def patches_into(self, pixels: np.ndarray, out: torch.Tensor, patch_size: int,
@@ -169,7 +176,7 @@ class ImageTransform:
         height = pixels.shape[0] if height is None else height
         width = pixels.shape[1] if width is None else width
         _pixels.render_patches(pixels, out.numpy(), self.lookup_table, height, width, patch_size,
-                               _vertical_pass_first(pixels, width, height))
+                               _vertical_pass_first(pixels, width, height), self.normalization)
         return out
 
     def to_tensor(self, image: Image.Image, size: tuple[int, int] | None = None) -> torch.Tensor:
