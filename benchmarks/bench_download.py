@@ -22,13 +22,20 @@ end in); img2dataset's images per CPU-second are given both for what it stored a
 
 **Steady state** (the CPU per image once startup is over, what counts on a table of millions of rows): while
 a tool runs, this script samples every 0.1 s the CPU seconds of all its live processes (``/proc/PID/stat``:
-user+system of every descendant of this script, plus what each has counted for the children it waited for)
+user+system of every descendant of this script not already running before the tool started, plus what each
+has counted for the children it waited for)
 and how many distinct URLs the server has been asked for (every row's URL is distinct, ``?row=N``). The
 steady CPU per image is the CPU spent between the samples nearest to 20% and to 80% of the run's distinct
 URLs, divided by that 60% share of the images the run stored: startup, the first rows' warm-up, the last
 rows' stragglers and the final writes fall outside the window. The rows' mix is random, so each share of
 the URLs holds the same share of the images. The "steady" table prints it per side as ms of CPU per image
-and images per CPU-second, and the headline ratio over the rounds.
+and images per CPU-second, and the headline ratio over the rounds. The server sees a URL when the tool
+fetches it, which may be well before the tool stores it: mmidx fetches up to 32 rows per download in flight
+ahead of the row it builds (2,048 rows at 64), so on a short table its window holds more fetching than
+building. The figure is sound when ``--rows`` is several times that read-ahead (``--rows 10000``); the script
+says so under the table when it is not.
+
+    python benchmarks/bench_download.py --rows 10000 --rounds 2   # the steady state (about 6 minutes)
 
 ``--rss-rows N`` also measures mmidx's peak RSS building an N-row table (row groups of 20,000 rows) of
 one small image at ``--fetch-concurrency 256`` from a server without latency.
@@ -67,6 +74,7 @@ from support.http_faults import FaultServer  # noqa: E402
 from support.sources import image_bytes  # noqa: E402
 
 from mmidx.fetch.ledger import ledger_path  # noqa: E402
+from mmidx.sources.urls import WINDOW_PER_FETCH as READ_AHEAD  # noqa: E402
 
 # route → (share of the rows, the class it must end in); "{i}" is an image name
 MIX = [("/image/{i}", 0.70, "ok"), ("/status/404", 0.08, "not_found"), ("/status/403", 0.03, "http_error"),
@@ -132,9 +140,9 @@ def reap_leftovers(seconds: float = 30.0) -> int:
     return reaped
 
 
-def descendants_cpu(ancestor: int = os.getpid()) -> float:
+def descendants(ancestor: int = os.getpid()) -> dict[int, float]:
     """CPU seconds (user+system) of every process descended from ``ancestor`` (not itself), zombies included,
-    plus the CPU each has collected from the children it waited for (``/proc/PID/stat`` fields 14-17)."""
+    each with the CPU it has collected from the children it waited for (``/proc/PID/stat`` fields 14-17)."""
     parents, ticks = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -146,13 +154,14 @@ def descendants_cpu(ancestor: int = os.getpid()) -> float:
             continue
         parents[int(entry)] = int(fields[1])
         ticks[int(entry)] = sum(int(value) for value in fields[11:15])
-    total = 0
+    found = {}
     for pid, count in ticks.items():
         parent = parents[pid]
         while parent not in (0, 1, ancestor) and parent in parents:
             parent = parents[parent]
-        total += count if parent == ancestor and pid != ancestor else 0
-    return total / os.sysconf("SC_CLK_TCK")
+        if parent == ancestor and pid != ancestor:
+            found[pid] = count / os.sysconf("SC_CLK_TCK")
+    return found
 
 
 class Sampler:
@@ -164,13 +173,16 @@ class Sampler:
         self.samples: list[tuple[int, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._earlier: set[int] = set()  # processes an earlier run left running: not this run's
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            self.samples.append((len(self.server.requests), descendants_cpu()))
+            cpu = sum(seconds for pid, seconds in descendants().items() if pid not in self._earlier)
+            self.samples.append((len(self.server.requests), cpu))
 
     def __enter__(self) -> Sampler:
         if self.server is not None:
+            self._earlier = set(descendants())
             self._thread.start()
         return self
 
@@ -310,7 +322,7 @@ def main() -> None:
                   f"{watch.headline(f'{stored} counting all it stored, {images} counting its images only')}")
             print(f"  accounting against the server's truth: "
                   f"{json.dumps(accounting(truth, urls, runs['mmidx'][-1], runs[name][-1]))}")
-        print_steady(runs, names, ok, watch)
+        print_steady(runs, names, ok, watch, args.rows, args.concurrency)
         leftovers = {name: sum(r["leftovers"] for r in results) for name, results in runs.items()}
         print(f"processes left behind and counted: {json.dumps(leftovers)}")
         print(watch.describe())
@@ -329,7 +341,8 @@ def steady_ms(result: dict, images: int) -> float:
     return 1000 * cpu / (share * images)
 
 
-def print_steady(runs: dict[str, list[dict]], names: list[str], ok: set[str], watch: Watch) -> None:
+def print_steady(runs: dict[str, list[dict]], names: list[str], ok: set[str], watch: Watch, rows: int,
+                 concurrency: int) -> None:
     """The steady-state table (see the module docstring) and mmidx's ratio to each other side."""
     print("steady state (CPU between 20% and 80% of each run's URLs, per image stored in that share):")
     print("| tool | CPU ms per image | images per CPU-s | CPU ms per real image | rounds (ms per image) |")
@@ -341,6 +354,9 @@ def print_steady(runs: dict[str, list[dict]], names: list[str], ok: set[str], wa
         ms, real = statistics.median(per_image[name]), statistics.median(per_real[name])
         rounds = ", ".join(f"{value:.2f}" for value in per_image[name])
         print(f"| {name} | {ms:.2f} | {1000 / ms:,.0f} | {real:.2f} | {rounds} |")
+    if rows < 4 * READ_AHEAD * concurrency:
+        print(f"  (a short table: mmidx reads up to {READ_AHEAD * concurrency:,} rows ahead of the row it builds, so "
+              f"these {rows:,} rows hold little steady state; use --rows {4 * READ_AHEAD * concurrency:,} or more)")
     for name in names[1:]:
         stored = ratio(per_image[name], per_image["mmidx"])
         images = ratio(per_real[name], per_real["mmidx"])
