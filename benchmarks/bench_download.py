@@ -23,19 +23,18 @@ end in); img2dataset's images per CPU-second are given both for what it stored a
 **Steady state** (the CPU per image once startup is over, what counts on a table of millions of rows): while
 a tool runs, this script samples every 0.1 s the CPU seconds of all its live processes (``/proc/PID/stat``:
 user+system of every descendant of this script not already running before the tool started, plus what each
-has counted for the children it waited for)
-and how many distinct URLs the server has been asked for (every row's URL is distinct, ``?row=N``). The
-steady CPU per image is the CPU spent between the samples nearest to 20% and to 80% of the run's distinct
-URLs, divided by that 60% share of the images the run stored: startup, the first rows' warm-up, the last
-rows' stragglers and the final writes fall outside the window. The rows' mix is random, so each share of
-the URLs holds the same share of the images. The "steady" table prints it per side as ms of CPU per image
-and images per CPU-second, and the headline ratio over the rounds. The server sees a URL when the tool
-fetches it, which may be well before the tool stores it: mmidx fetches up to 32 rows per download in flight
-ahead of the row it builds (2,048 rows at 64), so on a short table its window holds more fetching than
-building. The figure is sound when ``--rows`` is several times that read-ahead (``--rows 10000``); the script
-says so under the table when it is not.
+has counted for the children it waited for) and how many distinct URLs the server has been asked for (every
+row's URL is distinct, ``?row=N``). The steady CPU per image is the CPU spent between the samples nearest to
+20% and to 80% of the run's distinct URLs, divided by that 60% share of the images the run stored: startup,
+the first rows' warm-up, the last rows' stragglers and the final writes fall outside the window. The rows'
+mix is random, so each share of the URLs holds the same share of the images. The "steady" table prints it
+per side as ms of CPU per image and images per CPU-second, and the headline ratio over the rounds. The
+server sees a URL when the tool fetches it, which may be well before the tool stores it: mmidx fetches up
+to 32 rows per download in flight ahead of the row it builds (2,048 rows at 64), so on a short table its
+window holds more fetching than building. The figure is sound when ``--rows`` is several times that
+read-ahead; the script says so under the table when it is not:
 
-    python benchmarks/bench_download.py --rows 10000 --rounds 2   # the steady state (about 6 minutes)
+    python benchmarks/bench_download.py --rows 10000 --rounds 2   # the steady state (about 4 minutes)
 
 ``--rss-rows N`` also measures mmidx's peak RSS building an N-row table (row groups of 20,000 rows) of
 one small image at ``--fetch-concurrency 256`` from a server without latency.
