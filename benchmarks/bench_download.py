@@ -20,6 +20,22 @@ empty: the first one-row build loads the tokenizer through ``transformers`` and 
 later build reads it (warm). Each tool's counts are set against the server's truth (the class each route must
 end in); img2dataset's images per CPU-second are given both for what it stored and for the images among them.
 
+**Steady state** (the CPU per image once startup is over, what counts on a table of millions of rows): while
+a tool runs, this script samples every 0.1 s the CPU seconds of all its live processes (``/proc/PID/stat``:
+user+system of every descendant of this script not already running before the tool started, plus what each
+has counted for the children it waited for) and how many distinct URLs the server has been asked for (every
+row's URL is distinct, ``?row=N``). The steady CPU per image is the CPU spent between the samples nearest to
+20% and to 80% of the run's distinct URLs, divided by that 60% share of the images the run stored: startup,
+the first rows' warm-up, the last rows' stragglers and the final writes fall outside the window. The rows'
+mix is random, so each share of the URLs holds the same share of the images. The "steady" table prints it
+per side as ms of CPU per image and images per CPU-second, and the headline ratio over the rounds. The
+server sees a URL when the tool fetches it, which may be well before the tool stores it: mmidx fetches up
+to 32 rows per download in flight ahead of the row it builds (2,048 rows at 64), so on a short table its
+window holds more fetching than building. The figure is sound when ``--rows`` is several times that
+read-ahead; the script says so under the table when it is not:
+
+    python benchmarks/bench_download.py --rows 10000 --rounds 2   # the steady state (about 4 minutes)
+
 ``--rss-rows N`` also measures mmidx's peak RSS building an N-row table (row groups of 20,000 rows) of
 one small image at ``--fetch-concurrency 256`` from a server without latency.
 
@@ -41,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -56,6 +73,7 @@ from support.http_faults import FaultServer  # noqa: E402
 from support.sources import image_bytes  # noqa: E402
 
 from mmidx.fetch.ledger import ledger_path  # noqa: E402
+from mmidx.sources.urls import WINDOW_PER_FETCH as READ_AHEAD  # noqa: E402
 
 # route → (share of the rows, the class it must end in); "{i}" is an image name
 MIX = [("/image/{i}", 0.70, "ok"), ("/status/404", 0.08, "not_found"), ("/status/403", 0.03, "http_error"),
@@ -121,12 +139,77 @@ def reap_leftovers(seconds: float = 30.0) -> int:
     return reaped
 
 
-def timed(command: list[str], cwd: Path, env: dict[str, str] = ENV) -> dict:
-    """Run ``command``; wall seconds, CPU seconds (all its processes), peak RSS of its largest process, load."""
+def descendants(ancestor: int = os.getpid()) -> dict[int, float]:
+    """CPU seconds (user+system) of every process descended from ``ancestor`` (not itself), zombies included,
+    each with the CPU it has collected from the children it waited for (``/proc/PID/stat`` fields 14-17)."""
+    parents, ticks = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        parents[int(entry)] = int(fields[1])
+        ticks[int(entry)] = sum(int(value) for value in fields[11:15])
+    found = {}
+    for pid, count in ticks.items():
+        parent = parents[pid]
+        while parent not in (0, 1, ancestor) and parent in parents:
+            parent = parents[parent]
+        if parent == ancestor and pid != ancestor:
+            found[pid] = count / os.sysconf("SC_CLK_TCK")
+    return found
+
+
+class Sampler:
+    """Samples (distinct URLs the server was asked for, CPU seconds of this script's descendants) every
+    ``every`` seconds while a tool runs; :meth:`steady` is the CPU between 20% and 80% of the URLs."""
+
+    def __init__(self, server: FaultServer | None, every: float = 0.1):
+        self.server, self.every = server, every
+        self.samples: list[tuple[int, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._earlier: set[int] = set()  # processes an earlier run left running: not this run's
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            cpu = sum(seconds for pid, seconds in descendants().items() if pid not in self._earlier)
+            self.samples.append((len(self.server.requests), cpu))
+
+    def __enter__(self) -> Sampler:
+        if self.server is not None:
+            self._earlier = set(descendants())
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.server is not None:
+            self._thread.join()
+
+    def steady(self, low: float = 0.2, high: float = 0.8) -> tuple[float, float] | None:
+        """(CPU seconds, share of the run's URLs) between the samples nearest to ``low`` and ``high`` of
+        the URLs the run asked for; None when the run was too short to be sampled there."""
+        total = len(self.server.requests) if self.server is not None else 0
+        if not total or len(self.samples) < 3:
+            return None
+        first = min(self.samples, key=lambda sample: abs(sample[0] - low * total))
+        last = min(self.samples, key=lambda sample: abs(sample[0] - high * total))
+        if last[0] <= first[0]:
+            return None
+        return last[1] - first[1], (last[0] - first[0]) / total
+
+
+def timed(command: list[str], cwd: Path, env: dict[str, str] = ENV, server: FaultServer | None = None) -> dict:
+    """Run ``command``; wall seconds, CPU seconds (all its processes), peak RSS of its largest process, load,
+    and with ``server`` the steady-state sample (:meth:`Sampler.steady`)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    with tempfile.TemporaryFile() as errors:
+    with tempfile.TemporaryFile() as errors, Sampler(server) as sampler:
         child = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=errors)
         _, status, usage = os.wait4(child.pid, 0)  # this run's own peak RSS, not the largest of every run's
         child.returncode = os.waitstatus_to_exitcode(status)
@@ -138,17 +221,18 @@ def timed(command: list[str], cwd: Path, env: dict[str, str] = ENV) -> dict:
     if child.returncode not in (0, 1):
         raise RuntimeError(f"{command[:4]} failed ({child.returncode}): {stderr[-2000:]}")
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return {"wall": wall, "cpu": cpu, "maxrss_mb": usage.ru_maxrss / 1024, "load": load, "leftovers": leftovers}
+    return {"wall": wall, "cpu": cpu, "maxrss_mb": usage.ru_maxrss / 1024, "load": load, "leftovers": leftovers,
+            "steady": sampler.steady()}
 
 
-def run_mmidx(table: Path, work: Path, concurrency: int, *extra: str) -> dict:
+def run_mmidx(table: Path, work: Path, concurrency: int, *extra: str, server: FaultServer | None = None) -> dict:
     output = work / "mmidx" / "out"
     shutil.rmtree(output.parent, ignore_errors=True)
     output.parent.mkdir(parents=True)
     stats = timed([sys.executable, "-m", "mmidx.cli", "build", "--source", "urls", "--input", str(table),
                    "--url-column", "URL", "--caption-column", "TEXT", "--tokenizer", qwen_tokenizer_dir(),
                    "--output", str(output), "--fetch-concurrency", str(concurrency), "--per-host", str(concurrency),
-                   "--timeout", "2", "--fetch-retries", "2", "--views", "1", "--quiet", *extra], work)
+                   "--timeout", "2", "--fetch-retries", "2", "--views", "1", "--quiet", *extra], work, server=server)
     report = json.loads(Path(str(output) + ".report.json").read_text())
     classes = pq.read_table(ledger_path(output), columns=["class"]).column("class").to_pylist()
     return {**stats, "stored": report["samples"], "classes": classes}
@@ -164,11 +248,12 @@ AS_SERVED = 'resize_mode="no", disable_all_reencoding=True'  # bytes stored as s
 DEFAULTS = 'resize_mode="border"'  # what users run by default: decode, resize to 256², re-encode as JPEG
 
 
-def run_img2dataset(table: Path, work: Path, concurrency: int, options: str = AS_SERVED) -> dict:
+def run_img2dataset(table: Path, work: Path, concurrency: int, options: str = AS_SERVED,
+                    server: FaultServer | None = None) -> dict:
     output = work / "img2dataset"
     shutil.rmtree(output, ignore_errors=True)
     script = I2D.format(table=str(table), out=str(output), threads=concurrency, options=options)
-    stats = timed([sys.executable, "-c", script], work)
+    stats = timed([sys.executable, "-c", script], work, server=server)
     rows = pa.concat_tables([pq.read_table(path, columns=["url", "status"])
                              for path in sorted(glob.glob(str(output / "*.parquet")))]).to_pylist()
     success = {row["url"] for row in rows if row["status"] == "success"}
@@ -214,7 +299,7 @@ def main() -> None:
             for round_ in range(args.rounds):  # turns, the side going first rotating
                 for name in names[round_ % len(names):] + names[:round_ % len(names)]:
                     server.requests.clear()  # 503-then-200 and 429 routes start over for each run
-                    runs[name].append(tools[name](work / "urls.parquet", work, args.concurrency))
+                    runs[name].append(tools[name](work / "urls.parquet", work, args.concurrency, server=server))
         print(f"{args.rows:,} rows, {args.concurrency} in flight, latency 20-100 ms, timeout 2 s, 2 retries; "
               f"{args.rounds} rounds of turns (medians); startup CPU s (1-row table): mmidx {cold:.1f} with an "
               "empty tokenizer cache, then " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in startup.items()))
@@ -236,6 +321,7 @@ def main() -> None:
                   f"{watch.headline(f'{stored} counting all it stored, {images} counting its images only')}")
             print(f"  accounting against the server's truth: "
                   f"{json.dumps(accounting(truth, urls, runs['mmidx'][-1], runs[name][-1]))}")
+        print_steady(runs, names, ok, watch, args.rows, args.concurrency)
         leftovers = {name: sum(r["leftovers"] for r in results) for name, results in runs.items()}
         print(f"processes left behind and counted: {json.dumps(leftovers)}")
         print(watch.describe())
@@ -244,6 +330,37 @@ def main() -> None:
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def steady_ms(result: dict, images: int) -> float:
+    """Steady-state CPU ms per image of one run: the window's CPU over the window's share of ``images``."""
+    if result["steady"] is None or not images:
+        return float("nan")
+    cpu, share = result["steady"]
+    return 1000 * cpu / (share * images)
+
+
+def print_steady(runs: dict[str, list[dict]], names: list[str], ok: set[str], watch: Watch, rows: int,
+                 concurrency: int) -> None:
+    """The steady-state table (see the module docstring) and mmidx's ratio to each other side."""
+    print("steady state (CPU between 20% and 80% of each run's URLs, per image stored in that share):")
+    print("| tool | CPU ms per image | images per CPU-s | CPU ms per real image | rounds (ms per image) |")
+    print("|---|---|---|---|---|")
+    per_image = {name: [steady_ms(r, r["stored"]) for r in results] for name, results in runs.items()}
+    per_real = {name: [steady_ms(r, len(r["success_urls"] & ok)) if "success_urls" in r else steady_ms(r, r["stored"])
+                       for r in results] for name, results in runs.items()}
+    for name in names:
+        ms, real = statistics.median(per_image[name]), statistics.median(per_real[name])
+        rounds = ", ".join(f"{value:.2f}" for value in per_image[name])
+        print(f"| {name} | {ms:.2f} | {1000 / ms:,.0f} | {real:.2f} | {rounds} |")
+    if rows < 4 * READ_AHEAD * concurrency:
+        print(f"  (a short table: mmidx reads up to {READ_AHEAD * concurrency:,} rows ahead of the row it builds, so "
+              f"these {rows:,} rows hold little steady state; use --rows {4 * READ_AHEAD * concurrency:,} or more)")
+    for name in names[1:]:
+        stored = ratio(per_image[name], per_image["mmidx"])
+        images = ratio(per_real[name], per_real["mmidx"])
+        print(f"steady state, mmidx / {name}, images per CPU-second: "
+              f"{watch.headline(f'{stored} counting all it stored, {images} counting its images only')}")
 
 
 def measure_rss(work: Path, rows: int) -> None:

@@ -295,12 +295,28 @@ def _not_an_image(url: str, status: int, response: aiohttp.ClientResponse, body:
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's event loop if uvloop is installed, else asyncio's (same behaviour, less CPU per fetch)."""
+    """uvloop's event loop if uvloop is installed, else asyncio's (same behaviour, less CPU per fetch).
+
+    uvloop's ``sock_connect`` (aiohttp connects every socket through it, to an address already resolved)
+    looks the address up again with ``self.getaddrinfo(host, port, family=...)``: without a socket type,
+    that misses uvloop's shortcut for numeric addresses and goes through libuv's thread pool, a round trip
+    to another thread for every connection. This loop's ``getaddrinfo`` asks for stream sockets when no
+    type is given (the loop serves only the fetcher, whose sockets are all TCP), so a numeric address is
+    answered at once (``benchmarks/bench_download.py``).
+    """
     try:
         import uvloop
     except ImportError:
         return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
+    loop = uvloop.new_event_loop()
+    lookup = loop.getaddrinfo
+
+    async def getaddrinfo(host: object, port: object, *, family: int = 0, type: int = 0, proto: int = 0,
+                          flags: int = 0) -> list:
+        return await lookup(host, port, family=family, type=type or socket.SOCK_STREAM, proto=proto, flags=flags)
+
+    loop.getaddrinfo = getaddrinfo  # an attribute of this loop, so uvloop's sock_connect calls it
+    return loop
 
 
 class FetchPool:

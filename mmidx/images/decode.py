@@ -184,6 +184,25 @@ def decode_rgb_pixels(data: bytes | memoryview, *, max_pixels: int = DEFAULT_MAX
     return rgb_pixels(decode_rgb(data, max_pixels=max_pixels))
 
 
+def open_image(data: bytes | memoryview, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, ImageInfo]:
+    """``probe``, keeping the image opened from the header (nothing decoded yet) for ``verify_opened``,
+    so that a probe followed by a check parses the header once."""
+    image = _open(data, max_pixels)
+    return image, _info(image)
+
+
+def _refuse_padded_truncation() -> None:
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True, so truncated images decode silently "
+                           "padded and cannot be detected; set it to False before verifying images")
+
+
+def verify_opened(image: Image.Image, data: bytes | memoryview) -> None:
+    """Decode an image from ``open_image(data)`` fully the way the reader will (see ``verify_decodable``)."""
+    _refuse_padded_truncation()
+    _decoded_rgb(image, data)
+
+
 def verify_decodable(data: bytes | memoryview, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
     """Probe ``data`` and decode it fully the way the reader will, so a bad image fails at build time.
 
@@ -191,11 +210,8 @@ def verify_decodable(data: bytes | memoryview, *, max_pixels: int = DEFAULT_MAX_
     and ``RuntimeError`` if ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` is set, because PIL would
     then pad truncated images silently and this check would pass them.
     """
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True, so truncated images decode silently "
-                           "padded and cannot be detected; set it to False before verifying images")
-    image = _open(data, max_pixels)
-    info = _info(image)
+    _refuse_padded_truncation()
+    image, info = open_image(data, max_pixels=max_pixels)
     _decoded_rgb(image, data)
     return info
 

@@ -2,7 +2,7 @@
 
 Every image a source stores passes :func:`ingest_image`:
 
-1. ``mmidx.images.decode.probe`` reads the header only (width, height, format, mode, transparency);
+1. ``mmidx.images.decode.open_image`` reads the header only (width, height, format, mode, transparency);
    images above ``max_image_pixels`` (decompression bombs) are refused before any pixel is decoded.
 2. The image must decode, so that a truncated or corrupt file fails here and not in a training
    job. YCbCr and greyscale JPEGs are decoded by simplejpeg (libjpeg-turbo, as the reader's
@@ -12,7 +12,7 @@ Every image a source stores passes :func:`ingest_image`:
    (PIL's decoder passes corrupt entropy data silently). Measured on the download benchmark's
    JPEGs: 0.26 ms against 0.36 ms in PIL's draft mode (same scaling) and 0.49 ms for a full
    decode. Other JPEGs (CMYK, YCCK) are decoded in PIL's draft mode; other formats are decoded
-   fully by ``mmidx.images.decode.verify_decodable``.
+   fully by ``mmidx.images.decode.verify_opened`` (the image opened in step 1: its header is parsed once).
 3. With ``max_image_size`` set, an image whose long edge exceeds it is resized and re-encoded by
    ``mmidx.images.decode.downsize_and_reencode`` (that full decode is the check of step 2), and the new
    bytes are probed again, so stored sizes always describe stored bytes.
@@ -52,9 +52,10 @@ from mmidx.sources.inputs import filesystem, is_uri, read_bytes, resolve
 _DRAFT_FORMATS = ("JPEG", "MPO")
 
 
-def _check_decodes(data: bytes, info: images.ImageInfo, max_pixels: int) -> None:
+def _check_decodes(data: bytes, image: Image.Image, info: images.ImageInfo) -> None:
+    """Step 2 of the module docstring, on the image ``images.open_image(data)`` opened (header only)."""
     if info.format not in _DRAFT_FORMATS:
-        images.verify_decodable(data, max_pixels=max_pixels)
+        images.verify_opened(image, data)
         return
     try:
         colorspace = simplejpeg.decode_jpeg_header(data)[2]
@@ -71,7 +72,6 @@ def _check_decodes(data: bytes, info: images.ImageInfo, max_pixels: int) -> None
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True, so truncated images decode silently "
                            "padded and cannot be detected; set it to False before building")
     try:
-        image = Image.open(io.BytesIO(data))
         image.draft(image.mode, (max(1, info.width // 8), max(1, info.height // 8)))
         image.load()
     except (OSError, SyntaxError, ValueError, EOFError, IndexError) as error:
@@ -90,7 +90,7 @@ def ingest_image(data: bytes, context: SourceContext) -> StoredImage:
     pil_limit = pil_pixel_limit()
     with context.timed("images"):
         try:
-            info = images.probe(data, max_pixels=pil_limit)
+            image, info = images.open_image(data, max_pixels=pil_limit)
             if info.width * info.height > max_pixels:
                 raise Skipped("decompression_bomb", f"{info.format} image of {info.width}x{info.height} = "
                                                     f"{info.width * info.height} pixels, above {max_pixels}")
@@ -98,7 +98,7 @@ def ingest_image(data: bytes, context: SourceContext) -> StoredImage:
                 data = images.downsize_and_reencode(data, max_size, max_pixels=pil_limit)
                 info = images.probe(data, max_pixels=pil_limit)
             else:
-                _check_decodes(data, info, pil_limit)
+                _check_decodes(data, image, info)
         except images.ImageError as error:
             bomb = isinstance(error.__cause__, Image.DecompressionBombError)
             raise Skipped("decompression_bomb" if bomb else "undecodable_image", str(error)) from error
