@@ -9,7 +9,10 @@ edit, vlm and a 1:1:1 mix measures on one thread:
   instead of masks (flex); and the same plus dense masks built on the CPU (dense);
 * the decode floor: the stored images each pack decodes (the JPEGs ``decode_images="device"`` would
   ship), decoded alone through mmidx's decoder with no transform, and each mode's pack time as a
-  multiple of it (a t2i pack of 512² images needs no resize: decode + normalise);
+  multiple of it (a t2i pack of 512² images needs no resize: decode + normalise); and the decode + store
+  floor: the same decoding, then storing as many float32 values as the pack's pixel keys hold
+  (``padded_images``, ``packed_vit_tokens``: what any exact transform writes) into a batch buffer of the
+  pool the packs use (numpy's fill, a memset), a floor no float32 output can go under;
 * mask build time per pack on the CPU: dense per-sample masks (with an allocate-and-fill of the
   same tensors by torch's allocator in the same run) and the FlexAttention BlockMask;
 * bytes per pack.
@@ -18,7 +21,7 @@ With ``--bagel-src DIR`` (a checkout of ByteDance-Seed/Bagel; its ``data`` packa
 unmodified) BAGEL's ``PackedDataset`` reads the same raw files with the same tokenizer and
 budgets, in flex and dense mode, and the table shows the ratios. The protocol is ``common.py``'s:
 mmidx flex and dense, BAGEL flex and dense (each pulling the next pack of its PackedDataset
-stream) and the decode floor take turns pack by pack over ``--rounds`` rounds, the first rotating;
+stream) and the two floors take turns pack by pack over ``--rounds`` rounds, the first rotating;
 each round gives one tokens/CPU-s ratio, the table shows the median and range, each mode's load
 and other processes' cores are printed, and its headline is withheld when those exceeded half a
 core. The defaults (``--packs 8 --rounds 5``) took 4.6 to 8 minutes for the four modes on 2 cores
@@ -48,6 +51,7 @@ from PIL import Image
 from mmidx.config import DataConfig
 from mmidx.images.decode import decode_rgb_pixels
 from mmidx.index.pack_index import build_pack_index
+from mmidx.pack.buffers import _batch_buffer
 from mmidx.pack.builder import PackBuilder
 from mmidx.pack.masks import block_mask, dense_masks
 from mmidx.toolkit.bench import StageClock
@@ -92,6 +96,26 @@ def _decode_floor(images: list[bytes]) -> int:
     return len(images)
 
 
+PIXEL_KEYS = ("padded_images", "packed_vit_tokens")
+
+
+def _pixel_values(builder: PackBuilder, items: list[Any]) -> list[int]:
+    """How many float32 values each pack's pixel keys hold (``PIXEL_KEYS``)."""
+    counts = []
+    for k in range(len(items)):
+        batch = builder.build(k, items[k]).to_dict()
+        counts.append(sum(batch[key].numel() for key in PIXEL_KEYS if key in batch))
+    return counts
+
+
+def _decode_store_floor(images: list[bytes], values: int) -> int:
+    """The decode floor, then ``values`` float32 zeros stored into a batch buffer of the packs' pool."""
+    _decode_floor(images)
+    if values:
+        _batch_buffer(values).numpy().fill(0.0)
+    return len(images)
+
+
 def _mmidx_side(builder: PackBuilder, items: list[Any], log: list[tuple[int, int]]) -> Callable[[int], None]:
     def build(k: int) -> None:  # the batch dict a trainer receives; nothing kept, so batch buffers are reused
         batch = builder.build(k, items[k])
@@ -116,8 +140,9 @@ def _rates(log: list[tuple[int, int]], seconds: list[float]) -> list[float]:
 def compare(raw: Path, datasets: Path, groups: list[str], packs: int, rounds: int, bagel_src: str | None,
             bagel_site: str | None) -> dict[str, Any]:
     """Every side on every pack, taking turns pack by pack over ``rounds`` rounds (``common.interleave``):
-    mmidx flex and dense, BAGEL flex and dense (with ``bagel_src``), and the decode floor (the same packs'
-    images decoded alone). Returns per-round rates and ratios, MB per pack and the masks' median times."""
+    mmidx flex and dense, BAGEL flex and dense (with ``bagel_src``), the decode floor (the same packs'
+    images decoded alone) and the decode + store floor. Returns per-round rates and ratios, MB per pack and the
+    masks' median times."""
     config, items = _config_and_items(datasets, groups, packs)
     indexes = list(range(len(items)))
     logs: dict[str, list[tuple[int, int]]] = {}
@@ -131,8 +156,10 @@ def compare(raw: Path, datasets: Path, groups: list[str], packs: int, rounds: in
             next(stream)  # warm up
             sides[f"BAGEL {mode}"] = _bagel_side(stream, logs.setdefault(f"BAGEL {mode}", []))
     images = _pack_images(config, items)
+    values = _pixel_values(PackBuilder(config), items)
     _decode_floor(images[0])
     sides["decode"] = lambda k: _decode_floor(images[k])
+    sides["decode + store"] = lambda k: _decode_store_floor(images[k], values[k])
     turns = interleave(sides, indexes, rounds)
     result: dict[str, Any] = {"packs": len(items), "images": sum(map(len, images)) / len(items)}
     for side, log in logs.items():
@@ -146,6 +173,8 @@ def compare(raw: Path, datasets: Path, groups: list[str], packs: int, rounds: in
             for clock in ("cpu", "wall"):
                 result[f"{mode} × {clock}"] = ratio(result[f"mmidx {mode} {clock}"], result[f"BAGEL {mode} {clock}"])
     result["floor ms"] = statistics.median(floor) / len(items) * 1e3
+    result["flex / store floor"] = ratio(turns.per_round("mmidx flex"), turns.per_round("decode + store"))
+    result["store floor ms"] = statistics.median(turns.per_round("decode + store")) / len(items) * 1e3
     result.update(_mask_ms(PackBuilder(config), items))
     return result
 
@@ -397,8 +426,9 @@ def print_packs(args: argparse.Namespace, raw: Path, datasets: Path) -> None:
     if bagel:
         header += (f" {'BAGEL flex':>11} {'BAGEL dense':>11} {'flex × BAGEL':>26} {'dense × BAGEL':>26} "
                    f"{'flex × wall':>11}")
-    header += (f" {'images':>6} {'decode ms':>9} {'flex ÷ floor':>12} {'dense ÷ floor':>13} {'MB/pack':>8} "
-               f"{'dense ms':>9} {'fill ms':>8} {'BlockMask ms':>12}")
+    header += (f" {'images':>6} {'decode ms':>9} {'flex ÷ floor':>12} {'dense ÷ floor':>13} "
+               f"{'+ store ms':>10} {'flex ÷ it':>9} {'MB/pack':>8} {'dense ms':>9} {'fill ms':>8} "
+               f"{'BlockMask ms':>12}")
     print(header)
     watches, results = {}, {}
     for mode in args.modes.split(","):
@@ -412,7 +442,9 @@ def print_packs(args: argparse.Namespace, raw: Path, datasets: Path) -> None:
                      f"{statistics.median(r['BAGEL dense cpu']):>11,.0f}"
                      f" {r['flex × cpu']!s:>26} {r['dense × cpu']!s:>26} {r['flex × wall'].median:>10.2f}×")
         line += (f" {r['images']:>6.1f} {r['floor ms']:>9.1f} {r['flex / floor'].median:>11.2f}× "
-                 f"{r['dense / floor'].median:>12.2f}× {r['mmidx flex MB']:>8.0f} {r['dense mask ms']:>9.0f} "
+                 f"{r['dense / floor'].median:>12.2f}× {r['store floor ms']:>10.1f} "
+                 f"{r['flex / store floor'].median:>8.2f}× "
+                 f"{r['mmidx flex MB']:>8.0f} {r['dense mask ms']:>9.0f} "
                  f"{r['fill ms']:>8.0f} {r['BlockMask ms']:>12.1f}")
         print(line, flush=True)
     if bagel:
@@ -422,14 +454,17 @@ def print_packs(args: argparse.Namespace, raw: Path, datasets: Path) -> None:
     print("# tok/s: real tokens (not padding) per second of this process's CPU time, median over rounds; × BAGEL:")
     print("# median of the per-round ratios (lowest–highest); 'flex × wall' is the flex ratio by wall-clock time.")
     print("# images, decode ms: stored images a pack decodes, and decoding them alone (mmidx's decoder, no")
-    print("# transform) per pack; ÷ floor: a pack's CPU time as a multiple of that, median over rounds.")
+    print("# transform) per pack; ÷ floor: a pack's CPU time as a multiple of that, median over rounds. + store ms:")
+    print("# decoding, then storing float32 zeros over as many values as the pack's pixel keys hold (a memset into")
+    print("# the packs' buffer pool), per pack; flex ÷ it: the flex pack's CPU time as a multiple of that floor.")
     print("# dense ms: mmidx dense masks of one pack; fill ms: allocating (torch's allocator) and filling tensors of")
     print("# the same shapes; BlockMask ms: FlexAttention's block mask. Medians over the packs (bench_masks.py has")
     print("# the floor in huge-page memory).")
     for mode, watch in watches.items():
         print(f"# {mode}: {watch.describe()}")
     for mode, r in results.items():
-        text = f"{mode}: {r['flex / floor'].median:.2f}× the decode floor (flex)"
+        text = (f"{mode}: {r['flex / floor'].median:.2f}× the decode floor, "
+                f"{r['flex / store floor'].median:.2f}× the decode + store floor (flex)")
         if bagel:
             text += f", flex {r['flex × cpu']}, dense {r['dense × cpu']} BAGEL's tokens per CPU-second"
         print(f"# headline {watches[mode].headline(text)}")
