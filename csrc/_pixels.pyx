@@ -125,6 +125,13 @@ cdef bint _levels_match(const mmidx_kernel* kernel, const float* table, const fl
     return memcmp(planes, table, sizeof(planes)) == 0
 
 
+cdef const float* _computed(const mmidx_kernel* kernel, const float* table, const float* norm) noexcept nogil:
+    """``norm`` where the kernel computes ``table``'s values from it (``_levels_match``), else NULL: look them up."""
+    if norm != NULL and kernel.planes != NULL and _levels_match(kernel, table, norm):
+        return norm
+    return NULL
+
+
 cdef void _emit(const uint8_t* row, Py_ssize_t pixel_stride, Py_ssize_t y, Py_ssize_t width,
                 const float* table, const mmidx_kernel* kernel, const float* norm, float* chw, Py_ssize_t plane,
                 Py_ssize_t line, float* patches, Py_ssize_t patch) noexcept nogil:
@@ -182,8 +189,7 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     cdef Py_ssize_t in_line = in_width * pixel_stride, in_span = (in_width - 1) * pixel_stride + 3
     cdef bint failed = False
     vertical_first = vertical_first and horizontal and vertical
-    if norm != NULL and (kernel.planes == NULL or not _levels_match(kernel, table, norm)):
-        norm = NULL                    # look the table up
+    norm = _computed(kernel, table, norm)
     if vertical:
         ksv = _coefficients(in_height, height, &kv, &bv)
         failed = ksv == 0
@@ -327,10 +333,9 @@ def computes_levels(const float[:, ::1] table, const float[:, ::1] normalization
     """Whether the kernel in use computes ``table``'s values from ``normalization`` (its vectorised
     normalise step reproduces every level bit for bit) rather than looking them up: True for BAGEL's
     tables on an AVX2 CPU. Either way ``render_chw`` and ``render_patches`` write the table's values."""
-    cdef const mmidx_kernel* kernel = _kernel
     cdef const float* levels = _table(table)
     cdef const float* norm = _norm(normalization)
-    return norm != NULL and kernel.planes != NULL and _levels_match(kernel, levels, norm)
+    return _computed(_kernel, levels, norm) != NULL
 
 
 def available_kernels() -> tuple:

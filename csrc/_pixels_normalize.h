@@ -10,7 +10,8 @@
  * table (or a build that changed the float semantics) costs speed, never exactness. Measured on an AMD EPYC
  * (Zen): a gathered lookup (vgatherdps), exact by construction, was slower than the scalar loop; division by
  * reciprocal with an FMA correction (Markstein), also exact for these tables, slower than vdivps; streaming
- * stores no faster in a pack and slower into a buffer in cache. benchmarks/bench_resample.py times this against the lookup (its 512² -> 512² row).
+ * stores no faster in a pack and slower into a buffer in cache. benchmarks/bench_resample.py times this
+ * against the lookup (its 512² -> 512² row).
  *
  * `norm` is 6 floats: mean of R, G, B, then std of R, G, B. */
 #ifndef MMIDX_PIXELS_NORMALIZE_H
@@ -54,20 +55,25 @@ static inline __m256 mmidx_normalize8(__m128i levels, __m256 mean, __m256 diviso
     return mmidx_normalize_lanes(_mm256_cvtepu8_epi32(levels), mean, divisor, multiply);
 }
 
-/* The std of channel c as mmidx_normalize_lanes takes it. */
-static inline float mmidx_divisor(const float *norm, int c, int multiply) {
-    return multiply ? 1.0f / norm[3 + c] : norm[3 + c];
+/* Each channel's std as mmidx_normalize_lanes takes it, into divisor[3]; returns its `multiply`. */
+static inline int mmidx_divisors(const float *norm, float *divisor) {
+    const int multiply = mmidx_power_of_two(norm[3]) && mmidx_power_of_two(norm[4]) && mmidx_power_of_two(norm[5]);
+    for (int c = 0; c < 3; c++) {
+        divisor[c] = multiply ? 1.0f / norm[3 + c] : norm[3 + c];
+    }
+    return multiply;
 }
 
 __attribute__((target("avx2")))
 static ptrdiff_t mmidx_planes_avx2(const uint8_t *row, ptrdiff_t pixel_stride, ptrdiff_t width, const float *norm,
                                    float *r, float *g, float *b) {
     float *planes[3] = {r, g, b};
-    const int multiply = mmidx_power_of_two(norm[3]) && mmidx_power_of_two(norm[4]) && mmidx_power_of_two(norm[5]);
+    float divisor[3];
+    const int multiply = mmidx_divisors(norm, divisor);
     __m256 mean[3], divisor_of[3];
     for (int c = 0; c < 3; c++) {
         mean[c] = _mm256_set1_ps(norm[c]);
-        divisor_of[c] = _mm256_set1_ps(mmidx_divisor(norm, c, multiply));
+        divisor_of[c] = _mm256_set1_ps(divisor[c]);
     }
     ptrdiff_t x = 0;
     if (pixel_stride == 3) {
@@ -113,17 +119,15 @@ static ptrdiff_t mmidx_planes_avx2(const uint8_t *row, ptrdiff_t pixel_stride, p
 __attribute__((target("avx2")))
 static void mmidx_values_avx2(const uint8_t *in, ptrdiff_t count, const float *norm, float *out) {
     /* Value i is channel i % 3, so a vector starting at value i needs the constants of phase i % 3. */
-    const int multiply = mmidx_power_of_two(norm[3]) && mmidx_power_of_two(norm[4]) && mmidx_power_of_two(norm[5]);
     float divisor[3];
-    for (int c = 0; c < 3; c++) {
-        divisor[c] = mmidx_divisor(norm, c, multiply);
-    }
+    const int multiply = mmidx_divisors(norm, divisor);
     __m256 mean[3], divisor_of[3];
     for (int p = 0; p < 3; p++) {
         mean[p] = _mm256_setr_ps(norm[p % 3], norm[(p + 1) % 3], norm[(p + 2) % 3], norm[p % 3],
                                  norm[(p + 1) % 3], norm[(p + 2) % 3], norm[p % 3], norm[(p + 1) % 3]);
-        divisor_of[p] = _mm256_setr_ps(divisor[p % 3], divisor[(p + 1) % 3], divisor[(p + 2) % 3], divisor[p % 3],
-                                       divisor[(p + 1) % 3], divisor[(p + 2) % 3], divisor[p % 3], divisor[(p + 1) % 3]);
+        divisor_of[p] = _mm256_setr_ps(divisor[p % 3], divisor[(p + 1) % 3], divisor[(p + 2) % 3],
+                                       divisor[p % 3], divisor[(p + 1) % 3], divisor[(p + 2) % 3],
+                                       divisor[p % 3], divisor[(p + 1) % 3]);
     }
     ptrdiff_t i = 0;
     for (; i + 8 <= count; i += 8) {
