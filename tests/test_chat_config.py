@@ -210,3 +210,13 @@ def test_mmidx_sample_marks_which_text_carries_loss(tmp_path):
     assert texts[3] == f"{LOSS_MARK} {SEED_ROW['conversations'][1]['value']}</s>"
     assert [text[0] for text in texts] == [MASKED_MARK] * 3 + [LOSS_MARK, MASKED_MARK, LOSS_MARK, MASKED_MARK,
                                                                 LOSS_MARK]
+
+
+def test_without_the_jq_package_a_config_says_which_extra_to_install(monkeypatch):
+    from mmidx.sources import chat_config
+
+    monkeypatch.setitem(__import__("sys").modules, "jq", None)
+    chat_config._program.cache_clear()
+    with pytest.raises(chat_config.ChatConfigError, match=r'pip install "mmidx\[chat\]"'):
+        checked_chat_config(yaml.safe_load(SEED_CONFIG))
+    chat_config._program.cache_clear()

@@ -171,8 +171,9 @@ def masked_parts(record: dict[str, Any], found: Sequence[Part], construction: Se
         if part.key in lists:
             document[part.key] = record[part.key][part.turn]
         documents.append({"doc": document, "turn": part.turn, "turns": part.turns})
+    program = _program(tuple(patterns))
     try:
-        selected = _program(tuple(patterns)).input_value(documents).first()
+        selected = program.input_value(documents).first()
     except ValueError as error:
         raise Skipped("malformed_record", f"a loss masking pattern fails on this row: "
                                           f"{' '.join(str(error).split())[:160]}") from error
@@ -188,6 +189,8 @@ def _program(patterns: tuple[str, ...]) -> Any:
 
 def _compile(program: str) -> Any:
     """``program`` compiled by the reference jq, with ``$turn`` and ``$turns`` defined."""
-    import jq
-
+    try:
+        import jq
+    except ImportError as error:
+        raise ChatConfigError('loss_masking_jq_patterns need the jq package: pip install "mmidx[chat]"') from error
     return jq.compile(program, args={"turn": 0, "turns": 1})
