@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mmidx"
 # The pipeline, bottom first: a module may import modules of its own stage or of stages before it, never after.
 STAGES = ("errors", "format", "_ext", "io", "images", "tokenizer", "read", "config", "fetch", "sources", "ingest",
-          "index", "encodings", "pack", "train", "toolkit", "cli")
+          "index", "encodings", "pack", "train", "toolkit", "ray", "view", "cli")
 MAX_LINES = 400
 # format.py is the byte-level specification with the readers and writers of every file, as numpy's _format_impl
 # is: one module on purpose, so that the spec and the code that implements it are read together.
