@@ -29,3 +29,5 @@ autodoc_typehints = "description"
 # cross-references are not nitpicky: the public names' docstrings refer to internal modules and classes on purpose
 # (the API reference shows the public names only), and external inventories cannot be fetched offline.
 nitpicky = False
+# Options such as --help stay two hyphens (docutils would typeset "--" as an en dash).
+smartquotes = False
