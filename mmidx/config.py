@@ -30,7 +30,7 @@ import json
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,29 @@ class ModelGeometry:
     max_latent_size: int = 32
     interpolate_pos: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("vit_patch_size", "max_num_patch_per_side", "vae_image_downsample", "max_latent_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"geometry.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.interpolate_pos, bool):
+            raise ValueError(f"geometry.interpolate_pos must be true or false, got {self.interpolate_pos!r}")
+
+    @classmethod
+    def covering(cls, groups: tuple[GroupConfig, ...], **given: Any) -> ModelGeometry:
+        """The geometry whose position grids hold every image the groups' transforms can output: BAGEL's
+        defaults, raised where a transform's ``max_image_size`` needs it (BAGEL's 1024-px VAE transform:
+        ``max_latent_size`` 64, as BAGEL's own fine-tuning sets it). Fields in ``given`` are kept as given."""
+        geometry = cls(**given)
+        needs = {"max_latent_size": (geometry.vae_image_downsample, [g.vae_transform for g in groups]),
+                 "max_num_patch_per_side": (geometry.vit_patch_size, [g.vit_transform for g in groups])}
+        raised = {}
+        for name, (patch, transforms) in needs.items():
+            sides = [t.max_image_size // patch for t in transforms if t is not None]
+            if name not in given and sides and max(sides) > getattr(geometry, name):
+                raised[name] = max(sides)
+        return replace(geometry, **raised)
+
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -196,22 +219,32 @@ SOURCE_TRANSFORMS: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]
 }
 
 
-def config_for(paths: list[str], **overrides: Any) -> DataConfig:
+def config_for(paths: list[str], geometry_args: Mapping[str, Any] | None = None, **overrides: Any) -> DataConfig:
     """A data config from a ``data.yaml`` path, or from dataset prefixes (one equally weighted group each,
-    with BAGEL's transforms for the source type recorded in each dataset's metadata)."""
+    with BAGEL's transforms for the source type recorded in each dataset's metadata, and a geometry that
+    holds every image those transforms output: :meth:`ModelGeometry.covering`).
+
+    ``geometry_args`` replaces fields of the geometry (the YAML's, or the covering one); ``overrides``
+    replaces whole fields of the config (``seed``, ``geometry``...)."""
+    given = dict(geometry_args or {})
     if len(paths) == 1 and paths[0].endswith((".yaml", ".yml")):
         config = DataConfig.from_yaml(paths[0])
-        return DataConfig(**{**{f: getattr(config, f) for f in ("groups", "packing", "dropout", "geometry", "seed")},
-                             **overrides})
+        fields = {f: getattr(config, f) for f in ("groups", "packing", "dropout", "geometry", "seed")}
+        fields["geometry"] = replace(config.geometry, **given)
+        return DataConfig(**{**fields, **overrides})
     from mmidx.read.dataset import MMIDXDataset
 
     groups = []
     for number, prefix in enumerate(paths):
+        if prefix.endswith((".yaml", ".yml")):
+            raise ValueError(f"{prefix}: a data YAML is given alone; name dataset prefixes, or one data.yaml")
         dataset = MMIDXDataset(prefix)
         source = ((dataset.metadata or {}).get("build") or {}).get("source") or dataset.kind
         vae, vit = SOURCE_TRANSFORMS.get(source, (VAE_ARGS, EDIT_VIT_ARGS))
         groups.append(GroupConfig(name=f"{number}:{source}", datasets=(prefix,), image_transform=_transform(vae),
                                   vit_image_transform=_transform(vit)))
+    # the transforms are ours here, so is the geometry: one that holds what they output
+    overrides.setdefault("geometry", ModelGeometry.covering(tuple(groups), **given))
     return DataConfig(groups=tuple(groups), **overrides)
 
 

@@ -7,7 +7,7 @@ import errno
 import sys
 from typing import Any
 
-from mmidx.cli.common import PATHS_HELP, add_command, dataset_prefix
+from mmidx.cli.common import PATHS_HELP, PREFIX_OR_DATA_YAML, add_command, dataset_prefix
 
 
 def cmd_view(args: argparse.Namespace) -> int:
@@ -47,7 +47,7 @@ def register(commands: Any) -> None:
     """Add ``mmidx view`` to the command line's subcommands."""
     sub = add_command(commands, "view", cmd_view,
                       "Serve a local, read-only web viewer: overview histograms, samples, packs and their attention.")
-    sub.add_argument("paths", nargs="+", metavar="PREFIX_OR_DATA_YAML", help=PATHS_HELP)
+    sub.add_argument("paths", nargs="+", metavar=PREFIX_OR_DATA_YAML, help=PATHS_HELP)
     sub.add_argument("--host", default="127.0.0.1",
                      help="address to listen on; anything but loopback makes the datasets readable from other "
                           "machines (a warning says so)")
