@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from support.sources import image_bytes, tokenizer_dir, write_t2i_parquet
@@ -84,3 +85,52 @@ def test_build_help_groups_its_options_by_source(capsys):
     options = commands.choices["build"]._option_string_actions
     assert {action for action in options.values() if "--help" not in action.option_strings} <= {
         action for group in commands.choices["build"]._action_groups[2:] for action in group._group_actions}
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "reference"
+
+
+def _accepted_keys() -> set[str]:
+    """Every key DataConfig.from_dict accepts, as the page writes it."""
+    from dataclasses import fields
+
+    from mmidx.config import GROUP_KEYS, IGNORED_GROUP_KEYS, TOP_KEYS, DataConfig
+    from mmidx.images.transform import ImageTransform
+
+    keys = set(TOP_KEYS) | {f"groups.NAME.{key}" for key in (*GROUP_KEYS, *IGNORED_GROUP_KEYS)}
+    keys |= {f"groups.NAME.image_transform_args.{f.name}" for f in fields(ImageTransform)}
+    for section in ("packing", "dropout", "geometry"):
+        cls = next(f for f in fields(DataConfig) if f.name == section).default_factory
+        keys |= {f"{section}.{f.name}" for f in fields(cls)}
+    return keys
+
+
+def test_the_data_config_page_lists_every_key_the_config_accepts():
+    page = (DOCS / "data-config.md").read_text()
+    assert set(re.findall(r"^\| `([\w.]+)` \|", page, re.M)) == _accepted_keys()
+
+
+@pytest.mark.parametrize(("yaml_text", "message"), [
+    ("groups: {g: {datasets: [x]}}\ngeometri: {}", "unknown key geometri; the known ones are groups,"),
+    ("groups: {g: {datasets: [x]}}\ngeometry: {max_latent: 64}", "geometry: unknown key max_latent;"),
+    ("groups: {g: {datasets: [x]}}\npacking: {max_num_tokens: big}",
+     "packing.max_num_tokens must be an integer, got a string ('big')"),
+    ("groups: {g: {datasets: [x]}}\ngeometry: {max_latent_size: -64}",
+     "geometry.max_latent_size must be a positive integer, got -64"),
+    ("groups: {g: {datasets: [x]}}\ngeometry: [64]", "geometry must be a mapping of vit_patch_size"),
+    ("groups: {g: {datasets: [x], weight: heavy}}", "groups.g.weight must be a number, got a string ('heavy')"),
+    ("groups: {g: {datasets: x}}", "groups.g.datasets must be a list"),
+    ("groups: {g: {datasets: [x], is_mandatory: 1}}", "groups.g.is_mandatory must be true or false"),
+    ("groups: {g: {datasets: [x], image_transform_args: {max_image_size: 1024.5, min_image_size: 512, "
+     "image_stride: 16}}}", "groups.g.image_transform_args.max_image_size must be an integer"),
+    ("groups: {g: {datasets: [x]}}\ndropout: {text: yes}", "dropout.text must be a number, got a boolean"),
+    ("groups: {g: {datasets: [x]}}\nseed: 1.5", "seed must be an integer"),
+    ("packing: {}", "the data config needs groups"),
+])
+def test_a_bad_data_yaml_is_one_line_naming_the_file_and_the_key(yaml_text, message, tmp_path, capsys):
+    path = tmp_path / "data.yaml"
+    path.write_text(yaml_text)
+    assert main(["index", str(path)]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mmidx index: {path}: "), lines
+    assert message in lines[0], lines[0]
