@@ -134,3 +134,62 @@ def test_a_bad_data_yaml_is_one_line_naming_the_file_and_the_key(yaml_text, mess
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"mmidx index: {path}: "), lines
     assert message in lines[0], lines[0]
+
+
+def _build(tmp_path, source, inputs, capsys):
+    code = main(["build", "--source", source, "--input", *map(str, inputs), "--tokenizer", tokenizer_dir(),
+                 "--output", str(tmp_path / "out" / "ds"), "--quiet"])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize(("source", "given", "said"), [
+    ("vlm", "parquet", "this is parquet: did you mean --source t2i/edit/hf/urls? (--source vlm reads JSON lines"),
+    ("text", "parquet", "this is parquet: did you mean --source t2i/edit/hf/urls?"),
+    ("t2i", "jsonl", "this is JSON lines: did you mean --source vlm/chat/text/video_gen/prompts/urls?"),
+    ("text", "tar", "this is a tar archive: did you mean --source wds?"),
+    ("chat", "png", "this is binary data"),
+])
+def test_a_file_the_source_cannot_read_names_the_sources_that_can(source, given, said, tmp_path, capsys):
+    import tarfile
+
+    path = tmp_path / f"input.{given}"
+    if given == "parquet":
+        write_t2i_parquet(path, [image_bytes(32, 32)], [{"0": "a cat"}], 1)
+    elif given == "jsonl":
+        path.write_text('{"text": "hello"}\n')
+    elif given == "tar":
+        with tarfile.open(path, "w") as tar:
+            tar.add(__file__, arcname="x.txt")
+    else:
+        path.write_bytes(image_bytes(32, 32, fmt="PNG"))
+    code, lines = _build(tmp_path, source, [path], capsys)
+    assert code == 1 and len(lines) == 1 and lines[0].startswith(f"mmidx build: {path}: "), lines
+    assert said in lines[0], lines[0]
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.bin"))
+
+
+def test_t2i_captions_as_plain_strings_are_one_line_before_the_build(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"image": [image_bytes(32, 32)] * 3, "captions": ["a cat", "a dog", "a cow"]}), path)
+    code, lines = _build(tmp_path, "t2i", [path], capsys)
+    assert code == 1 and len(lines) == 1, lines
+    assert "captions are not BAGEL's JSON objects of strings" in lines[0] and "'a cat'" in lines[0]
+    assert "--source hf --caption-column captions" in lines[0]
+    assert not (tmp_path / "out" / "ds.shards").exists()  # refused before any unit was built
+
+
+def test_hf_parses_bagel_json_caption_cells_instead_of_tokenizing_the_json(tmp_path, capsys):
+    from support.sources import encode, texts_of
+
+    from mmidx.read.dataset import MMIDXDataset
+
+    captions = [{"0": "a red cat", "1": "a cat"}, {"caption": "a dog"}]
+    path = write_t2i_parquet(tmp_path / "t2i.parquet", [image_bytes(64, 64, seed=i) for i in range(2)], captions, 2)
+    code, lines = _build(tmp_path, "hf", [path], capsys)
+    assert code == 0, lines
+    dataset = MMIDXDataset(tmp_path / "out" / "ds")
+    for index, caption in enumerate(captions):
+        assert sorted(texts_of(dataset[index])) == sorted(encode(text) for text in caption.values())
