@@ -82,7 +82,7 @@ def test_gpt_index_says_where_it_is_cached_and_refuses_multimodal_datasets(demo,
     multimodal = demo["reports"][0].data["output"]
     assert main(["index", "--gpt", multimodal, "--seq-length", "8"]) == 1
     assert capsys.readouterr().err.strip() == (
-        f"mmidx: {multimodal}: a multimodal dataset; index --gpt builds GPT samples of text datasets only "
+        f"mmidx index: {multimodal}: a multimodal dataset; index --gpt builds GPT samples of text datasets only "
         "(use mmidx index without --gpt for the pack index)")
 
 

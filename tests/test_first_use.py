@@ -193,3 +193,30 @@ def test_hf_parses_bagel_json_caption_cells_instead_of_tokenizing_the_json(tmp_p
     dataset = MMIDXDataset(tmp_path / "out" / "ds")
     for index, caption in enumerate(captions):
         assert sorted(texts_of(dataset[index])) == sorted(encode(text) for text in caption.values())
+
+
+def test_export_writes_t2i_captions_back_with_their_keys_and_repeats(tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    captions = [{"short": "a cat", "long": "a red cat on a mat", "alt": "a cat"}, {"0": "a dog", "1": "a pup"},
+                {"caption": "a cow"}]
+    source = tmp_path / "in"
+    source.mkdir()
+    write_t2i_parquet(source / "t2i.parquet", [image_bytes(64, 64, seed=i) for i in range(3)], captions, 3)
+    code, lines = _build(tmp_path, "t2i", [source], capsys)
+    assert code == 0, lines
+    assert main(["export", str(tmp_path / "out" / "ds"), "--to", "parquet", str(tmp_path / "back")]) == 0
+    written = pq.read_table(tmp_path / "back" / "t2i.parquet").column("captions").to_pylist()
+    assert [json.loads(cell) for cell in written] == captions
+
+
+@pytest.mark.parametrize("name", ["Qwen2-7B/", "{tmp}/no/such/tokenizer", "./tok"])
+def test_a_missing_tokenizer_folder_is_no_such_directory(name, tmp_path, capsys):
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"text": "hello"}\n')
+    name = name.format(tmp=tmp_path)
+    assert main(["build", "--source", "text", "--input", str(path), "--tokenizer", name,
+                 "--output", str(tmp_path / "ds"), "--quiet"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"mmidx build: {name}: no such directory; --tokenizer is a folder written by save_pretrained "
+                     "(with tokenizer.json or vocab files), or the name of one in the local Hugging Face cache"]
