@@ -220,3 +220,73 @@ def test_a_missing_tokenizer_folder_is_no_such_directory(name, tmp_path, capsys)
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"mmidx build: {name}: no such directory; --tokenizer is a folder written by save_pretrained "
                      "(with tokenizer.json or vocab files), or the name of one in the local Hugging Face cache"]
+
+
+def test_sample_output_of_a_corrupt_image_writes_nothing_and_hints_at_verify(tmp_path, capsys):
+    from mmidx.read.dataset import MMIDXDataset
+
+    source = tmp_path / "in"
+    source.mkdir()
+    write_t2i_parquet(source / "t2i.parquet", [image_bytes(64, 64, fmt="PNG", seed=i) for i in range(2)],
+                      [{"0": "a"}, {"0": "b"}], 2)
+    assert _build(tmp_path, "t2i", [source], capsys)[0] == 0
+    prefix = str(tmp_path / "out" / "ds")
+    stored = bytes(MMIDXDataset(prefix)[1].images[0].data)
+    images = Path(prefix + ".images")
+    blob = bytearray(images.read_bytes())
+    start = blob.find(stored)
+    blob[start:start + 64] = bytes(64)  # the PNG signature and header gone: no longer an image
+    images.write_bytes(bytes(blob))
+    assert main(["sample", prefix, "1", "-o", str(tmp_path / "images")]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mmidx sample: {prefix}: image 0 of sample 1 does not decode")
+    assert f"run mmidx verify --decode {prefix}" in lines[0]
+    assert not (tmp_path / "images").exists()
+    assert main(["sample", prefix, "0", "-o", str(tmp_path / "images")]) == 0  # a sound one is written
+    assert len(list((tmp_path / "images").iterdir())) == 1
+
+
+@pytest.mark.parametrize("text_dropout", [0.0, 1.0])
+def test_show_says_why_its_tokens_differ_from_the_index(text_dropout, large_t2i, tmp_path, capsys):
+    _, prefix = large_t2i
+    data = tmp_path / "data.yaml"
+    data.write_text(f"groups: {{g: {{datasets: [{prefix}], image_transform_args: {{image_stride: 16, "
+                    f"max_image_size: 512, min_image_size: 256}}}}}}\ndropout: {{text: {text_dropout}}}\n")
+    assert main(["index", str(data), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["num_packs"] == 1  # the one pack holds every token the index counted
+    assert main(["show", str(data), "-o", str(tmp_path / "pack.png")]) == 0
+    line = capsys.readouterr().out.strip()
+    shown = int(re.search(r"pack 0, ([\d,]+) tokens", line).group(1).replace(",", ""))
+    if text_dropout == 0.0:
+        assert shown == stats["tokens"] and "dropout" not in line, line
+    else:  # every caption dropped: the index's count, and why it differs
+        assert shown < stats["tokens"], line
+        assert f"({stats['tokens']:,} as indexed: CFG dropout dropped {stats['tokens'] - shown:,} tokens" in line
+
+
+def test_index_output_counts_in_the_right_number_and_a_pack_index_repr_is_short(large_t2i, capsys):
+    from mmidx.config import config_for
+    from mmidx.index.pack_index import build_pack_index
+
+    _, prefix = large_t2i
+    assert main(["index", prefix]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\b1 packs\b|\b0 pack\b", out) is None, out
+    assert re.search(r"max deferral \d+ packs?\b", out), out
+    index = build_pack_index(config_for([prefix]))
+    text = repr(index)
+    assert text == f"PackIndex({len(index):,} pack{'s' if len(index) != 1 else ''}, 4 items, groups 0:t2i, in memory)"
+    assert "memmap" not in text and "array" not in text
+
+
+def test_an_interrupted_build_says_a_rerun_resumes(monkeypatch, capsys):
+    from mmidx.cli import build as build_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_cli, "cmd_build", interrupted)
+    assert main(["build", "--source", "text", "--input", "x.jsonl", "--tokenizer", "t", "--output", "o"]) == 130
+    assert capsys.readouterr().err.strip() == ("mmidx build: interrupted; rerun the same command to resume: the "
+                                               "work units that finished are reused")

@@ -44,6 +44,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             print(line)
         return 0
     from mmidx.index.pack_index import build_pack_index
+    from mmidx.ingest.report import counted
 
     index = build_pack_index(_data_config(args), num_samples=args.num_samples, cache_dir=args.cache_dir)
     if args.json:
@@ -56,7 +57,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     print(f"  packs {stats['num_packs']:,}   tokens {stats['tokens']:,}   fill {stats['fill_vs_max']:.3f} of "
           f"max_num_tokens, {stats['fill_vs_expected']:.3f} of expected")
     print(f"  excluded (over max_num_tokens_per_sample) {stats['excluded']:,}   deferred {stats['deferred']:,}   "
-          f"max deferral {stats['max_deferral']} packs   solo packs {stats['solo_packs']}")
+          f"max deferral {counted(stats['max_deferral'], 'pack')}   solo packs {stats['solo_packs']}")
     print(f"  built in {stats['build_seconds']} s")
     return 0
 
@@ -76,8 +77,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     batch = PackBuilder(config).build(args.pack, index.items(args.pack))
     render(batch, width=args.width, zoom_sample=args.zoom_sample, title=f"pack {args.pack}: ").save(args.output)
     print(f"{args.output}: pack {args.pack}, {counted(batch.sequence_length, 'token')} in "
-          f"{counted(len(batch.sample_lens), 'sample')}")
+          f"{counted(len(batch.sample_lens), 'sample')}{_dropped(config, args.pack, index, batch.sequence_length)}")
     return 0
+
+
+def _dropped(config: Any, pack: int, index: Any, tokens: int) -> str:
+    """Why the pack has fewer tokens than ``mmidx index`` counted for it, if it does: the index packs the
+    samples whole, and CFG dropout (drawn per pack, as in training) then removes the dropped elements."""
+    from dataclasses import replace
+
+    from mmidx.config import DropoutConfig
+    from mmidx.pack.builder import PackBuilder
+
+    whole = PackBuilder(replace(config, dropout=DropoutConfig(0.0, 0.0, 0.0))).build(pack, index.items(pack))
+    if whole.sequence_length == tokens:
+        return ""
+    return (f" ({whole.sequence_length:,} as indexed: CFG dropout dropped {whole.sequence_length - tokens:,} "
+            "tokens of text or image elements, as training does)")
 
 
 def register(commands: Commands) -> None:
