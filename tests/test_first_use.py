@@ -290,3 +290,15 @@ def test_an_interrupted_build_says_a_rerun_resumes(monkeypatch, capsys):
     assert main(["build", "--source", "text", "--input", "x.jsonl", "--tokenizer", "t", "--output", "o"]) == 130
     assert capsys.readouterr().err.strip() == ("mmidx build: interrupted; rerun the same command to resume: the "
                                                "work units that finished are reused")
+
+
+def test_the_sources_page_has_a_section_for_every_source_and_its_t2i_example_builds(tmp_path, capsys, monkeypatch):
+    from mmidx.sources import SOURCE_NAMES
+
+    page = (DOCS / "sources.md").read_text()
+    assert re.findall(r"^## `(\w+)`$", page, re.M) == list(SOURCE_NAMES)
+    example = re.search(r"## `t2i`.*?```python\n(.*?)```", page, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "sources.md", "exec"), {})
+    code, lines = _build(tmp_path, "t2i", [tmp_path / "t2i.parquet"], capsys)
+    assert code == 0, lines
