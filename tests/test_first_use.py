@@ -302,3 +302,19 @@ def test_the_sources_page_has_a_section_for_every_source_and_its_t2i_example_bui
     exec(compile(example, "sources.md", "exec"), {})
     code, lines = _build(tmp_path, "t2i", [tmp_path / "t2i.parquet"], capsys)
     assert code == 0, lines
+
+
+def test_every_command_that_lays_out_packs_takes_the_geometry_options(large_t2i, tmp_path):
+    from mmidx.cli import build_parser
+    from mmidx.toolkit.view.catalog import Catalog
+
+    geometry = ["--max-latent-size", "64", "--max-num-patch-per-side", "80", "--interpolate-pos"]
+    for command in ("index", "show", "bench", "view"):
+        args = build_parser().parse_args([command, "x.yaml", *geometry])
+        assert (args.max_latent_size, args.max_num_patch_per_side, args.interpolate_pos) == (64, 80, True)
+    _, prefix = large_t2i
+    data = tmp_path / "data.yaml"
+    data.write_text(f"groups: {{g: {{datasets: [{prefix}], image_transform_args: {{image_stride: 16, "
+                    f"max_image_size: 1024, min_image_size: 512}}}}}}\ngeometry: {{vit_patch_size: 14}}\n")
+    config = Catalog([str(data)], geometry={"max_latent_size": 64}).config
+    assert (config.geometry.max_latent_size, config.geometry.vit_patch_size) == (64, 14)

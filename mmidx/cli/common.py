@@ -127,6 +127,11 @@ def add_pack_arguments(sub: argparse.ArgumentParser, num_samples: bool = True) -
         sub.set_defaults(num_samples=None)
     sub.add_argument("--cache-dir", help=default_note("folder of cached indices", "build in memory"))
     sub.add_argument("--seed", type=int, help=default_note("seed of the shuffles and draws", "the config's"))
+    add_geometry_arguments(sub)
+
+
+def add_geometry_arguments(sub: argparse.ArgumentParser) -> None:
+    """The model geometry options (:class:`mmidx.config.ModelGeometry`) of a command that lays out packs."""
     geometry = sub.add_argument_group(
         "model geometry", "the position grids of the model the packs feed (a data.yaml's geometry: key); by "
         "default a data.yaml's values, else BAGEL's raised to hold the largest image the transforms output")

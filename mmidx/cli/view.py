@@ -7,7 +7,14 @@ import errno
 import sys
 from typing import Any
 
-from mmidx.cli.common import PATHS_HELP, PREFIX_OR_DATA_YAML, add_command, dataset_prefix
+from mmidx.cli.common import (
+    PATHS_HELP,
+    PREFIX_OR_DATA_YAML,
+    add_command,
+    add_geometry_arguments,
+    dataset_prefix,
+    geometry_args,
+)
 
 
 def cmd_view(args: argparse.Namespace) -> int:
@@ -15,7 +22,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     from mmidx.toolkit.view.catalog import Catalog
 
     paths = [path if path.endswith((".yaml", ".yml")) else dataset_prefix(path) for path in args.paths]
-    catalog = Catalog(paths)
+    catalog = Catalog(paths, geometry=geometry_args(args))
     try:
         sock = bind(args.host, args.port)
     except OSError as error:  # in use, or not an address of this machine
@@ -52,3 +59,4 @@ def register(commands: Any) -> None:
                      help="address to listen on; anything but loopback makes the datasets readable from other "
                           "machines (a warning says so)")
     sub.add_argument("--port", type=_port, default=8765, help="port to listen on (0: any free port)")
+    add_geometry_arguments(sub)  # the packs of a data YAML
