@@ -241,9 +241,9 @@ def config_for(paths: list[str], geometry_args: Mapping[str, Any] | None = None,
     given = dict(geometry_args or {})
     if len(paths) == 1 and paths[0].endswith((".yaml", ".yml")):
         config = DataConfig.from_yaml(paths[0])
-        fields = {f: getattr(config, f) for f in ("groups", "packing", "dropout", "geometry", "seed")}
-        fields["geometry"] = replace(config.geometry, **given)
-        return DataConfig(**{**fields, **overrides})
+        parts = {f: getattr(config, f) for f in ("groups", "packing", "dropout", "geometry", "seed")}
+        parts["geometry"] = replace(config.geometry, **given)
+        return DataConfig(**{**parts, **overrides})
     from mmidx.read.dataset import MMIDXDataset
 
     groups = []
