@@ -12,6 +12,11 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
         vit_image_transform_args: {image_stride: 14, max_image_size: 518, min_image_size: 224}
     packing: {expected_num_tokens: 32768, max_num_tokens: 36864}     # optional, BAGEL's defaults
     dropout: {text: 0.1, vit: 0.3, vae: 0.3}                          # optional
+    geometry: {max_latent_size: 64}         # optional, BAGEL's; 1,024-px VAE images need a 64-wide latent grid
+    seed: 0                                                           # optional
+
+Every key, with its type, default and meaning: docs/reference/data-config.md; each is checked as the file is
+read (an unknown key or a wrong type is one line naming the file and the key).
 
 BAGEL's ``num_used_data`` (one count per dataset), ``shuffle_lines`` and ``shuffle_seed`` choose which
 samples a group uses, with BAGEL's meaning (:mod:`mmidx.index.subsets`); ``resume_data_status`` is accepted
