@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from mmidx.sources import Skip, Skipped, SourceContext, SourceOptions, SourceSample, WorkUnit
 from mmidx.sources.common import caption_sample, samples_of
@@ -53,14 +54,15 @@ def caption_object(value: object) -> dict[str, str]:
     return captions
 
 
-def caption_keys(captions: dict[str, str]) -> dict[str, int] | None:
+def caption_keys(captions: dict[str, str]) -> list[list[Any]] | None:
     """What ``mmidx export`` needs to write ``captions`` back as they were, since the sample stores each distinct
-    caption once: each key → the number of its caption among the distinct ones; None when the object is
-    BAGEL's plain ``{"0": ..., "1": ...}`` of distinct captions (nothing to record)."""
+    caption once: ``[key, number of its caption among the distinct ones]`` per key, in the object's order (a
+    list: JSON objects may be stored with sorted keys); None when the object is BAGEL's plain
+    ``{"0": ..., "1": ...}`` of distinct captions (nothing to record)."""
     distinct = list(dict.fromkeys(captions.values()))
     if list(captions) == [str(k) for k in range(len(distinct))] and len(distinct) == len(captions):
         return None
-    return {key: distinct.index(text) for key, text in captions.items()}
+    return [[key, distinct.index(text)] for key, text in captions.items()]
 
 
 def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> SourceSample:

@@ -122,8 +122,9 @@ def caption_object(sample: Sample, captions: list[str]) -> dict[str, str]:
     """A t2i sample's captions as its row's JSON object: the keys and repeats the build recorded
     (:func:`mmidx.sources.t2i.caption_keys`), else BAGEL's ``{"0": ..., "1": ...}``."""
     keys = sample.extra.get(CAPTION_KEYS)
-    if isinstance(keys, dict) and all(isinstance(k, int) and 0 <= k < len(captions) for k in keys.values()):
-        return {key: captions[number] for key, number in keys.items()}
+    if isinstance(keys, list) and all(isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], int)
+                                      and 0 <= pair[1] < len(captions) for pair in keys):
+        return {str(key): captions[number] for key, number in keys}
     return {str(k): caption for k, caption in enumerate(captions)}
 
 
