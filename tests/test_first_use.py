@@ -148,6 +148,7 @@ def _build(tmp_path, source, inputs, capsys):
     ("t2i", "jsonl", "this is JSON lines: did you mean --source vlm/chat/text/video_gen/prompts/urls?"),
     ("text", "tar", "this is a tar archive: did you mean --source wds?"),
     ("chat", "png", "this is binary data"),
+    ("t2i", "csv", "this is text: did you mean --source prompts/urls? (--source t2i reads parquet)"),
 ])
 def test_a_file_the_source_cannot_read_names_the_sources_that_can(source, given, said, tmp_path, capsys):
     import tarfile
@@ -157,6 +158,8 @@ def test_a_file_the_source_cannot_read_names_the_sources_that_can(source, given,
         write_t2i_parquet(path, [image_bytes(32, 32)], [{"0": "a cat"}], 1)
     elif given == "jsonl":
         path.write_text('{"text": "hello"}\n')
+    elif given == "csv":
+        path.write_text("url,caption\nhttps://example.com/cat.jpg,a cat\n")
     elif given == "tar":
         with tarfile.open(path, "w") as tar:
             tar.add(__file__, arcname="x.txt")

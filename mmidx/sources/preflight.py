@@ -72,8 +72,9 @@ def check(source: str, files: Sequence[str]) -> None:
         kind = file_type(head)
         if kind in READS[source]:
             continue
-        readers = [name for name, kinds in READS.items() if kind in kinds and not (kind == "text" and
-                                                                                   name != "prompts")]
+        # plain text that is not JSON lines: a prompt list or a CSV/TSV table, not a JSONL source's input
+        readers = [name for name, kinds in READS.items() if kind in kinds and (kind != "text" or name in
+                                                                               ("prompts", "urls"))]
         hint = f"did you mean --source {'/'.join(readers)}? " if readers else ""
         raise SourceError(f"{location}: this is {TYPE_NAMES[kind]}: {hint}(--source {source} reads "
                           f"{' or '.join(TYPE_NAMES[k] for k in READS[source])})")
