@@ -36,6 +36,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
@@ -155,15 +156,29 @@ class Tokenizer:
         return {**identity, "added_tokens": {token: self.token_id(token) for token in self.added_tokens}}
 
 
+_REPO_ID = re.compile(r"[A-Za-z0-9_][\w.-]*(/[A-Za-z0-9_][\w.-]*)?")
+
+
+def _names_a_path(name: str) -> bool:
+    """Whether a tokenizer name can only be a path: not a Hugging Face repo id (``Qwen/Qwen2-7B``), as a
+    trailing slash, a leading ``/``, ``.`` or ``~``, or more than one ``/`` show."""
+    return name.endswith(("/", os.sep)) or name.startswith(("/", ".", "~")) or _REPO_ID.fullmatch(name) is None
+
+
 def _load_hf(name_or_path: str, added_tokens: Sequence[str] = ()) -> Any:
     """``AutoTokenizer.from_pretrained`` with BAGEL's special tokens added as BAGEL adds them, then
     ``added_tokens`` (those not in the vocabulary yet) as special tokens, each checked to encode as one id."""
     from transformers import AutoTokenizer
 
+    if not os.path.isdir(name_or_path) and _names_a_path(name_or_path):  # not Hugging Face's repo-id rules
+        what = "not a directory" if os.path.exists(name_or_path) else "no such directory"
+        raise TokenizerError(f"{name_or_path}: {what}; --tokenizer is a folder written by save_pretrained (with "
+                             "tokenizer.json or vocab files), or the name of one in the local Hugging Face cache")
     try:
         hf = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as error:
-        raise TokenizerError(f"cannot load a tokenizer from {name_or_path!r}: {error}. Give a local "
+        why = " ".join(str(error).split())  # one line, however many the library wrote
+        raise TokenizerError(f"cannot load a tokenizer from {name_or_path!r}: {why} Give a local "
                              "directory written by save_pretrained, or a name in the local Hugging Face "
                              "cache (downloads are off)") from error
     special = set()

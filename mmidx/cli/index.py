@@ -8,16 +8,14 @@ import json
 import sys
 from typing import Any
 
-from mmidx.cli.common import Commands, add_command, dataset_prefix
+from mmidx.cli.common import Commands, add_command, add_pack_arguments, at_least, dataset_prefix, geometry_args
 
 
 def _data_config(args: argparse.Namespace) -> Any:
-    from mmidx.config import ModelGeometry, config_for
+    from mmidx.config import config_for
 
     overrides = {"seed": args.seed} if args.seed is not None else {}
-    if args.max_latent_size is not None:
-        overrides["geometry"] = ModelGeometry(max_latent_size=args.max_latent_size)
-    return config_for([dataset_prefix(path) for path in args.config], **overrides)
+    return config_for([dataset_prefix(path) for path in args.config], geometry_args(args), **overrides)
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -31,7 +29,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         prefixes = [dataset_prefix(prefix) for prefix in args.config]
         for prefix in prefixes:
             if (kind := MMIDXDataset(prefix).kind) != "text":
-                print(f"mmidx: {prefix}: a {kind} dataset; index --gpt builds GPT samples of text datasets only "
+                print(f"mmidx index: {prefix}: a {kind} dataset; index --gpt builds GPT samples of text datasets only "
                       "(use mmidx index without --gpt for the pack index)", file=sys.stderr)
                 return 1
         where = f"cached in {args.cache_dir}" if args.cache_dir else "not cached"
@@ -46,6 +44,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             print(line)
         return 0
     from mmidx.index.pack_index import build_pack_index
+    from mmidx.ingest.report import counted
 
     index = build_pack_index(_data_config(args), num_samples=args.num_samples, cache_dir=args.cache_dir)
     if args.json:
@@ -58,7 +57,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     print(f"  packs {stats['num_packs']:,}   tokens {stats['tokens']:,}   fill {stats['fill_vs_max']:.3f} of "
           f"max_num_tokens, {stats['fill_vs_expected']:.3f} of expected")
     print(f"  excluded (over max_num_tokens_per_sample) {stats['excluded']:,}   deferred {stats['deferred']:,}   "
-          f"max deferral {stats['max_deferral']} packs   solo packs {stats['solo_packs']}")
+          f"max deferral {counted(stats['max_deferral'], 'pack')}   solo packs {stats['solo_packs']}")
     print(f"  built in {stats['build_seconds']} s")
     return 0
 
@@ -72,36 +71,42 @@ def cmd_show(args: argparse.Namespace) -> int:
     config = _data_config(args)
     index = build_pack_index(config, num_samples=args.num_samples, cache_dir=args.cache_dir)
     if not 0 <= args.pack < len(index):
-        print(f"mmidx: pack {args.pack} out of range: the index has {len(index)} packs", file=sys.stderr)
+        print(f"mmidx show: pack {args.pack} out of range: the index has {counted(len(index), 'pack')}",
+              file=sys.stderr)
         return 1
     batch = PackBuilder(config).build(args.pack, index.items(args.pack))
     render(batch, width=args.width, zoom_sample=args.zoom_sample, title=f"pack {args.pack}: ").save(args.output)
     print(f"{args.output}: pack {args.pack}, {counted(batch.sequence_length, 'token')} in "
-          f"{counted(len(batch.sample_lens), 'sample')}")
+          f"{counted(len(batch.sample_lens), 'sample')}{_dropped(config, args.pack, index, batch.sequence_length)}")
     return 0
 
 
-def register(commands: Commands) -> None:
-    def common(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("config", nargs="+", help="a data.yaml, or dataset prefixes (one group each)")
-        sub.add_argument("--num-samples", type=int,
-                         help="samples drawn into the stream, from the groups by weight (default: the total of "
-                              "all datasets' samples; not one epoch of each dataset unless the weights are "
-                              "proportional to their sizes)")
-        sub.add_argument("--cache-dir", help="folder of cached indices (default: build in memory)")
-        sub.add_argument("--seed", type=int, help="override the config's seed")
-        sub.add_argument("--max-latent-size", type=int, help="VAE latent grid side (BAGEL: 32, 64 to fine-tune)")
+def _dropped(config: Any, pack: int, index: Any, tokens: int) -> str:
+    """Why the pack has fewer tokens than ``mmidx index`` counted for it, if it does: the index packs the
+    samples whole, and CFG dropout (drawn per pack, as in training) then removes the dropped elements."""
+    from dataclasses import replace
 
+    from mmidx.config import DropoutConfig
+    from mmidx.pack.builder import PackBuilder
+
+    whole = PackBuilder(replace(config, dropout=DropoutConfig(0.0, 0.0, 0.0))).build(pack, index.items(pack))
+    if whole.sequence_length == tokens:
+        return ""
+    return (f" ({whole.sequence_length:,} as indexed: CFG dropout dropped {whole.sequence_length - tokens:,} "
+            "tokens of text or image elements, as training does)")
+
+
+def register(commands: Commands) -> None:
     sub = add_command(commands, "index", cmd_index,
                       "Build the pack index (or, with --gpt, Megatron GPT indices) and print its statistics.")
-    common(sub)
+    add_pack_arguments(sub)
     sub.add_argument("--gpt", action="store_true", help="build GPT sample indices of text datasets instead")
-    sub.add_argument("--seq-length", type=int, help="GPT sequence length (with --gpt)")
+    sub.add_argument("--seq-length", type=at_least(1), help="GPT sequence length (with --gpt)")
     sub.add_argument("--json", action="store_true", help="print the statistics as JSON")
     sub = add_command(commands, "show", cmd_show, "Render a pack's layout above its attention mask to a PNG.")
-    common(sub)
-    sub.add_argument("--pack", type=int, default=0, help="pack number")
+    add_pack_arguments(sub)
+    sub.add_argument("--pack", type=at_least(0), default=0, help="pack number")
     sub.add_argument("-o", "--output", default="pack.png", help="PNG file to write")
-    sub.add_argument("--width", type=int, default=1024, help="picture width in pixels")
-    sub.add_argument("--zoom-sample", type=int,
+    sub.add_argument("--width", type=at_least(1), default=1024, help="picture width in pixels")
+    sub.add_argument("--zoom-sample", type=at_least(0),
                      help="position in the pack of the sample to zoom into (default: the one with the most splits)")

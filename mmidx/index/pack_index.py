@@ -158,6 +158,12 @@ class PackIndex:
     def __len__(self) -> int:
         return len(self.arrays["pack_offsets"]) - 1
 
+    def __repr__(self) -> str:  # not the dataclass's, which would print every memory-mapped array whole
+        where = "in memory" if self.path is None else f"{self.path}{' (reused)' if self.reused else ''}"
+        groups = ", ".join(group.name for group in self.config.groups)
+        return (f"PackIndex({len(self):,} pack{'s' if len(self) != 1 else ''}, "
+                f"{len(self.arrays['samples']):,} items, groups {groups}, {where})")
+
     def items(self, pack: int) -> list[PackItem]:
         """The samples of pack ``pack`` in packing order, each with the view its epoch reads."""
         if not 0 <= pack < len(self):

@@ -9,6 +9,7 @@ tokens, images at the size BAGEL's transform for the dataset's source type gives
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -56,6 +57,8 @@ def describe_sample(prefix: str | os.PathLike | MMIDXDataset, index: int, *, vie
     images = []
     folder = Path(output_dir) if output_dir is not None else None
     if folder is not None:
+        for j, image in enumerate(sample.images):  # every image checked before any is written
+            _check_decodes(dataset, index, j, image.data)
         folder.mkdir(parents=True, exist_ok=True)
     for j, image in enumerate(sample.images):
         entry = {"image": j, "width": image.width, "height": image.height, "format": image.format,
@@ -105,6 +108,19 @@ def element_flags(element: dict[str, Any]) -> str:
     if element["img_num"] != 1:
         names.append(f"img_num {element['img_num']}")
     return ", ".join(names) or "-"
+
+
+def _check_decodes(dataset: MMIDXDataset, index: int, number: int, data: memoryview) -> None:
+    """Refuse to write out an image that does not decode: a file that looks like an image but is not one
+    would hide that the dataset is damaged."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(bytes(data))) as image:
+            image.load()
+    except Exception as error:  # whatever PIL raises for bytes that are not a whole image
+        raise ValueError(f"{dataset.prefix}: image {number} of sample {index} does not decode ({error}); nothing "
+                         f"written: the dataset may be damaged, run mmidx verify --decode {dataset.prefix}") from None
 
 
 def format_sample(info: dict[str, Any]) -> str:
