@@ -12,8 +12,17 @@ from mmidx.cli.common import Commands, add_command, dataset_prefix
 
 
 def _data_config(args: argparse.Namespace) -> Any:
+    """The data config of the arguments, or with --history the run's mixture history (a MixtureHistory)."""
     from mmidx.config import ModelGeometry, config_for
 
+    if args.history is not None:
+        from mmidx.index.history import MixtureHistory
+
+        if args.config or args.seed is not None or args.max_latent_size is not None:
+            args.usage_error("--history holds the run's configs: give no config, --seed or --max-latent-size")
+        return MixtureHistory.load(args.history)
+    if not args.config:
+        args.usage_error("give a data.yaml, dataset prefixes, or --history")
     overrides = {"seed": args.seed} if args.seed is not None else {}
     if args.max_latent_size is not None:
         overrides["geometry"] = ModelGeometry(max_latent_size=args.max_latent_size)
@@ -24,8 +33,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     if args.gpt:
         from mmidx.train.gpt import GPTTextDataset
 
-        if args.seq_length is None:
-            args.usage_error("--gpt needs --seq-length")
+        if args.seq_length is None or not args.config:
+            args.usage_error("--gpt needs --seq-length and text dataset prefixes")
         from mmidx.read.dataset import MMIDXDataset
 
         prefixes = [dataset_prefix(prefix) for prefix in args.config]
@@ -48,6 +57,12 @@ def cmd_index(args: argparse.Namespace) -> int:
     from mmidx.index.pack_index import build_pack_index
 
     index = build_pack_index(_data_config(args), num_samples=args.num_samples, cache_dir=args.cache_dir)
+    if args.mixture:
+        from mmidx.index.mixture import mixture_report
+
+        report = mixture_report(index)
+        print(json.dumps(report, indent=1) if args.json else _mixture_text(report))
+        return 0
     if args.json:
         print(json.dumps(index.stats, indent=1))
         return 0
@@ -63,14 +78,34 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mixture_text(report: dict[str, Any]) -> str:
+    """``mmidx index --mixture``'s table: per phase and group, then each group's epochs."""
+    lines = [f"mixture over {report['packs']:,} packs ({report['excluded']:,} samples excluded, over "
+             "max_num_tokens_per_sample)"]
+    for phase in report["phases"]:
+        until = ", ".join(f"until {k} {v:,}" for k, v in phase["until"].items()) or "open-ended"
+        lines.append(f"phase {phase['phase']}: packs {phase['packs'][0]:,}-{phase['packs'][1]:,} ({until})")
+        lines.append(f"  {'group':<24}{'samples':>12}{'tokens':>16}{'share':>9}{'weight':>9}")
+        for name, group in phase["groups"].items():
+            tokens = "" if group["tokens"] is None else f"{group['tokens']:,}"
+            lines.append(f"  {name:<24}{group['samples']:>12,}{tokens:>16}{group['share']:>9.2%}"
+                         f"{group['weight']:>9.2%}")
+    lines.append("epochs (pack at which each ended)")
+    for name, epochs in report["epochs"].items():
+        ended = ", ".join(f"{pack:,}" for pack in epochs["ended_at_pack"]) or "-"
+        lines.append(f"  {name}: {epochs['taken']:,} of {epochs['samples']:,} samples taken, "
+                     f"{epochs['completed']} epochs completed: {ended}")
+    return "\n".join(lines)
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from mmidx.index.pack_index import build_pack_index
     from mmidx.ingest.report import counted
     from mmidx.pack.builder import PackBuilder
     from mmidx.toolkit.show import render
 
-    config = _data_config(args)
-    index = build_pack_index(config, num_samples=args.num_samples, cache_dir=args.cache_dir)
+    index = build_pack_index(_data_config(args), num_samples=args.num_samples, cache_dir=args.cache_dir)
+    config = index.config
     if not 0 <= args.pack < len(index):
         print(f"mmidx: pack {args.pack} out of range: the index has {len(index)} packs", file=sys.stderr)
         return 1
@@ -83,7 +118,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def register(commands: Commands) -> None:
     def common(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("config", nargs="+", help="a data.yaml, or dataset prefixes (one group each)")
+        sub.add_argument("config", nargs="*", help="a data.yaml, or dataset prefixes (one group each)")
+        sub.add_argument("--history", help="a run's mixture history (JSON the loader writes, mixture_history.json): "
+                                           "its configs, each from the pack where it took over")
         sub.add_argument("--num-samples", type=int,
                          help="samples drawn into the stream, from the groups by weight (default: the total of "
                               "all datasets' samples; not one epoch of each dataset unless the weights are "
@@ -97,7 +134,10 @@ def register(commands: Commands) -> None:
     common(sub)
     sub.add_argument("--gpt", action="store_true", help="build GPT sample indices of text datasets instead")
     sub.add_argument("--seq-length", type=int, help="GPT sequence length (with --gpt)")
-    sub.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    sub.add_argument("--json", action="store_true", help="print the statistics (or the --mixture report) as JSON")
+    sub.add_argument("--mixture", action="store_true",
+                     help="report what the index delivers per phase and group: samples, tokens, share vs weight, "
+                          "epochs and the pack at which each ended")
     sub = add_command(commands, "show", cmd_show, "Render a pack's layout above its attention mask to a PNG.")
     common(sub)
     sub.add_argument("--pack", type=int, default=0, help="pack number")

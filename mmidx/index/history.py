@@ -123,3 +123,22 @@ def check_edit(old: DataConfig, new: DataConfig, at_pack: int) -> None:
         what = ", ".join(changed)
         fix = "change only weights and the schedule at a resume, or start a new run with a fresh cache"
     raise HistoryError(f"the edited config changes {what}, which made {consumed}; {fix}")
+
+
+def resumed_history(path: str | os.PathLike, config: DataConfig, packs_consumed: int, *,
+                    write: bool = True) -> MixtureHistory:
+    """The history at ``path`` resumed at ``packs_consumed`` with ``config`` (a new phase there if it
+    changed the mixture), written back when ``write`` (one rank writes; every rank computes the same).
+    A run starts its history at pack 0; a resume without one is refused, as its first config is unknown."""
+    path = Path(path)
+    if path.exists():
+        history = MixtureHistory.load(path)
+    elif packs_consumed == 0:
+        history = MixtureHistory.of(config)
+    else:
+        raise HistoryError(f"no mixture history at {path} for a run resumed at pack {packs_consumed:,}: pass the "
+                           "history the run started with, or save MixtureHistory.of(<the config it ran>) there")
+    history = history.take_over(config, packs_consumed)
+    if write:
+        history.save(path)
+    return history
