@@ -14,6 +14,7 @@ from mmidx.config import DataConfig
 from mmidx.index.history import HistoryError, MixtureHistory
 from mmidx.index.pack_index import build_pack_index
 from mmidx.pack.builder import PackBuilder
+from mmidx.toolkit.view.pages import mixture_section
 from mmidx.train.bagel import LOADER_STATE_NAME, trainer_loader
 
 PACKING = {"max_num_tokens": 400, "expected_num_tokens": 300, "max_num_tokens_per_sample": 400,
@@ -85,6 +86,9 @@ def test_an_edit_at_a_checkpoint_resumes_at_another_world_size_as_the_recorded_h
     for name, epochs in report["epochs"].items():
         assert epochs["completed"] == len(epochs["ended_at_pack"]) == epochs["taken"] // epochs["samples"], name
         assert epochs["ended_at_pack"] == sorted(epochs["ended_at_pack"])
+    drawn = mixture_section(report)  # mmidx view's drawing: a line per group, a dashed line where phase 1 starts
+    assert drawn.count("<polyline") == 3 and drawn.count("stroke-dasharray") == 1
+    assert "phase 1 from pack 100</title>" in drawn
     assert main(["index", "--history", str(history), "--num-samples", "3000", "--mixture"]) == 0
     text = capsys.readouterr().out
     assert "phase 1: packs 100-" in text and "epochs completed" in text

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from mmidx.config import DataConfig
+from mmidx.errors import MMIDXError
 from mmidx.index.schedule import Phase
 
 HISTORY_FILE = "mixture_history.json"
 
 
-class HistoryError(ValueError):
+class HistoryError(MMIDXError, ValueError):
     """An edit that would change packs already consumed, or a history that cannot be read."""
 
 
