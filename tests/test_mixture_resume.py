@@ -91,7 +91,7 @@ def test_an_edit_at_a_checkpoint_resumes_at_another_world_size_as_the_recorded_h
     assert "phase 1 from pack 100</title>" in drawn
     assert main(["index", "--history", str(history), "--num-samples", "3000", "--mixture"]) == 0
     text = capsys.readouterr().out
-    assert "phase 1: packs 100-" in text and "epochs completed" in text
+    assert "phase 1: packs [100, " in text and "epochs completed" in text
 
     with pytest.raises(HistoryError, match=r"changes packing, which made the 100 packs already consumed; change only"):
         loader(config_file, history, 0, 2, status, max_num_tokens=500)

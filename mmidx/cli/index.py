@@ -84,7 +84,7 @@ def _mixture_text(report: dict[str, Any]) -> str:
              "max_num_tokens_per_sample)"]
     for phase in report["phases"]:
         until = ", ".join(f"until {k} {v:,}" for k, v in phase["until"].items()) or "open-ended"
-        lines.append(f"phase {phase['phase']}: packs {phase['packs'][0]:,}-{phase['packs'][1]:,} ({until})")
+        lines.append(f"phase {phase['phase']}: packs [{phase['packs'][0]:,}, {phase['packs'][1]:,}) ({until})")
         lines.append(f"  {'group':<24}{'samples':>12}{'tokens':>16}{'share':>9}{'weight':>9}")
         for name, group in phase["groups"].items():
             tokens = "" if group["tokens"] is None else f"{group['tokens']:,}"

@@ -300,14 +300,16 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
 
 def mixture_log(stream: PackStream, config: DataConfig, phases: list[Phase]) -> list[dict[str, Any]]:
     """Per phase the stream actually ran: where it started (stream position, pack), the requested weights
-    and the items and tokens each group took (stored in the stats for ``mmidx index --mixture``)."""
+    and the items and tokens each group took (stored in the stats for ``mmidx index --mixture``). A phase
+    whose limit had passed before it began (one a later config of a history cut short) is left out."""
     names = [g.name for g in config.groups]
     return [{"phase": log["phase"], "start_position": log["start_position"], "end_position": log["end_position"],
              "start_pack": log["start_pack"], "until_packs": phases[log["phase"]].until_packs,
              "until_tokens": phases[log["phase"]].until_tokens,
              "weights": dict(zip(names, phases[log["phase"]].weights, strict=True)),
              "items": dict(zip(names, log["items"].tolist(), strict=True)),
-             "tokens": dict(zip(names, log["tokens"].tolist(), strict=True))} for log in stream.phase_log]
+             "tokens": dict(zip(names, log["tokens"].tolist(), strict=True))}
+            for log in stream.phase_log if log["end_position"] > log["start_position"] or len(stream.phase_log) == 1]
 
 
 class PackItem(NamedTuple):
