@@ -12,6 +12,7 @@ from support.packing import GEOMETRY, SPECIAL, build_groups
 from mmidx.cli import main
 from mmidx.config import DataConfig
 from mmidx.index.history import HistoryError, MixtureHistory
+from mmidx.index.mixture import mixture_report
 from mmidx.index.pack_index import build_pack_index
 from mmidx.pack.builder import PackBuilder
 from mmidx.toolkit.view.pages import mixture_section
@@ -141,3 +142,15 @@ def test_a_dataset_twice_is_refused_unless_allowed(groups):
     index = build_pack_index(DataConfig.from_dict({"groups": twice, "geometry": GEOMETRY, "allow_duplicates": True}),
                              progress=False)
     assert len(index) > 0
+
+
+def test_the_report_of_a_plain_index_is_one_phase_of_the_groups_weights(groups):
+    config = DataConfig.from_dict({"groups": groups, "geometry": GEOMETRY, "packing": PACKING})
+    index = build_pack_index(config, num_samples=500, progress=False)
+    assert "mixture" not in index.stats  # a plain index's stats are what they always were
+    report = mixture_report(index)
+    (phase,) = report["phases"]
+    assert phase["packs"] == [0, len(index)]
+    assert sum(g["tokens"] for g in phase["groups"].values()) == index.stats["tokens"]
+    assert [g["samples"] for g in phase["groups"].values()] == list(index.stats["groups"].values())
+    assert all(g["weight"] == pytest.approx(1 / 3) for g in phase["groups"].values())

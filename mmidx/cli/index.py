@@ -87,8 +87,7 @@ def _mixture_text(report: dict[str, Any]) -> str:
         lines.append(f"phase {phase['phase']}: packs [{phase['packs'][0]:,}, {phase['packs'][1]:,}) ({until})")
         lines.append(f"  {'group':<24}{'samples':>12}{'tokens':>16}{'share':>9}{'weight':>9}")
         for name, group in phase["groups"].items():
-            tokens = "" if group["tokens"] is None else f"{group['tokens']:,}"
-            lines.append(f"  {name:<24}{group['samples']:>12,}{tokens:>16}{group['share']:>9.2%}"
+            lines.append(f"  {name:<24}{group['samples']:>12,}{group['tokens']:>16,}{group['share']:>9.2%}"
                          f"{group['weight']:>9.2%}")
     lines.append("epochs (pack at which each ended)")
     for name, epochs in report["epochs"].items():

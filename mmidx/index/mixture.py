@@ -3,7 +3,8 @@
 Per phase (the stretch of packs from where it started to where the next one did) and per group: the samples
 and tokens the stream took, the achieved share against the requested weight, and per group the epochs
 completed and the pack at which each ended — the pack holding the group's ``(e + 1) · n``-th packed sample
-(n: its samples). A sample over ``max_num_tokens_per_sample`` is never packed, so a group with excluded
+(n: its samples). An index of one plain blend has one phase, its tokens counted from the packed samples. A
+sample over ``max_num_tokens_per_sample`` is never packed, so a group with excluded
 samples ends its epochs later than that count says; the report counts them. ``mmidx index --mixture``
 prints it, ``mmidx view`` draws it.
 """
@@ -14,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from mmidx.index.pack_index import PackIndex
+from mmidx.index.pack_index import PackIndex, view_table
+from mmidx.read.dataset import MMIDXDataset
 
 
 def mixture_report(index: PackIndex, *, share_points: int = 200) -> dict[str, Any]:
@@ -36,7 +38,7 @@ def mixture_report(index: PackIndex, *, share_points: int = 200) -> dict[str, An
     phases = []
     for number, log in enumerate(logs):
         end_pack = logs[number + 1]["start_pack"] if number + 1 < len(logs) else num_packs
-        tokens = log["tokens"]  # None for an index of one plain blend, which keeps no per-group tokens
+        tokens = log["tokens"] or _packed_tokens(index, group_of, names)
         items = log["items"]
         total_items, total_weight = sum(items.values()), sum(log["weights"].values())
         phases.append({
@@ -44,7 +46,7 @@ def mixture_report(index: PackIndex, *, share_points: int = 200) -> dict[str, An
                                                                                        log["end_position"]],
             "until": ({"packs": log["until_packs"]} if log["until_packs"] is not None else {})
             | ({"tokens": log["until_tokens"]} if log["until_tokens"] is not None else {}),
-            "groups": {name: {"samples": items[name], "tokens": None if tokens is None else tokens[name],
+            "groups": {name: {"samples": items[name], "tokens": tokens[name],
                               "share": items[name] / total_items if total_items else 0.0,
                               "weight": log["weights"][name] / total_weight} for name in names}})
     epochs = {}
@@ -57,6 +59,18 @@ def mixture_report(index: PackIndex, *, share_points: int = 200) -> dict[str, An
                         "ended_at_pack": pack_of_item[ends].tolist()}
     return {"packs": num_packs, "excluded": stats["excluded"], "phases": phases, "epochs": epochs,
             "share_over_packs": _share_over_packs(group_of, offsets, len(names), names, share_points)}
+
+
+def _packed_tokens(index: PackIndex, group_of: np.ndarray, names: list[str]) -> dict[str, int]:
+    """Tokens of each group's packed samples, from the view table: an index of one plain blend keeps no
+    per-group tokens in its stats (so its cache stays what it always was)."""
+    datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in index.config.groups]
+    table = view_table(index.config, datasets, index.selections)
+    samples = np.asarray(index.arrays["samples"], dtype=np.int64)
+    views = np.asarray(index.arrays["views"], dtype=np.int64) if "views" in index.arrays else 0
+    tokens = table.view_tokens[table.view_offsets[samples] + views]
+    totals = np.bincount(group_of, weights=tokens, minlength=len(names)).astype(np.int64)
+    return dict(zip(names, totals.tolist(), strict=True))
 
 
 def _share_over_packs(group_of: np.ndarray, offsets: np.ndarray, num_groups: int, names: list[str],

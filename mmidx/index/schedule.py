@@ -39,6 +39,7 @@ class Phase:
 
     @property
     def open_ended(self) -> bool:
+        """Whether the phase has no limit (only the last one of a schedule)."""
         return self.until_packs is None and self.until_tokens is None
 
     def reached(self, packs: int, tokens: int) -> bool:
@@ -71,6 +72,7 @@ class PhasedBlend:
 
     @property
     def current(self) -> Phase:
+        """The phase the next item belongs to."""
         return self.phases[self.phase]
 
     def counts(self) -> np.ndarray:
@@ -80,6 +82,7 @@ class PhasedBlend:
         return counts
 
     def copy(self) -> PhasedBlend:
+        """An independent cursor at the same place (a read-ahead, or a place to come back to)."""
         other = object.__new__(PhasedBlend)
         other.__dict__.update(self.__dict__)
         other.before, other.taken = self.before.copy(), self.taken.copy()
