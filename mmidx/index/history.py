@@ -56,14 +56,13 @@ class MixtureHistory:
         checkpoint) are dropped. Raises ``HistoryError`` for an edit that changes consumed packs."""
         if at_pack < 0:
             raise HistoryError(f"packs consumed must be >= 0, got {at_pack}")
-        kept = tuple((k, c) for k, c in self.takeovers if k < at_pack) or self.takeovers[:1]
+        if at_pack == 0:  # nothing consumed: the run starts afresh with ``config``
+            return MixtureHistory.of(config)
+        kept = tuple((k, c) for k, c in self.takeovers if k < at_pack)
         in_force = kept[-1][1]
-        if _mixture_free(in_force) == _mixture_free(config) and in_force.schedule == config.schedule and \
-                [g.weight for g in in_force.groups] == [g.weight for g in config.groups]:
+        if in_force == config:
             return MixtureHistory(kept)
         check_edit(in_force, config, at_pack)
-        if at_pack == 0:
-            return MixtureHistory.of(config)
         return MixtureHistory((*kept, (at_pack, config)))
 
     def phases(self) -> list[Phase]:
