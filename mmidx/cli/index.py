@@ -15,7 +15,7 @@ def _data_config(args: argparse.Namespace) -> Any:
     """The data config of the arguments, or with --history the run's mixture history (a MixtureHistory)."""
     from mmidx.config import ModelGeometry, config_for
 
-    if args.history is not None:
+    if getattr(args, "history", None) is not None:  # mmidx bench shares this without --history
         from mmidx.index.history import MixtureHistory
 
         if args.config or args.seed is not None or args.max_latent_size is not None:
