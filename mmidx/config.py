@@ -14,9 +14,18 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
     dropout: {text: 0.1, vit: 0.3, vae: 0.3}                          # optional
     geometry: {max_latent_size: 64}         # optional, BAGEL's; 1,024-px VAE images need a 64-wide latent grid
     seed: 0                                                           # optional
+    schedule:                                  # optional: phases of the mixture over the run
+      - until: {packs: 1000}                   # or {tokens: 2000000000}; counted from the run's start
+        weights: {t2i_pretrain: 1.0, vlm_sft: 1.0}
+      - weights: {t2i_pretrain: 1.0, vlm_sft: 3.0}                     # the last phase is open-ended
+    allow_duplicates: false                    # optional: allow a dataset in two groups or twice in one
 
 Every key, with its type, default and meaning: docs/reference/data-config.md; each is checked as the file is
 read (an unknown key or a wrong type is one line naming the file and the key).
+
+A ``schedule`` replaces the groups' ``weight`` keys: each phase weighs the groups anew (a group absent from
+a phase, or at weight 0, takes no samples in it) and ends once the run has closed ``packs`` packs or packed
+``tokens`` tokens (:mod:`mmidx.index.schedule`). No schedule, or one phase, is a single blend as before.
 
 BAGEL's ``num_used_data`` (one count per dataset), ``shuffle_lines`` and ``shuffle_seed`` choose which
 samples a group uses, with BAGEL's meaning (:mod:`mmidx.index.subsets`); ``resume_data_status`` is accepted
@@ -31,6 +40,7 @@ and ``image_transform_args`` otherwise — as BAGEL's ``vlm_sft`` group does.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import warnings
@@ -154,6 +164,32 @@ class ModelGeometry:
 
 
 @dataclass(frozen=True)
+class PhaseConfig:
+    """One phase of a mixture schedule: the groups' weights until the run has closed ``until_packs`` packs
+    or packed ``until_tokens`` tokens (both counted from the run's start; neither: open-ended, the last)."""
+
+    weights: tuple[tuple[str, float], ...]
+    until_packs: int | None = None
+    until_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", tuple((str(k), float(v)) for k, v in self.weights))
+        for name, value in self.weights:
+            if not (value >= 0 and value < float("inf")):
+                raise ValueError(f"schedule: weight of {name!r} must be finite and >= 0, got {value}")
+        if not any(value > 0 for _, value in self.weights):
+            raise ValueError("schedule: a phase needs at least one group of positive weight")
+        for key in ("until_packs", "until_tokens"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+                raise ValueError(f"schedule: until {key[6:]} must be a positive integer, got {value!r}")
+
+    def weight_of(self, group: str) -> float:
+        """This phase's weight of ``group`` (0 when absent)."""
+        return dict(self.weights).get(group, 0.0)
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Everything that decides which samples make which packs, and how a pack becomes a batch."""
 
@@ -162,6 +198,8 @@ class DataConfig:
     dropout: DropoutConfig = field(default_factory=DropoutConfig)
     geometry: ModelGeometry = field(default_factory=ModelGeometry)
     seed: int = 0
+    schedule: tuple[PhaseConfig, ...] = ()  # phases of the mixture; () = one blend by the groups' weights
+    allow_duplicates: bool = False  # a dataset in two groups, or twice in one, is refused unless set
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -169,6 +207,15 @@ class DataConfig:
         names = [group.name for group in self.groups]
         if len(set(names)) != len(names):
             raise ValueError(f"group names must be unique, got {names}")
+        object.__setattr__(self, "schedule", tuple(self.schedule))
+        _check_schedule(self.schedule, names)
+
+    def phase_weights(self) -> list[tuple[list[float], int | None, int | None]]:
+        """(weights per group in config order, until packs, until tokens) of every phase; one open phase
+        of the groups' weights without a schedule."""
+        if not self.schedule:
+            return [([g.weight for g in self.groups], None, None)]
+        return [([p.weight_of(g.name) for g in self.groups], p.until_packs, p.until_tokens) for p in self.schedule]
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], base_dir: str | os.PathLike = ".") -> DataConfig:
@@ -199,9 +246,11 @@ class DataConfig:
                 shuffle_lines=bool(spec.get("shuffle_lines", False)), shuffle_seed=int(spec.get("shuffle_seed", 0)),
                 encodings=tuple(dict(spec.get("encodings") or {}).items())))
         _check_type("seed", data.get("seed", 0), int)
+        _check_type("allow_duplicates", data.get("allow_duplicates", False), bool)
         return cls(groups=tuple(groups), packing=_section("packing", PackingConfig, data.get("packing")),
                    dropout=_section("dropout", DropoutConfig, data.get("dropout")),
-                   geometry=_section("geometry", ModelGeometry, data.get("geometry")), seed=int(data.get("seed", 0)))
+                   geometry=_section("geometry", ModelGeometry, data.get("geometry")), seed=int(data.get("seed", 0)),
+                   schedule=_schedule(data.get("schedule")), allow_duplicates=bool(data.get("allow_duplicates", False)))
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> DataConfig:
@@ -216,9 +265,36 @@ class DataConfig:
         except ValueError as error:  # which file, then which key
             raise ValueError(f"{os.fspath(path)}: {error}") from None
 
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML schema of this config, every prefix absolute: ``from_dict(to_dict())`` equals it (the
+        mixture history records configs this way, so an edited data.yaml cannot change a recorded one)."""
+        groups = {}
+        for g in self.groups:
+            spec: dict[str, Any] = {"datasets": list(g.datasets), "weight": g.weight, "is_mandatory": g.is_mandatory,
+                                    "shuffle_lines": g.shuffle_lines, "shuffle_seed": g.shuffle_seed,
+                                    "encodings": dict(g.encodings)}
+            for key, transform in (("image_transform_args", g.image_transform),
+                                   ("vit_image_transform_args", g.vit_image_transform)):
+                if transform is not None:
+                    spec[key] = asdict(transform)
+            if g.num_used_data is not None:
+                spec["num_used_data"] = list(g.num_used_data)
+            groups[g.name] = spec
+        schedule = [{"weights": dict(p.weights),
+                     **({"until": {"packs": p.until_packs}} if p.until_packs is not None else {}),
+                     **({"until": {"tokens": p.until_tokens}} if p.until_tokens is not None else {})}
+                    for p in self.schedule]
+        return {"groups": groups, "packing": asdict(self.packing), "dropout": asdict(self.dropout),
+                "geometry": asdict(self.geometry), "seed": self.seed, "allow_duplicates": self.allow_duplicates,
+                **({"schedule": schedule} if schedule else {})}
+
     def describe(self) -> dict[str, Any]:
         """Plain-data description (for hashing and for the index cache's description file)."""
-        return json.loads(json.dumps(asdict(self), default=str))
+        described = json.loads(json.dumps(asdict(self), default=str))
+        for key in ("schedule", "allow_duplicates"):  # absent when unused: earlier cache keys stay valid
+            if not described[key]:
+                del described[key]
+        return described
 
     def fingerprint(self) -> str:
         """sha256 of the description: part of the index cache key."""
@@ -246,7 +322,8 @@ def config_for(paths: list[str], geometry_args: Mapping[str, Any] | None = None,
     given = dict(geometry_args or {})
     if len(paths) == 1 and paths[0].endswith((".yaml", ".yml")):
         config = DataConfig.from_yaml(paths[0])
-        parts = {f: getattr(config, f) for f in ("groups", "packing", "dropout", "geometry", "seed")}
+        parts = {f: getattr(config, f) for f in ("groups", "packing", "dropout", "geometry", "seed", "schedule",
+                                                 "allow_duplicates")}
         parts["geometry"] = replace(config.geometry, **given)
         return DataConfig(**{**parts, **overrides})
     from mmidx.read.dataset import MMIDXDataset
@@ -297,6 +374,53 @@ def data_yaml_group(name: str, spec: Mapping[str, Any], datasets: list[str]) -> 
     return entry
 
 
+def _schedule(entries: Any) -> tuple[PhaseConfig, ...]:
+    """The phases of a ``schedule:`` list (see the module docstring), each entry checked for its keys."""
+    if entries is None:
+        return ()
+    if not isinstance(entries, list) or not entries:
+        raise ValueError("schedule must be a non-empty list of phases, each {until: {packs: N}, weights: {...}}")
+    phases = []
+    for number, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or set(entry) - {"until", "weights"} or "weights" not in entry:
+            raise ValueError(f"schedule phase {number}: needs weights: {{group: weight}} and, except the last, "
+                             "until: {packs: N} or {tokens: N}; no other keys")
+        until = entry.get("until")
+        if until is not None and (not isinstance(until, Mapping) or len(until) != 1
+                                  or next(iter(until)) not in ("packs", "tokens")):
+            raise ValueError(f"schedule phase {number}: until must be {{packs: N}} or {{tokens: N}}, got {until!r}")
+        if not isinstance(entry["weights"], Mapping):
+            raise ValueError(f"schedule phase {number}: weights must map group names to weights")
+        until = dict(until or {})
+        try:
+            phases.append(PhaseConfig(tuple(entry["weights"].items()), until_packs=until.get("packs"),
+                                      until_tokens=until.get("tokens")))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"schedule phase {number}: {error}".replace("schedule: ", "")) from None
+    return tuple(phases)
+
+
+def _check_schedule(schedule: tuple[PhaseConfig, ...], names: list[str]) -> None:
+    """Refuse unknown groups, an open-ended phase before the last, a limited last phase, and limits of one
+    kind that do not grow."""
+    for number, phase in enumerate(schedule):
+        unknown = sorted(set(dict(phase.weights)) - set(names))
+        if unknown:
+            raise ValueError(f"schedule phase {number}: unknown groups {unknown}; the groups are {names}")
+        last = number == len(schedule) - 1
+        limited = phase.until_packs is not None or phase.until_tokens is not None
+        if last and limited:
+            raise ValueError(f"schedule phase {number}: the last phase is open-ended; drop its until")
+        if not last and not limited:
+            raise ValueError(f"schedule phase {number}: every phase but the last needs until: {{packs: N}} or "
+                             "{tokens: N}")
+    for kind in ("until_packs", "until_tokens"):
+        limits = [getattr(p, kind) for p in schedule if getattr(p, kind) is not None]
+        if any(b <= a for a, b in itertools.pairwise(limits)):
+            raise ValueError(f"schedule: until {kind[6:]} must grow from phase to phase (counted from the run's "
+                             f"start), got {limits}")
+
+
 def _transform(args: Mapping[str, Any] | None, where: str = "image_transform_args") -> ImageTransform | None:
     if args is None:
         return None
@@ -307,7 +431,7 @@ def _transform(args: Mapping[str, Any] | None, where: str = "image_transform_arg
 
 
 # The data.yaml schema, checked key by key (docs/reference/data-config.md documents each; a test compares).
-TOP_KEYS = ("groups", "packing", "dropout", "geometry", "seed")
+TOP_KEYS = ("groups", "packing", "dropout", "geometry", "seed", "schedule", "allow_duplicates")
 GROUP_KEY_TYPES: dict[str, Any] = {
     "datasets": list, "weight": float, "is_mandatory": bool, "image_transform_args": dict,
     "vit_image_transform_args": dict, "num_used_data": list, "shuffle_lines": bool, "shuffle_seed": int,

@@ -111,13 +111,18 @@ def in_pipeline_order(commands: Commands) -> None:
     commands.choices = dict(sorted(commands.choices.items(), key=lambda item: rank(item[0])))
 
 
-def add_pack_arguments(sub: argparse.ArgumentParser, num_samples: bool = True) -> None:
+def add_pack_arguments(sub: argparse.ArgumentParser, num_samples: bool = True, history: bool = False) -> None:
     """The options of every command that builds packs (``index``, ``show``, ``bench``): what to pack, and
     the model geometry (:class:`mmidx.config.ModelGeometry`) the packs are laid out for; ``--num-samples``
-    where the command lets the user choose the stream's length."""
-    sub.add_argument("config", nargs="+", metavar=PREFIX_OR_DATA_YAML,
+    where the command lets the user choose the stream's length; ``--history`` (instead of a config) where a
+    run's mixture history can be replayed."""
+    sub.add_argument("config", nargs="*" if history else "+", metavar=PREFIX_OR_DATA_YAML,
                      help="a data.yaml, or dataset prefixes (one group each, with BAGEL's transforms for their "
                           "source and a geometry that holds what those output)")
+    if history:
+        sub.add_argument("--history", metavar="HISTORY_JSON",
+                         help="instead of a config: a run's mixture history (mixture_history.json, which the "
+                              "loader writes): its configs, each from the pack where it took over")
     if num_samples:
         sub.add_argument("--num-samples", type=at_least(1),
                          help=default_note("samples drawn into the stream, from the groups by weight",

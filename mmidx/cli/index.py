@@ -12,8 +12,17 @@ from mmidx.cli.common import Commands, add_command, add_pack_arguments, at_least
 
 
 def _data_config(args: argparse.Namespace) -> Any:
+    """The data config of the arguments, or with --history the run's mixture history (a MixtureHistory)."""
     from mmidx.config import config_for
 
+    if getattr(args, "history", None) is not None:  # mmidx bench shares this without --history
+        from mmidx.index.history import MixtureHistory
+
+        if args.config or args.seed is not None or geometry_args(args):
+            args.usage_error("--history holds the run's configs: give no config, --seed or geometry options")
+        return MixtureHistory.load(args.history)
+    if not args.config:
+        args.usage_error("give a data.yaml, dataset prefixes, or --history")
     overrides = {"seed": args.seed} if args.seed is not None else {}
     return config_for([dataset_prefix(path) for path in args.config], geometry_args(args), **overrides)
 
@@ -22,8 +31,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     if args.gpt:
         from mmidx.train.gpt import GPTTextDataset
 
-        if args.seq_length is None:
-            args.usage_error("--gpt needs --seq-length")
+        if args.seq_length is None or not args.config:
+            args.usage_error("--gpt needs --seq-length and text dataset prefixes")
         from mmidx.read.dataset import MMIDXDataset
 
         prefixes = [dataset_prefix(prefix) for prefix in args.config]
@@ -47,6 +56,12 @@ def cmd_index(args: argparse.Namespace) -> int:
     from mmidx.ingest.report import counted
 
     index = build_pack_index(_data_config(args), num_samples=args.num_samples, cache_dir=args.cache_dir)
+    if args.mixture:
+        from mmidx.index.mixture import mixture_report
+
+        report = mixture_report(index)
+        print(json.dumps(report, indent=1) if args.json else _mixture_text(report))
+        return 0
     if args.json:
         print(json.dumps(index.stats, indent=1))
         return 0
@@ -62,14 +77,33 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mixture_text(report: dict[str, Any]) -> str:
+    """``mmidx index --mixture``'s table: per phase and group, then each group's epochs."""
+    lines = [f"mixture over {report['packs']:,} packs ({report['excluded']:,} samples excluded, over "
+             "max_num_tokens_per_sample)"]
+    for phase in report["phases"]:
+        until = ", ".join(f"until {k} {v:,}" for k, v in phase["until"].items()) or "open-ended"
+        lines.append(f"phase {phase['phase']}: packs [{phase['packs'][0]:,}, {phase['packs'][1]:,}) ({until})")
+        lines.append(f"  {'group':<24}{'samples':>12}{'tokens':>16}{'share':>9}{'weight':>9}")
+        for name, group in phase["groups"].items():
+            lines.append(f"  {name:<24}{group['samples']:>12,}{group['tokens']:>16,}{group['share']:>9.2%}"
+                         f"{group['weight']:>9.2%}")
+    lines.append("epochs (pack at which each ended)")
+    for name, epochs in report["epochs"].items():
+        ended = ", ".join(f"{pack:,}" for pack in epochs["ended_at_pack"]) or "-"
+        lines.append(f"  {name}: {epochs['taken']:,} of {epochs['samples']:,} samples taken, "
+                     f"{epochs['completed']} epochs completed: {ended}")
+    return "\n".join(lines)
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from mmidx.index.pack_index import build_pack_index
     from mmidx.ingest.report import counted
     from mmidx.pack.builder import PackBuilder
     from mmidx.toolkit.show import render
 
-    config = _data_config(args)
-    index = build_pack_index(config, num_samples=args.num_samples, cache_dir=args.cache_dir)
+    index = build_pack_index(_data_config(args), num_samples=args.num_samples, cache_dir=args.cache_dir)
+    config = index.config
     if not 0 <= args.pack < len(index):
         print(f"mmidx show: pack {args.pack} out of range: the index has {counted(len(index), 'pack')}",
               file=sys.stderr)
@@ -99,12 +133,15 @@ def _dropped(config: Any, pack: int, index: Any, tokens: int) -> str:
 def register(commands: Commands) -> None:
     sub = add_command(commands, "index", cmd_index,
                       "Build the pack index (or, with --gpt, Megatron GPT indices) and print its statistics.")
-    add_pack_arguments(sub)
+    add_pack_arguments(sub, history=True)
     sub.add_argument("--gpt", action="store_true", help="build GPT sample indices of text datasets instead")
     sub.add_argument("--seq-length", type=at_least(1), help="GPT sequence length (with --gpt)")
-    sub.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    sub.add_argument("--json", action="store_true", help="print the statistics (or the --mixture report) as JSON")
+    sub.add_argument("--mixture", action="store_true",
+                     help="report what the index delivers per phase and group: samples, tokens, share vs weight, "
+                          "epochs and the pack at which each ended")
     sub = add_command(commands, "show", cmd_show, "Render a pack's layout above its attention mask to a PNG.")
-    add_pack_arguments(sub)
+    add_pack_arguments(sub, history=True)
     sub.add_argument("--pack", type=at_least(0), default=0, help="pack number")
     sub.add_argument("-o", "--output", default="pack.png", help="PNG file to write")
     sub.add_argument("--width", type=at_least(1), default=1024, help="picture width in pixels")

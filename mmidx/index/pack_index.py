@@ -33,7 +33,9 @@ from mmidx import format as fmt
 from mmidx.config import DataConfig, GroupConfig, ModelGeometry
 from mmidx.images.transform import ImageTransform, num_image_tokens
 from mmidx.index.cache import ArraySink, cached_build
+from mmidx.index.history import MixtureHistory
 from mmidx.index.pack_stream import PackStream
+from mmidx.index.schedule import Phase
 from mmidx.index.stream import ViewTable
 from mmidx.index.subsets import selected_views, used_samples
 from mmidx.read.dataset import MMIDXDataset
@@ -177,10 +179,11 @@ class PackIndex:
         return items
 
 
-def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
+def build_pack_index(config: DataConfig | MixtureHistory, *, num_samples: int | None = None,
                      cache_dir: str | os.PathLike | None = None, progress: bool = True,
                      chunk_size: int = 1 << 20) -> PackIndex:
-    """Build (or load from ``cache_dir``) the pack index of ``config``.
+    """Build (or load from ``cache_dir``) the pack index of ``config``, or of a run's mixture history (the
+    configs in force from the packs where each took over: :mod:`mmidx.index.history`).
 
     ``num_samples``: stream length (samples drawn across all groups and epochs); default: the
     total number of samples of all groups, i.e. about one epoch. Cached arrays are reused only if
@@ -188,6 +191,8 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
     samples at a time (memory is bounded by it); ``progress`` shows a bar on stderr for builds
     longer than 2 s and a line when a cache entry is reused (``PackIndex.reused`` says it too).
     """
+    history = config if isinstance(config, MixtureHistory) else MixtureHistory.of(config)
+    config = history.config
     datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
     selections = [[used_samples(d, group, k) for k, d in enumerate(group_datasets)]
                   for group, group_datasets in zip(config.groups, datasets, strict=True)]
@@ -202,18 +207,35 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
         raise ValueError(f"num_samples must be non-negative, got {num_samples}")
     dataset_starts = np.concatenate([[0], np.cumsum([n for group in sizes for n in group])]).astype(np.int64)
     checksums = [[d.checksum for d in group] for group in datasets]
+    _check_duplicates(config, checksums)
     description = {"kind": "pack_index", "version": INDEX_VERSION, "config": config.describe(),
                    "num_samples": num_samples, "datasets": checksums}
+    if len(history.takeovers) > 1:  # absent for a run of one config: its cache key is as before
+        description["history"] = history.describe()
 
     def build(sink: ArraySink) -> dict[str, Any]:
         return write_pack_index(sink, view_table(config, datasets, selections), config, num_samples,
-                                chunk_size=chunk_size, progress=progress)
+                                chunk_size=chunk_size, progress=progress, phases=history.phases())
 
     arrays, stats, folder, reused = cached_build(cache_dir, description, build)
     if progress and reused:  # a build says so with its progress bar
         print(f"mmidx: pack index reused from {folder}", file=sys.stderr)
     used = selections if any(s is not None for group in selections for s in group) else None
     return PackIndex(config, arrays, stats, dataset_starts, folder, reused, used)
+
+
+def _check_duplicates(config: DataConfig, checksums: list[list[str]]) -> None:
+    """Refuse a dataset (by checksum) in two groups or twice in one, unless the config allows duplicates."""
+    if config.allow_duplicates:
+        return
+    seen: dict[str, str] = {}
+    for group, group_checksums in zip(config.groups, checksums, strict=True):
+        for prefix, checksum in zip(group.datasets, group_checksums, strict=True):
+            if checksum in seen:
+                raise ValueError(f"dataset {prefix} (group {group.name!r}) has the same checksum as {seen[checksum]}: "
+                                 "its samples would be drawn twice as often; list it once, or set "
+                                 "allow_duplicates: true in the data config if that is meant")
+            seen[checksum] = f"{prefix} (group {group.name!r})"
 
 
 def view_table(config: DataConfig, datasets: list[list[MMIDXDataset]],
@@ -238,18 +260,23 @@ def view_table(config: DataConfig, datasets: list[list[MMIDXDataset]],
 
 
 def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_samples: int, *,
-                     chunk_size: int = 1 << 20, progress: bool = False) -> dict[str, Any]:
+                     chunk_size: int = 1 << 20, progress: bool = False,
+                     phases: list[Phase] | None = None) -> dict[str, Any]:
     """Pack ``num_samples`` of the blended stream over ``table`` and append the packs to ``sink``
     (``pack_offsets``, ``samples`` and, with more than one view to a sample, ``views``, each in
-    the narrowest unsigned dtype for this table and size); returns the stats."""
+    the narrowest unsigned dtype for this table and size); returns the stats. ``phases``: the
+    schedule (default: the config's own, see :meth:`DataConfig.phase_weights`)."""
     start = time.perf_counter()
     packing = config.packing
+    if phases is None:
+        phases = [Phase(tuple(w), p, t) for w, p, t in config.phase_weights()]
+    plain = len(phases) == 1 and min(phases[0].weights) > 0  # today's one blend: weights checked as before
     stream = PackStream(table, [g.weight for g in config.groups], num_samples, config.seed,
                         mandatory=[g.is_mandatory for g in config.groups], max_num_tokens=packing.max_num_tokens,
                         expected_num_tokens=packing.expected_num_tokens,
                         max_num_tokens_per_sample=packing.max_num_tokens_per_sample,
                         prefer_buffer_before=packing.prefer_buffer_before, max_buffer_size=packing.max_buffer_size,
-                        chunk_size=chunk_size)
+                        chunk_size=chunk_size, phases=None if plain else phases)
     sink.declare("pack_offsets", _unsigned(num_samples))
     sink.declare("samples", _unsigned(int(table.group_base[-1]) - 1))
     keep_views = table.max_views > 1
@@ -271,9 +298,24 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
             if packs:
                 fill = tokens / packs / packing.max_num_tokens
                 bar.set_postfix(packs=f"{packs:,}", fill=f"{fill:.3f}", refresh=False)
+    mixture = {} if plain else {"mixture": mixture_log(stream, config, phases)}
     return {**stream.stats, "samples": num_samples,
             "groups": {g.name: n for g, n in zip(config.groups, stream.group_counts, strict=True)},
-            "tokens": tokens, "build_seconds": round(time.perf_counter() - start, 3)}
+            "tokens": tokens, "build_seconds": round(time.perf_counter() - start, 3), **mixture}
+
+
+def mixture_log(stream: PackStream, config: DataConfig, phases: list[Phase]) -> list[dict[str, Any]]:
+    """Per phase the stream actually ran: where it started (stream position, pack), the requested weights
+    and the items and tokens each group took (stored in the stats for ``mmidx index --mixture``). A phase
+    whose limit had passed before it began (one a later config of a history cut short) is left out."""
+    names = [g.name for g in config.groups]
+    return [{"phase": log["phase"], "start_position": log["start_position"], "end_position": log["end_position"],
+             "start_pack": log["start_pack"], "until_packs": phases[log["phase"]].until_packs,
+             "until_tokens": phases[log["phase"]].until_tokens,
+             "weights": dict(zip(names, phases[log["phase"]].weights, strict=True)),
+             "items": dict(zip(names, log["items"].tolist(), strict=True)),
+             "tokens": dict(zip(names, log["tokens"].tolist(), strict=True))}
+            for log in stream.phase_log if log["end_position"] > log["start_position"] or len(stream.phase_log) == 1]
 
 
 class PackItem(NamedTuple):
