@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from PIL import Image
 from support.sources import image_bytes, tokenizer_dir
 
 import mmidx
@@ -165,16 +166,23 @@ def test_an_edited_input_file_is_built_again_on_resume(photos, tmp_path):
     ({"texts": ["a"], "views": [Element("text", 0)], "colour": 1}, "unknown keys"),
     ("just a string", "not a sample"),
     ({"texts": ["a"], "views": [Element("text", 0, loss=True)], "extra": {"x": object()}}, "JSON"),
+    ({"texts": [[1, 2, 10**9]], "views": [Element("text", 0, loss=True)]}, "outside the tokenizer's vocabulary"),
+    ({"texts": [["one"]], "views": [Element("text", 0, loss=True)]}, "not a list of token ids"),
+    ({"texts": ["a"], "views": [Element("text", 0, img_num=0)]}, "img_num"),
+    ({"texts": ["a"], "images": [3.5], "views": [Element("text", 0)]}, "give bytes, a file path or a PIL image"),
 ])
 def test_a_sample_that_is_not_one_is_a_counted_skip_naming_what_is_wrong(made, reason, tmp_path):
     def fn(i):
         if i == 0:
             return made
-        return {"texts": [f"text {i}"], "views": [Element("text", 0, loss=True)]}
+        return {"texts": [f"text {i}"], "images": [Image.new("RGB", (32, 24), (i, 0, 0))],
+                "views": [Element("vit_image", 0), Element("text", 0, loss=True)]}
 
-    report = mmidx.write(fn, range(4), tmp_path / "out", tokenizer=tokenizer_dir(), workers=2, max_skip_rate=0.5,
+    report = mmidx.write(fn, range(4), tmp_path / "out", tokenizer=tokenizer_dir(), max_skip_rate=0.5,
                          progress=False)
-    assert report.ok and report.data["samples"] == 3
+    assert report.ok and report.data["samples"] == 3 and report.data["skipped"] == 1
+    stored = mmidx.MMIDXDataset(tmp_path / "out")[0].images[0]
+    assert (stored.format, stored.width, stored.height) == ("PNG", 32, 24)  # a PIL image is stored as PNG
     assert reason in report.data["skips"]["malformed_record"]["examples"][0]["detail"]
 
 

@@ -157,9 +157,17 @@ def _sample(row: int, sample: Any, context: SourceContext) -> SourceSample:
     encoded = context.encode_batch([texts[i] for i in strings]) if strings else []
     for i, tokens in zip(strings, encoded, strict=True):
         texts[i] = tokens
+    vocab = context.tokenizer.vocab_size
     for i, text in enumerate(texts):
         if not (isinstance(text, Sequence) or hasattr(text, "dtype")):
             raise Skipped("malformed_record", f"text {i} is {type(text).__name__}; give a string or token ids")
+        try:
+            texts[i] = ids = [int(token) for token in text]
+        except (TypeError, ValueError) as error:
+            raise Skipped("malformed_record", f"text {i} is not a list of token ids: {error}") from error
+        if ids and not (0 <= min(ids) and max(ids) < vocab):
+            raise Skipped("malformed_record", f"text {i} has token ids {min(ids)}..{max(ids)}, outside the "
+                                              f"tokenizer's vocabulary 0..{vocab - 1}")
     views = _views(sample.get("views"))
     for view in views:
         for element in view:
@@ -167,15 +175,17 @@ def _sample(row: int, sample: Any, context: SourceContext) -> SourceSample:
             if not 0 <= element.payload < count:
                 raise Skipped("malformed_record", f"a {element.kind} element names payload {element.payload}, but "
                                                   f"the sample has {count} of those")
-            element.record()  # checks kind, flags and ranges
+            try:
+                element.record()  # checks kind, flags and ranges
+            except ValueError as error:
+                raise Skipped("malformed_record", str(error)) from error
     extra = sample.get("extra")
     if extra is not None:
         try:
             json.dumps(extra)
         except (TypeError, ValueError) as error:
             raise Skipped("malformed_record", f"extra is not JSON-serialisable: {error}") from error
-    return SourceSample(row, [list(map(int, text)) for text in texts], [_image(image, context) for image in images],
-                        views, extra)
+    return SourceSample(row, texts, [_image(image, context) for image in images], views, extra)
 
 
 def _samples_of(function: UserFunction, row: int, context: SourceContext) -> list[SourceSample]:
