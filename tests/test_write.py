@@ -168,6 +168,7 @@ def test_an_edited_input_file_is_built_again_on_resume(photos, tmp_path):
     ({"texts": ["a"], "views": [Element("text", 0, loss=True)], "extra": {"x": object()}}, "JSON"),
     ({"texts": [[1, 2, 10**9]], "views": [Element("text", 0, loss=True)]}, "outside the tokenizer's vocabulary"),
     ({"texts": [["one"]], "views": [Element("text", 0, loss=True)]}, "not a list of token ids"),
+    ({"texts": [b"bytes"], "views": [Element("text", 0, loss=True)]}, "give a string or token ids"),
     ({"texts": ["a"], "views": [Element("text", 0, img_num=0)]}, "img_num"),
     ({"texts": ["a"], "images": [3.5], "views": [Element("text", 0)]}, "give bytes, a file path or a PIL image"),
 ])

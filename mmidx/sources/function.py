@@ -159,7 +159,7 @@ def _sample(row: int, sample: Any, context: SourceContext) -> SourceSample:
         texts[i] = tokens
     vocab = context.tokenizer.vocab_size
     for i, text in enumerate(texts):
-        if not (isinstance(text, Sequence) or hasattr(text, "dtype")):
+        if isinstance(text, bytes | bytearray) or not (isinstance(text, Sequence) or hasattr(text, "dtype")):
             raise Skipped("malformed_record", f"text {i} is {type(text).__name__}; give a string or token ids")
         try:
             texts[i] = ids = [int(token) for token in text]
