@@ -22,10 +22,25 @@ def _source_options(args: argparse.Namespace) -> Any:
         views=args.views, seed=args.seed, image_root=args.image_root, max_image_size=args.max_image_size,
         max_image_pixels=args.max_image_pixels, min_frames=args.min_frames, max_frames=args.max_frames,
         frame_quality=args.video_frame_quality, text_key=args.text_key, extra_keys=args.extra_keys,
+        chat_config=_chat_config(args),
         prompt_key=args.prompt_key, caption_key=args.caption_key, group_decay=args.group_decay,
         grouping=not args.no_grouping, image_column=args.image_column, caption_columns=args.caption_column,
         keep_columns=args.keep_columns, split=args.split, rows_per_shard=args.rows_per_shard,
         bytes_per_shard=args.bytes_per_shard, **url_source_options(args))
+
+
+def _chat_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The checked chat config of ``--chat-config`` (None without one; a bad one is a ChatConfigError's line)."""
+    if args.chat_config is None:
+        return None
+    from mmidx.sources.chat_config import load_chat_config
+
+    if args.source != "chat":
+        args.usage_error("--chat-config configures --source chat")
+    if args.extra_keys:
+        args.usage_error("--extra-keys and --chat-config both order the prompt: list the keys in the chat "
+                         "config's message_construction")
+    return load_chat_config(args.chat_config)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -95,6 +110,9 @@ def _register_build(commands: Commands) -> None:
     sub.add_argument("--text-key", default=defaults.text_key, help="JSON field of a text document")
     sub.add_argument("--extra-keys", type=_csv, default=(),
                      help="chat: comma-separated fields placed before the conversation, without loss")
+    sub.add_argument("--chat-config", metavar="CHAT_YAML",
+                     help="chat: YAML of special_tokens, loss_masking_jq_patterns, message_construction and "
+                          "eos_after, which decide the training text (docs: guide/chat)")
     sub.add_argument("--prompt-key", default=defaults.prompt_key, help="prompts: JSON field of the prompt")
     sub.add_argument("--caption-key", default=defaults.caption_key,
                      help="wds: caption field of .json members; video_gen: caption field of a row")

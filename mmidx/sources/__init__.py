@@ -91,6 +91,8 @@ class SourceOptions:
     frame_fix_start: int | None = None  # with middle: frame = interval start + fix_start
     text_key: str = "text"
     extra_keys: tuple[str, ...] = ()
+    # chat: a checked chat config (mmidx.sources.chat_config); None: extra_keys + conversation, as always
+    chat_config: dict[str, Any] | None = field(default=None, metadata={"recorded": "unless None"})
     prompt_key: str = "prompt"
     caption_key: str = "caption"
     group_decay: float = 1.0  # video_gen: split_integer_exp_decay's ng_sample_decay (1.0: group count uniform)
@@ -119,12 +121,17 @@ class SourceOptions:
     def recorded(self) -> dict[str, Any]:
         """The options that decide what is built, as the build config records them (not how fast it is
         fetched: concurrency and per-host caps never change a byte, so a rerun may change them)."""
-        recorded = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("recorded", True)}
+        recorded = {f.name: getattr(self, f.name) for f in fields(self)
+                    if f.metadata.get("recorded", True) is True
+                    or (f.metadata.get("recorded") == "unless None" and getattr(self, f.name) is not None)}
         if self.function is not None:
             recorded["function"] = self.function.recorded()
         return recorded
 
     def __post_init__(self) -> None:
+        if self.chat_config is not None and self.extra_keys:
+            raise ValueError("extra_keys and chat_config both order a chat prompt: list the keys in the chat "
+                             "config's message_construction instead")
         if self.views < 1:
             raise ValueError(f"views must be at least 1, not {self.views}")
         if not 1 <= self.min_frames <= self.max_frames:

@@ -21,6 +21,7 @@ from mmidx.config import config_for
 from mmidx.images.transform import num_image_tokens
 from mmidx.read.dataset import MMIDXDataset
 
+LOSS_MARK, MASKED_MARK = "┃", "┆"  # before each line of a text with loss, and of one without
 EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif",
               "MPO": "jpg", "JPEG2000": "jp2"}
 
@@ -117,13 +118,16 @@ def format_sample(info: dict[str, Any]) -> str:
     lines.append(f"  tokens    {total} when packed (elements with their framing tokens)")
     if info["tokenizer_note"]:
         lines.append(f"  texts     shown as token ids: {info['tokenizer_note']}")
+    if any(element["type"] == "text" for element in info["elements"]):
+        lines.append(f"  loss      text after {LOSS_MARK} carries loss, after {MASKED_MARK} is context only (masked)")
     lines.append(f"  {'#':>3}  {'kind':<10} {'tokens':>7}  flags")
     for number, element in enumerate(info["elements"]):
         tokens = f"{element['tokens']:,}" if element["tokens"] is not None else "?"
         lines.append(f"  {number:>3}  {element['type']:<10} {tokens:>7}  {element_flags(element)}")
         if element["type"] == "text":
             text = element["decoded"] if element["decoded"] is not None else str(element["token_ids"])
-            lines += [f"{'':>8}│ {line}" for line in text.splitlines() or [""]]
+            mark = LOSS_MARK if element["loss"] else MASKED_MARK
+            lines += [f"{'':>8}{mark} {line}" for line in text.splitlines() or [""]]
         else:
             image = info["images"][element["image"]]
             lines.append(f"{'':>8}│ image {element['image']}: {image['width']}x{image['height']} {image['format']}")
