@@ -11,6 +11,7 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
         image_transform_args: {image_stride: 16, max_image_size: 1024, min_image_size: 512}
         vit_image_transform_args: {image_stride: 14, max_image_size: 518, min_image_size: 224}
     packing: {expected_num_tokens: 32768, max_num_tokens: 36864}     # optional, BAGEL's defaults
+    # packing: {policy: tight, window: 512}   # fill toward max_num_tokens (docs/guide/packing.md)
     dropout: {text: 0.1, vit: 0.3, vae: 0.3}                          # optional
 
 BAGEL's ``num_used_data`` (one count per dataset), ``shuffle_lines`` and ``shuffle_seed`` choose which
@@ -88,8 +89,14 @@ class PackingConfig:
     max_num_tokens_per_sample: int = 16384
     prefer_buffer_before: int = 16384
     max_buffer_size: int = 50
+    policy: str = "bagel"  # or "tight": fill toward max_num_tokens (docs/guide/packing.md)
+    window: int = 512  # the tight policy's window of stream items
 
     def __post_init__(self) -> None:
+        if self.policy not in ("bagel", "tight"):
+            raise ValueError(f"packing.policy must be 'bagel' or 'tight', got {self.policy!r}")
+        if self.window < 1:
+            raise ValueError(f"packing.window must be at least 1 item, got {self.window}")
         if not 0 < self.expected_num_tokens <= self.max_num_tokens:
             raise ValueError(f"need 0 < expected_num_tokens ({self.expected_num_tokens}) <= max_num_tokens "
                              f"({self.max_num_tokens})")
@@ -178,7 +185,10 @@ class DataConfig:
 
     def describe(self) -> dict[str, Any]:
         """Plain-data description (for hashing and for the index cache's description file)."""
-        return json.loads(json.dumps(asdict(self), default=str))
+        described = json.loads(json.dumps(asdict(self), default=str))
+        if self.packing.policy == "bagel":  # bagel ignores the window: today's cache keys stay valid
+            del described["packing"]["policy"], described["packing"]["window"]
+        return described
 
     def fingerprint(self) -> str:
         """sha256 of the description: part of the index cache key."""

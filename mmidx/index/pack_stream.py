@@ -16,7 +16,7 @@ import numpy as np
 
 from mmidx import _blending, _stream
 from mmidx.index.blend import _normalize
-from mmidx.index.packer import _check_budgets, _check_kernel, _packer, packing_stats
+from mmidx.index.packer import _check_budgets, _check_kernel, _check_policy, _packer, packing_stats
 from mmidx.index.stream import ViewTable, _group_keys
 
 
@@ -57,7 +57,7 @@ class PackStream:
     def __init__(self, table: ViewTable, weights: np.ndarray | list[float], num_samples: int, seed: int, *,
                  mandatory: np.ndarray | list[bool], max_num_tokens: int, expected_num_tokens: int,
                  max_num_tokens_per_sample: int, prefer_buffer_before: int, max_buffer_size: int,
-                 chunk_size: int = 1 << 20):
+                 chunk_size: int = 1 << 20, policy: str = "bagel", window: int = 512):
         self.table = table
         self.weights = _normalize(weights)
         if len(self.weights) != table.num_groups or len(mandatory) != table.num_groups:
@@ -74,7 +74,8 @@ class PackStream:
                        max_buffer_size)
         self.budgets = (max_num_tokens, expected_num_tokens)
         self.packer = _packer(self.mandatory, max_num_tokens, expected_num_tokens, max_num_tokens_per_sample,
-                              prefer_buffer_before, max_buffer_size, self.num_samples)
+                              prefer_buffer_before, max_buffer_size, self.num_samples,
+                              tight=_check_policy(policy, window), window=window)
         self.stats: dict[str, Any] = {}
         self.group_counts: list[int] = []  # stream items of each group, once iterated
 
