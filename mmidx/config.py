@@ -11,7 +11,7 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
         image_transform_args: {image_stride: 16, max_image_size: 1024, min_image_size: 512}
         vit_image_transform_args: {image_stride: 14, max_image_size: 518, min_image_size: 224}
     packing: {expected_num_tokens: 32768, max_num_tokens: 36864}     # optional, BAGEL's defaults
-    # packing: {policy: tight, window: 512}   # fill toward max_num_tokens (docs/guide/packing.md)
+    # packing: {policy: tight, window: 128}   # fill toward max_num_tokens (docs/guide/packing.md)
     dropout: {text: 0.1, vit: 0.3, vae: 0.3}                          # optional
 
 BAGEL's ``num_used_data`` (one count per dataset), ``shuffle_lines`` and ``shuffle_seed`` choose which
@@ -90,7 +90,7 @@ class PackingConfig:
     prefer_buffer_before: int = 16384
     max_buffer_size: int = 50
     policy: str = "bagel"  # or "tight": fill toward max_num_tokens (docs/guide/packing.md)
-    window: int = 512  # the tight policy's window of stream items
+    window: int = 128  # the tight policy's window of stream items
 
     def __post_init__(self) -> None:
         if self.policy not in ("bagel", "tight"):

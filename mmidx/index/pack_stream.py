@@ -57,7 +57,7 @@ class PackStream:
     def __init__(self, table: ViewTable, weights: np.ndarray | list[float], num_samples: int, seed: int, *,
                  mandatory: np.ndarray | list[bool], max_num_tokens: int, expected_num_tokens: int,
                  max_num_tokens_per_sample: int, prefer_buffer_before: int, max_buffer_size: int,
-                 chunk_size: int = 1 << 20, policy: str = "bagel", window: int = 512):
+                 chunk_size: int = 1 << 20, policy: str = "bagel", window: int = 128):
         self.table = table
         self.weights = _normalize(weights)
         if len(self.weights) != table.num_groups or len(mandatory) != table.num_groups:

@@ -46,7 +46,7 @@ def pack_samples(
     prefer_buffer_before: int = 16384,
     max_buffer_size: int = 50,
     policy: str = "bagel",
-    window: int = 512,
+    window: int = 128,
 ) -> PackingResult:
     """Pack a stream of whole samples into packs of about ``expected_num_tokens`` (BAGEL budgets
     by default), deterministically and without losing any sample.
@@ -150,7 +150,7 @@ def _check_policy(policy: str, window: int) -> bool:
     return policy == "tight"
 
 
-def _packer(mandatory: np.ndarray, *budgets: int, tight: bool = False, window: int = 512) -> _packing.Packer:
+def _packer(mandatory: np.ndarray, *budgets: int, tight: bool = False, window: int = 128) -> _packing.Packer:
     return _packing.Packer(np.ascontiguousarray(mandatory, dtype=bool).view(np.uint8), *budgets, tight, window)
 
 
