@@ -62,3 +62,36 @@ def pack_costs(pack_offsets: np.ndarray, segment_tokens: np.ndarray,
     per_segment = geometry.linear_flops_per_token * tokens + geometry.attention_flops_per_square_token * tokens ** 2
     sums = np.concatenate(([0.0], np.cumsum(per_segment)))
     return sums[offsets[1:]] - sums[offsets[:-1]]
+
+
+def deal_by_cost(costs: np.ndarray, world_size: int) -> np.ndarray:
+    """Sort-and-deal one global batch: ``costs`` are its packs' costs (in stream order, a multiple of
+    ``world_size`` of them); returns the packs' order (indices into ``costs``) such that micro-step j
+    runs entries ``j*world_size : (j+1)*world_size`` side by side, rank r taking the r-th. Packs are
+    sorted by cost, dearest first (ties by stream order), so packs that run together cost alike.
+    A pure function of (costs, world_size): every rank computes the same deal."""
+    costs = np.asarray(costs, dtype=np.float64)
+    if world_size < 1 or len(costs) % world_size:
+        raise ValueError(f"a global batch of {len(costs)} packs does not divide among {world_size} ranks")
+    return np.lexsort((np.arange(len(costs)), -costs))
+
+
+def step_balance(costs: np.ndarray, global_batch_size: int, world_size: int, *, balanced: bool) -> float:
+    """Mean over micro-steps of (mean rank cost ÷ slowest rank's cost): the share of GPU time not spent
+    waiting for the slowest rank, for the complete global batches of ``costs`` (one per pack, in pack
+    order), ranks taking contiguous shares (``balanced=False``) or :func:`deal_by_cost`'s deal."""
+    costs = np.asarray(costs, dtype=np.float64)
+    if global_batch_size % world_size:
+        raise ValueError(f"global_batch_size {global_batch_size} must be a multiple of world size {world_size}")
+    batches = costs[: len(costs) // global_batch_size * global_batch_size].reshape(-1, global_batch_size)
+    if not len(batches):
+        return 1.0
+    per_rank = global_batch_size // world_size
+    if balanced:
+        batches = np.stack([batch[deal_by_cost(batch, world_size)] for batch in batches])
+        steps = batches.reshape(-1, per_rank, world_size)  # [batch, micro-step, rank]
+    else:
+        steps = batches.reshape(-1, world_size, per_rank).transpose(0, 2, 1)
+    steps = steps.reshape(-1, world_size)
+    slowest = steps.max(axis=1)
+    return float(np.mean(np.where(slowest > 0, steps.mean(axis=1) / np.where(slowest > 0, slowest, 1), 1.0)))

@@ -33,6 +33,7 @@ from mmidx import format as fmt
 from mmidx.config import DataConfig, GroupConfig, ModelGeometry
 from mmidx.images.transform import ImageTransform, num_image_tokens
 from mmidx.index.cache import ArraySink, cached_build
+from mmidx.index.cost import LLMGeometry, pack_costs
 from mmidx.index.pack_stream import PackStream
 from mmidx.index.stream import ViewTable
 from mmidx.index.subsets import selected_views, used_samples
@@ -268,6 +269,20 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
     return {**stream.stats, "samples": num_samples,
             "groups": {g.name: n for g, n in zip(config.groups, stream.group_counts, strict=True)},
             "tokens": tokens, "build_seconds": round(time.perf_counter() - start, 3)}
+
+
+def pack_index_costs(index: PackIndex, geometry: LLMGeometry | None = None) -> np.ndarray:
+    """Each pack's compute (:func:`mmidx.index.cost.pack_costs`, a sample one attention segment) from
+    its items' packed sizes: pass it as ``pack_costs`` to the loader or sampler for balanced steps."""
+    datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in index.config.groups]
+    table = view_table(index.config, datasets, index.selections)
+    samples = np.asarray(index.arrays["samples"], dtype=np.int64)
+    views = np.asarray(index.arrays["views"], dtype=np.int64) if "views" in index.arrays else np.zeros_like(samples)
+    if len(samples) and (samples.max() >= len(table.view_offsets) - 1
+                         or np.any(views >= np.diff(table.view_offsets)[samples])):
+        raise fmt.FormatError(f"{index.path}: the pack index names samples or views its datasets do not hold")
+    tokens = table.view_tokens[table.view_offsets[samples] + views]
+    return pack_costs(np.asarray(index.arrays["pack_offsets"], dtype=np.int64), tokens, geometry)
 
 
 class PackItem(NamedTuple):
