@@ -1,14 +1,21 @@
 """Balanced steps: each global batch keeps its packs, dealt to (rank, micro-step) by cost; resume across world
 sizes stays exact; step_balance matches a direct recomputation and reaches 99% with tight packing."""
 
+import json
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tight_packing import mix
 
+from mmidx.cli import main
+from mmidx.config import DataConfig
 from mmidx.index.cost import pack_costs, step_balance
+from mmidx.index.pack_index import build_pack_index, view_token_counts
 from mmidx.index.packer import pack_samples
+from mmidx.read.dataset import MMIDXDataset
 from mmidx.train.loader import GlobalBatchSampler, steps_of_state
 
 
@@ -81,3 +88,28 @@ def test_tight_balanced_steps_reach_99_percent_and_match_a_direct_recomputation(
     # at (64, 512) needs the cost-aware tight packer, not built yet (docs/guide/packing.md says so)
     assert step_balance(costs, g, w, balanced=True) >= (0.99 if w == 8 else 0.985) > step_balance(
         costs, g, w, balanced=False)
+
+
+def test_index_command_reports_both_policies_as_recomputed_from_the_packs(demo, tmp_path, capsys):
+    data_yaml = f"{demo['workdir']}/datasets/data.yaml"
+    assert main(["index", data_yaml, "--cache-dir", str(tmp_path), "--world-size", "2", "--global-batch-size",
+                 "4", "--num-samples", "3000", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["gpu_time"]
+    config = DataConfig.from_yaml(data_yaml)
+    for policy in ("bagel", "tight"):
+        index = build_pack_index(replace(config, packing=replace(config.packing, policy=policy)), num_samples=3000,
+                                 cache_dir=tmp_path, progress=False)
+        # each item's size through the pack reader and each dataset's own view sizes, pack by pack
+        sizes = {}
+        for g, group in enumerate(index.config.groups):
+            for d, prefix in enumerate(group.datasets):
+                sizes[g, d] = view_token_counts(MMIDXDataset(prefix), group, index.config.geometry)
+        lengths = [[int(sizes[i.group, i.dataset][1][sizes[i.group, i.dataset][0][i.sample] + i.view])
+                    for i in index.items(k)] for k in range(len(index))]
+        fill = sum(map(sum, lengths)) / len(lengths) / config.packing.max_num_tokens
+        costs = pack_costs(np.concatenate([[0], np.cumsum([len(x) for x in lengths])]),
+                           [n for x in lengths for n in x])
+        assert len(lengths) >= 8
+        assert report[policy]["fill_vs_max"] == pytest.approx(fill)
+        assert report[policy]["step_balance"] == pytest.approx(direct_balance(costs, 4, 2, True))
+        assert report[policy]["gpu_efficiency"] == pytest.approx(fill * direct_balance(costs, 4, 2, True))
