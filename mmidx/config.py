@@ -11,6 +11,7 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
         image_transform_args: {image_stride: 16, max_image_size: 1024, min_image_size: 512}
         vit_image_transform_args: {image_stride: 14, max_image_size: 518, min_image_size: 224}
     packing: {expected_num_tokens: 32768, max_num_tokens: 36864}     # optional, BAGEL's defaults
+    # packing: {policy: tight, window: 128}   # fill toward max_num_tokens (docs/guide/packing.md)
     dropout: {text: 0.1, vit: 0.3, vae: 0.3}                          # optional
     geometry: {max_latent_size: 64}         # optional, BAGEL's; 1,024-px VAE images need a 64-wide latent grid
     seed: 0                                                           # optional
@@ -103,8 +104,14 @@ class PackingConfig:
     max_num_tokens_per_sample: int = 16384
     prefer_buffer_before: int = 16384
     max_buffer_size: int = 50
+    policy: str = "bagel"  # or "tight": fill toward max_num_tokens (docs/guide/packing.md)
+    window: int = 128  # the tight policy's window of stream items
 
     def __post_init__(self) -> None:
+        if self.policy not in ("bagel", "tight"):
+            raise ValueError(f"packing.policy must be 'bagel' or 'tight', got {self.policy!r}")
+        if self.window < 1:
+            raise ValueError(f"packing.window must be at least 1 item, got {self.window}")
         if not 0 < self.expected_num_tokens <= self.max_num_tokens:
             raise ValueError(f"need 0 < expected_num_tokens ({self.expected_num_tokens}) <= max_num_tokens "
                              f"({self.max_num_tokens})")
@@ -294,6 +301,8 @@ class DataConfig:
         for key in ("schedule", "allow_duplicates"):  # absent when unused: earlier cache keys stay valid
             if not described[key]:
                 del described[key]
+        if self.packing.policy == "bagel":  # bagel ignores the window: today's cache keys stay valid
+            del described["packing"]["policy"], described["packing"]["window"]
         return described
 
     def fingerprint(self) -> str:
@@ -476,5 +485,5 @@ def _section(name: str, cls: Any, values: Any) -> Any:
     types = {f.name: f.type for f in fields(cls)}
     values = _mapping(name, values, tuple(types))
     for key, value in values.items():
-        _check_type(f"{name}.{key}", value, {"int": int, "float": float, "bool": bool}[types[key]])
+        _check_type(f"{name}.{key}", value, {"int": int, "float": float, "bool": bool, "str": str}[types[key]])
     return cls(**values)

@@ -55,15 +55,19 @@ def cmd_index(args: argparse.Namespace) -> int:
     from mmidx.index.pack_index import build_pack_index
     from mmidx.ingest.report import counted
 
-    index = build_pack_index(_data_config(args), num_samples=args.num_samples, cache_dir=args.cache_dir)
+    config = _data_config(args)
+    if args.world_size is not None and getattr(args, "history", None) is not None:
+        args.usage_error("--world-size reports on one config: give the data.yaml, not --history")
+    index = build_pack_index(config, num_samples=args.num_samples, cache_dir=args.cache_dir)
     if args.mixture:
         from mmidx.index.mixture import mixture_report
 
         report = mixture_report(index)
         print(json.dumps(report, indent=1) if args.json else _mixture_text(report))
         return 0
+    gpu = _gpu_time(args, config)
     if args.json:
-        print(json.dumps(index.stats, indent=1))
+        print(json.dumps({**index.stats, **({"gpu_time": gpu} if gpu else {})}, indent=1))
         return 0
     stats = index.stats
     where = "(not cached)" if index.path is None else f"{index.path} ({'reused' if index.reused else 'built'})"
@@ -74,6 +78,12 @@ def cmd_index(args: argparse.Namespace) -> int:
     print(f"  excluded (over max_num_tokens_per_sample) {stats['excluded']:,}   deferred {stats['deferred']:,}   "
           f"max deferral {counted(stats['max_deferral'], 'pack')}   solo packs {stats['solo_packs']}")
     print(f"  built in {stats['build_seconds']} s")
+    for policy, figures in (gpu or {}).items():
+        mark = " (this config)" if policy == config.packing.policy else ""
+        print(f"  {policy:5s}{mark}: fill_vs_max {figures['fill_vs_max']:.3f}   step_balance "
+              f"{figures['step_balance']:.3f} (contiguous {figures['step_balance_contiguous']:.3f})   "
+              f"gpu_efficiency {figures['gpu_efficiency']:.3f}   at world {args.world_size}, global batch "
+              f"{args.global_batch_size}")
     return 0
 
 
@@ -94,6 +104,18 @@ def _mixture_text(report: dict[str, Any]) -> str:
         lines.append(f"  {name}: {epochs['taken']:,} of {epochs['samples']:,} samples taken, "
                      f"{epochs['completed']} epochs completed: {ended}")
     return "\n".join(lines)
+
+
+def _gpu_time(args: argparse.Namespace, config: Any) -> dict[str, Any] | None:
+    """The GPU-time report of both packing policies, with --world-size and --global-batch-size."""
+    if args.world_size is None and args.global_batch_size is None:
+        return None
+    if args.world_size is None or args.global_batch_size is None:
+        args.usage_error("--world-size and --global-batch-size go together")
+    from mmidx.index.gpu_time import gpu_time_report
+
+    return gpu_time_report(config, args.world_size, args.global_batch_size, num_samples=args.num_samples,
+                           cache_dir=args.cache_dir)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -140,6 +162,11 @@ def register(commands: Commands) -> None:
     sub.add_argument("--mixture", action="store_true",
                      help="report what the index delivers per phase and group: samples, tokens, share vs weight, "
                           "epochs and the pack at which each ended")
+    sub.add_argument("--world-size", type=at_least(1),
+                     help="with --global-batch-size: report fill, step balance and GPU efficiency of both packing "
+                          "policies at this world size")
+    sub.add_argument("--global-batch-size", type=at_least(1),
+                     help="packs per optimizer step (a multiple of --world-size)")
     sub = add_command(commands, "show", cmd_show, "Render a pack's layout above its attention mask to a PNG.")
     add_pack_arguments(sub, history=True)
     sub.add_argument("--pack", type=at_least(0), default=0, help="pack number")

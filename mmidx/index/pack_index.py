@@ -33,6 +33,7 @@ from mmidx import format as fmt
 from mmidx.config import DataConfig, GroupConfig, ModelGeometry
 from mmidx.images.transform import ImageTransform, num_image_tokens
 from mmidx.index.cache import ArraySink, cached_build
+from mmidx.index.cost import LLMGeometry, pack_costs
 from mmidx.index.history import MixtureHistory
 from mmidx.index.pack_stream import PackStream
 from mmidx.index.schedule import Phase
@@ -276,7 +277,8 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
                         expected_num_tokens=packing.expected_num_tokens,
                         max_num_tokens_per_sample=packing.max_num_tokens_per_sample,
                         prefer_buffer_before=packing.prefer_buffer_before, max_buffer_size=packing.max_buffer_size,
-                        chunk_size=chunk_size, phases=None if plain else phases)
+                        chunk_size=chunk_size, phases=None if plain else phases, policy=packing.policy,
+                        window=packing.window)
     sink.declare("pack_offsets", _unsigned(num_samples))
     sink.declare("samples", _unsigned(int(table.group_base[-1]) - 1))
     keep_views = table.max_views > 1
@@ -316,6 +318,20 @@ def mixture_log(stream: PackStream, config: DataConfig, phases: list[Phase]) -> 
              "items": dict(zip(names, log["items"].tolist(), strict=True)),
              "tokens": dict(zip(names, log["tokens"].tolist(), strict=True))}
             for log in stream.phase_log if log["end_position"] > log["start_position"] or len(stream.phase_log) == 1]
+
+
+def pack_index_costs(index: PackIndex, geometry: LLMGeometry | None = None) -> np.ndarray:
+    """Each pack's compute (:func:`mmidx.index.cost.pack_costs`, a sample one attention segment) from
+    its items' packed sizes: pass it as ``pack_costs`` to the loader or sampler for balanced steps."""
+    datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in index.config.groups]
+    table = view_table(index.config, datasets, index.selections)
+    samples = np.asarray(index.arrays["samples"], dtype=np.int64)
+    views = np.asarray(index.arrays["views"], dtype=np.int64) if "views" in index.arrays else np.zeros_like(samples)
+    if len(samples) and (samples.max() >= len(table.view_offsets) - 1
+                         or np.any(views >= np.diff(table.view_offsets)[samples])):
+        raise fmt.FormatError(f"{index.path}: the pack index names samples or views its datasets do not hold")
+    tokens = table.view_tokens[table.view_offsets[samples] + views]
+    return pack_costs(np.asarray(index.arrays["pack_offsets"], dtype=np.int64), tokens, geometry)
 
 
 class PackItem(NamedTuple):
