@@ -45,13 +45,14 @@ from mmidx.read.encoding_streams import describe, encoding_names
 from mmidx.toolkit.sample import describe_sample
 from mmidx.toolkit.view import pages
 from mmidx.toolkit.view.catalog import Catalog, PacksUnavailable
-from mmidx.toolkit.view.guard import KEEP_ALIVE, PER_CLIENT, REQUEST_TIMEOUT, Front, guarded_protocol
+from mmidx.toolkit.view.guard import Front, guarded_protocol
+from mmidx.toolkit.view.limits import KEEP_ALIVE, PER_CLIENT, REQUEST_TIMEOUT, TIME_LIMIT, WORKERS
 from mmidx.toolkit.view.markup import STYLE, dataset_url, sample_url
 from mmidx.toolkit.view.packs import pack_layout
 from mmidx.toolkit.view.search import search_texts
 from mmidx.toolkit.view.stats import integer_histogram
 from mmidx.toolkit.view.thumbs import MAX_SIDE, ImageCache, browser_image, served_as_stored, thumbnail
-from mmidx.toolkit.view.workers import TIME_LIMIT, WORKERS, Refused, Workers, error_response
+from mmidx.toolkit.view.workers import Refused, Workers, error_response
 
 SAMPLES_PER_PAGE = 48
 PACKS_PER_PAGE = 100

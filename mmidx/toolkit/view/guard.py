@@ -27,9 +27,8 @@ from typing import Any, ClassVar
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-REQUEST_TIMEOUT = 10.0
-KEEP_ALIVE = 5.0
-PER_CLIENT = 256
+from mmidx.toolkit.view.limits import PER_CLIENT, REQUEST_TIMEOUT
+
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; img-src 'self' data:; style-src 'self'; form-action 'self'; "
                                "base-uri 'none'; frame-ancestors 'none'",

@@ -20,9 +20,8 @@ from mmidx.errors import MMIDXError
 from mmidx.format import FormatError
 from mmidx.images.decode import ImageError
 from mmidx.toolkit.view import pages
+from mmidx.toolkit.view.limits import TIME_LIMIT, WORKERS
 
-TIME_LIMIT = 20.0
-WORKERS = 8
 MAX_KEPT = 64
 
 
