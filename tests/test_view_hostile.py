@@ -18,6 +18,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from starlette.responses import Response
 from starlette.testclient import TestClient
 from support.sources import loaded_tokenizer
 from support.view_data import SAMPLES, build_planted_dataset
@@ -143,6 +144,26 @@ def test_a_client_over_its_connection_limit_loses_its_oldest_stalled_connection_
         finally:
             for connection in stalled:
                 connection.close()
+
+
+def test_a_client_that_reads_nothing_of_a_large_response_is_dropped_at_the_request_timeout(catalog, monkeypatch):
+    size = 64 * 2**20  # beyond any socket buffers: the server's writes stall until the client reads
+    monkeypatch.setattr(Viewer, "overview", lambda self, request: Response(b"x" * size))
+    with serving(catalog, request_timeout=1.0) as url:
+        host, port = url.split("//")[1].strip("/").rsplit(":", 1)
+        with socket.socket() as connection:
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            connection.connect((host, int(port)))
+            connection.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            time.sleep(3.0)  # reads nothing past the 1 s timeout
+            received = 0
+            connection.settimeout(5)
+            try:
+                while chunk := connection.recv(1 << 20):
+                    received += len(chunk)
+            except ConnectionError:
+                pass
+            assert 0 < received < size  # dropped: what was buffered arrived, the rest never did
 
 
 LONG = "9" * 4_400

@@ -6,7 +6,8 @@ connections are held every other request is answered 503. :func:`guarded_protoco
 with two rules added:
 
 - a request must arrive whole (headers and body) within ``request_timeout`` seconds of the connection's opening
-  or of the previous response, or the connection is closed;
+  or of the previous response, or the connection is closed; a client that reads nothing of a response that
+  fills the send buffer for as long is dropped;
 - a client address keeps at most ``per_client`` connections: a new one closes that client's oldest connection
   with no request in progress (stalled or idle), or itself when every other one is busy. A flood of stalled
   connections so costs its sender its own oldest ones, never the next real request; on loopback, where every
@@ -52,6 +53,7 @@ class GuardedH11(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._unread: asyncio.TimerHandle | None = None
         self._address = ""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -76,6 +78,23 @@ class GuardedH11(H11Protocol):
         super().on_response_complete()
         self._watch()
 
+    def pause_writing(self) -> None:
+        """The response fills the send buffer: the client must read some of it within ``request_timeout``."""
+        super().pause_writing()
+        if self._unread is None:
+            self._unread = self.loop.call_later(self.request_timeout, self._abort)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._unread is not None:
+            self._unread.cancel()
+            self._unread = None
+
+    def _abort(self) -> None:
+        """Drop a connection whose client reads nothing of its response (closing would wait to send it)."""
+        self._forget()
+        self.transport.abort()
+
     def _watch(self) -> None:
         """Arm the deadline while the client owes a request (from the start of the wait), disarm it once it came."""
         waiting = self.conn.their_state in _WAITING and not self.transport.is_closing()
@@ -91,9 +110,10 @@ class GuardedH11(H11Protocol):
             self.transport.close()
 
     def _forget(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+        for timer in (self._deadline, self._unread):
+            if timer is not None:
+                timer.cancel()
+        self._deadline = self._unread = None
         mine = self.clients.get(self._address)
         if mine is not None:
             mine.pop(self, None)
