@@ -122,7 +122,7 @@ def test_a_keep_alive_connection_that_stalls_in_its_next_request_is_closed_at_th
             connection.sendall(b"GET / HTTP/1.1\r\nHost: ")  # the next request, half sent
             start = time.monotonic()
             assert closed_within([connection], 3.0) == 1
-            assert time.monotonic() - start < 1.8
+            assert time.monotonic() - start < 2.5  # the 1 s deadline, with room for a loaded machine
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_limit(catalog):
@@ -324,12 +324,14 @@ def test_a_1m_token_caption_sample_page_decodes_only_what_it_shows(long_caption)
     web.get("/")  # the tokenizer and the dataset opened
     process = psutil.Process()
     before = process.memory_info().rss
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     response = web.get("/dataset/long/sample/0")
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     grown = process.memory_info().rss - before
     assert response.status_code == 200 and response.text.count("View ") == VIEWS
-    assert seconds <= 1.0, f"the page took {seconds:.2f} s"
+    # the page's own work (CPU time, all threads) within 1 s; the wall clock, which on a loaded 2-core machine
+    # also counts waiting for a core, within 5 s (decoding the whole caption per view took 32 s)
+    assert cpu <= 1.0 and seconds <= 5.0, f"the page took {cpu:.2f} s of CPU, {seconds:.2f} s"
     assert grown <= 100 * 2**20, f"the page grew the process by {grown / 2**20:.0f} MB"
     assert response.text.count(f"the first {MAX_TEXT_TOKENS:,} of {LONG_TOKENS:,} tokens") == VIEWS
 
