@@ -23,6 +23,7 @@ from mmidx.toolkit.view import pages
 from mmidx.toolkit.view.limits import TIME_LIMIT, WORKERS
 
 MAX_KEPT = 64
+MAX_KEPT_BYTES = 64 * 2**20
 
 
 class Refused(MMIDXError):
@@ -55,7 +56,7 @@ class Workers:
     size is the cap on work, however many requests time out) and its response is kept for the next request
     of the same URL (a reload, which a second request while it runs joins instead of starting it again).
     Work that has not started when its last requester gives up is dropped, so a flood of slow URLs cannot
-    queue unbounded work. Kept responses are served once, the newest ``MAX_KEPT`` at most."""
+    queue unbounded work. Kept responses are served once, the newest ``MAX_KEPT`` and ``MAX_KEPT_BYTES`` at most."""
 
     def __init__(self, workers: int = WORKERS, time_limit: float = TIME_LIMIT):
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="mmidx-view")
@@ -70,7 +71,8 @@ class Workers:
             self._running.pop(key, None)
             if not future.cancelled() and future.exception() is None:
                 self._kept[key] = future.result()
-                while len(self._kept) > MAX_KEPT:
+                while len(self._kept) > MAX_KEPT or \
+                        sum(len(response.body) for response in self._kept.values()) > MAX_KEPT_BYTES:
                     self._kept.popitem(last=False)
 
     async def answer(self, work: Callable[[Request], Response], request: Request) -> Response:
