@@ -402,3 +402,11 @@ def test_gpt_samples_of_a_dataset_without_tokens_name_the_dataset(tmp_path):
         builder.finalize()
     with pytest.raises(ValueError, match=rf"{tmp_path / 'e'}: the exposed documents hold 0 tokens"):
         GPTTextDataset(tmp_path / "e", seq_length=4)
+
+
+def test_verify_reports_an_encodings_files_left_without_its_json(prefix):
+    # a job configured to read encoding "x" fails to open it: verify says so rather than passing the dataset
+    for role in ("bin", "idx"):
+        fmt.encoding_path(prefix, "x", role).write_bytes(b"\0" * 16)
+    assert verify(prefix) == [f"{prefix}.enc.x.json: missing beside the encoding's .bin/.idx: an interrupted "
+                              "precache or a deleted file; run `mmidx precache` again"]

@@ -16,7 +16,7 @@ from mmidx.format import FormatError
 from mmidx.images.decode import ImageError, probe, verify_decodable
 from mmidx.io.storage import file_uri, hash_object, is_remote
 from mmidx.read.dataset import MMIDXDataset, dataset_files
-from mmidx.read.encoding_streams import describe, encoding_names, stream_problems
+from mmidx.read.encoding_streams import describe, encoding_names, incomplete_encodings, stream_problems
 from mmidx.read.invariants import content_problems, structure_problems
 
 
@@ -39,6 +39,9 @@ def verify(prefix: str | os.PathLike, *, decode: bool = False) -> list[str]:
         problems += _verify_images(dataset, decode)
     for name in encoding_names(dataset.prefix):
         problems += stream_problems(dataset, name)
+    problems += [f"{dataset.prefix}.enc.{name}.json: missing beside the encoding's .bin/.idx: an interrupted "
+                 "precache or a deleted file; run `mmidx precache` again"
+                 for name in incomplete_encodings(dataset.prefix)]
     return problems
 
 

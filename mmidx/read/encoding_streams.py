@@ -293,6 +293,19 @@ def encoding_names(prefix: str | os.PathLike) -> list[str]:
                   if name.startswith(start) and name.endswith(end) and "." not in name[len(start):-len(end)])
 
 
+def incomplete_encodings(prefix: str | os.PathLike) -> list[str]:
+    """Names of encodings beside a local dataset with a ``.bin`` or ``.idx`` but no JSON (an interrupted
+    precache, or a deleted file): a job configured to read one fails, so ``verify`` reports them."""
+    prefix = os.fspath(prefix)
+    if is_remote(prefix):
+        return []
+    stem, complete = Path(prefix).name, set(encoding_names(prefix))
+    start = f"{stem}.enc."
+    found = {entry.name[len(start):].rpartition(".")[0]
+             for suffix in ("bin", "idx") for entry in Path(prefix).parent.glob(f"{glob.escape(stem)}.enc.*.{suffix}")}
+    return sorted(name for name in found if name and "." not in name and name not in complete)
+
+
 def stream_problems(dataset: Any, name: str) -> list[str]:
     """Every problem of the stream ``name`` of ``dataset``: checksums of both files, and every record's bounds."""
     try:
