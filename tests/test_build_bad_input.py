@@ -7,7 +7,7 @@ import zlib
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support.sources import build, encode, image_bytes, texts_of, write_jsonl, write_parquet
+from support.sources import build, encode, image_bytes, texts_of, tokenizer_dir, write_jsonl, write_parquet
 
 from mmidx import cli
 
@@ -199,3 +199,23 @@ def test_a_pixel_limit_above_pils_own_is_refused_up_front():
 
     with pytest.raises(ValueError, match="PIL itself refuses larger images"):
         SourceOptions(max_image_pixels=pil_pixel_limit() + 1)
+
+
+def test_a_text_longer_than_max_text_tokens_is_a_counted_skip(tmp_path):
+    texts = ["short one", "a much longer text " * 20, "short two"]
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": text} for text in texts])
+    limit = len(encode(texts[0])) + 8
+    assert len(encode(texts[1])) > limit
+    dataset, report = build("text", [path], tmp_path / "out", max_text_tokens=limit)
+    _assert_skipped(report, "text_too_long", [1], path, lines=[2])
+    assert [dataset[i].text(0).tolist()[:-1] for i in range(2)] == [encode(texts[0]), encode(texts[2])]
+    assert report.data["reasons"]["text_too_long"].startswith("a text of more tokens than --max-text-tokens")
+    _, default = build("text", [path], tmp_path / "all")  # the default, 1M tokens, keeps every row
+    assert default.data["samples"] == 3
+
+
+def test_max_text_tokens_is_an_option_of_mmidx_build(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": "one two three four five six"}, {"text": "x"}])
+    assert cli.main(["build", "--source", "text", "--input", str(path), "--output", str(tmp_path / "out"),
+                     "--tokenizer", tokenizer_dir(), "--max-text-tokens", "2", "--max-skip-rate", "1"]) == 0
+    assert json.loads((tmp_path / "out.report.json").read_text())["skips"]["text_too_long"]["count"] == 1

@@ -20,7 +20,8 @@ def _source_options(args: argparse.Namespace) -> Any:
 
     return SourceOptions(
         views=args.views, seed=args.seed, image_root=args.image_root, max_image_size=args.max_image_size,
-        max_image_pixels=args.max_image_pixels, min_frames=args.min_frames, max_frames=args.max_frames,
+        max_image_pixels=args.max_image_pixels, max_text_tokens=args.max_text_tokens, min_frames=args.min_frames,
+        max_frames=args.max_frames,
         frame_quality=args.video_frame_quality, text_key=args.text_key, extra_keys=args.extra_keys,
         prompt_key=args.prompt_key, caption_key=args.caption_key, group_decay=args.group_decay,
         grouping=not args.no_grouping, image_column=args.image_column, caption_columns=args.caption_column,
@@ -86,6 +87,9 @@ def _register_build(commands: Commands) -> None:
                      help="downsize and re-encode images whose long edge is larger (lossy; recorded)")
     sub.add_argument("--max-image-pixels", type=int,
                      help="refuse images with more pixels (decompression bombs; default 2^27)")
+    sub.add_argument("--max-text-tokens", type=int, default=defaults.max_text_tokens, metavar="N",
+                     help="skip rows with a text longer than N tokens (counted as text_too_long; default "
+                          f"{defaults.max_text_tokens:,})")
     sub.add_argument("--max-skip-rate", type=float,
                      help="fail when a larger fraction of the rows is skipped (default 0.01; --source urls: 1.0)")
     sub.add_argument("--min-frames", type=int, default=defaults.min_frames, help="fewest frames drawn per video")
