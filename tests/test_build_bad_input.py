@@ -56,9 +56,23 @@ def _t2i_case(tmp_path, column, bad_rows, value, **options):
     return report, path
 
 
+def _details(report, reason):
+    return [example["detail"] for example in report.data["skips"][reason]["examples"]]
+
+
 def test_undecodable_image_bytes(tmp_path):
     report, path = _t2i_case(tmp_path, "image", [1, 4], b"this is not an image")
     _assert_skipped(report, "undecodable_image", [1, 4], path)
+    assert _details(report, "undecodable_image") == ["not a readable image (20 bytes starting b'this is '): not an "
+                                                     "image format PIL recognises"] * 2  # no <_io.BytesIO at 0x…>
+
+
+@pytest.mark.parametrize(("column", "reason", "detail"), [("image", "malformed_record", "image is null"),
+                                                          ("captions", "bad_captions", "captions are null")])
+def test_a_null_cell_is_called_null(tmp_path, column, reason, detail):
+    report, path = _t2i_case(tmp_path, column, [2], None)
+    _assert_skipped(report, reason, [2], path)
+    assert _details(report, reason) == [detail]
 
 
 @pytest.mark.parametrize("kind", ["JPEG", "PNG"])
@@ -69,13 +83,16 @@ def test_truncated_image(tmp_path, kind):
 
 
 def test_decompression_bomb_beyond_pil_limit(tmp_path):
-    report, path = _t2i_case(tmp_path, "image", [0], _png_claiming(60_000, 60_000))
+    report, path = _t2i_case(tmp_path, "image", [0], _png_claiming(60_000, 60_000), max_image_pixels=1000)
     _assert_skipped(report, "decompression_bomb", [0], path)
+    assert _details(report, "decompression_bomb") == ["image of 3,600,000,000 pixels, above --max-image-pixels 1,000"]
 
 
 def test_decompression_bomb_beyond_max_image_pixels(tmp_path):
     report, path = _t2i_case(tmp_path, "image", [5], image_bytes(120, 100, seed=7), max_image_pixels=32 * 24)
     _assert_skipped(report, "decompression_bomb", [5], path)
+    assert _details(report, "decompression_bomb") == ["JPEG image of 120x100 = 12,000 pixels, above "
+                                                      "--max-image-pixels 768"]
 
 
 @pytest.mark.parametrize("captions", [None, "{not json", '["a list", "not an object"]', '{"0": 5}'])

@@ -36,6 +36,8 @@ def work_units(inputs: Sequence[str], options: SourceOptions) -> list[WorkUnit]:
 
 def parse_captions(value: object) -> list[str]:
     """The captions of a ``captions`` cell (JSON object of strings), in the object's order."""
+    if value is None:
+        raise Skipped("bad_captions", "captions are null")
     try:
         captions = json.loads(value)
     except (TypeError, ValueError) as error:
@@ -47,7 +49,8 @@ def parse_captions(value: object) -> list[str]:
 
 def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> SourceSample:
     if not isinstance(record["image"], bytes):
-        raise Skipped("malformed_record", f"image is {type(record['image']).__name__}, not bytes")
+        raise Skipped("malformed_record", "image is null" if record["image"] is None else
+                      f"image is {type(record['image']).__name__}, not bytes")
     image = ingest_image(record["image"], context)
     captions = parse_captions(record["captions"])
     return caption_sample(row, captions, image, context.rng(unit.path, row), context)
