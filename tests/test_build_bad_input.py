@@ -236,3 +236,12 @@ def test_max_text_tokens_is_an_option_of_mmidx_build(tmp_path, capsys):
     assert cli.main(["build", "--source", "text", "--input", str(path), "--output", str(tmp_path / "out"),
                      "--tokenizer", tokenizer_dir(), "--max-text-tokens", "2", "--max-skip-rate", "1"]) == 0
     assert json.loads((tmp_path / "out.report.json").read_text())["skips"]["text_too_long"]["count"] == 1
+
+
+@pytest.mark.parametrize("given", ["docs", "docs/", "docs/docs.jsonl"])
+def test_skip_examples_name_a_relative_input_as_given(tmp_path, monkeypatch, given):
+    (tmp_path / "docs").mkdir()
+    write_jsonl(tmp_path / "docs" / "docs.jsonl", [{"text": "kept"}, {"text": ""}])
+    monkeypatch.chdir(tmp_path)
+    _, report = build("text", [given], tmp_path / "out")
+    assert [example["file"] for example in report.data["skips"]["empty_text"]["examples"]] == ["docs/docs.jsonl"]

@@ -410,3 +410,13 @@ def test_verify_reports_an_encodings_files_left_without_its_json(prefix):
         fmt.encoding_path(prefix, "x", role).write_bytes(b"\0" * 16)
     assert verify(prefix) == [f"{prefix}.enc.x.json: missing beside the encoding's .bin/.idx: an interrupted "
                               "precache or a deleted file; run `mmidx precache` again"]
+
+
+def test_relative_dataset_prefixes_of_a_config_are_named_as_written_not_joined_to_dot(prefix, monkeypatch):
+    from mmidx.config import DataConfig
+
+    monkeypatch.chdir(prefix.parent)
+    config = DataConfig.from_dict({"groups": {"g": {"datasets": ["ds", "./ds", str(prefix)]}}})
+    assert config.groups[0].datasets == ("ds", "./ds", str(prefix))
+    assert DataConfig.from_dict({"groups": {"g": {"datasets": ["ds"]}}}, base_dir="/data").groups[0].datasets \
+        == ("/data/ds",)
