@@ -240,8 +240,8 @@ class DataConfig:
             for key, want in GROUP_KEY_TYPES.items():
                 if key in spec:
                     _check_type(f"groups.{name}.{key}", spec[key], want)
-            datasets = [d if os.path.isabs(d) or "://" in d else os.path.join(base_dir, d)  # URIs as they are
-                        for d in spec.get("datasets", [])]
+            datasets = [d if os.path.isabs(d) or "://" in d or os.fspath(base_dir) in ("", ".")  # URIs as they are,
+                        else os.path.join(base_dir, d) for d in spec.get("datasets", [])]  # no "./" prepended
             used = spec.get("num_used_data")
             groups.append(GroupConfig(
                 name=name, datasets=tuple(datasets), weight=float(spec.get("weight", 1.0)),
