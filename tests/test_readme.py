@@ -41,7 +41,7 @@ from support import cli_server
 from support.sources import WORDS, image_bytes, qwen_dir, write_jsonl, write_mp4, write_parquet, write_t2i_parquet
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN, READ = ("bash", "python"), ("text", "diff")
+RUN, READ = ("bash", "python"), ("text", "diff", "yaml")
 NEEDS = "# needs:"
 
 

@@ -40,14 +40,17 @@ def raw_samples(draw, max_tokens: int = 40, vocab: int = 1000) -> RawSample:
     views = []
     for _ in range(draw(st.integers(1, 4))):
         view = []
-        for _ in range(draw(st.integers(0, 6 if kinds else 0))):
+        length = draw(st.integers(0, 6 if kinds else 0))
+        for position in range(length):  # whole splits, as the packer needs (mmidx.read.invariants.split_problem)
             kind = draw(st.sampled_from(kinds))
+            split_start = position == 0 or view[-1].split_end
+            split_end = position == length - 1 or draw(st.booleans())
             count = len(texts) if kind == "text" else len(images)
             view.append(Element(
                 kind, draw(st.integers(0, count - 1)), loss=draw(st.booleans()), enable_cfg=draw(st.booleans()),
                 special_token_loss=draw(st.booleans()),
                 special_token_label=draw(st.one_of(st.none(), st.integers(0, vocab - 1))),
-                split_start=draw(st.booleans()), split_end=draw(st.booleans()),
+                split_start=split_start, split_end=split_end,
                 frame_delta=draw(st.one_of(st.none(), st.integers(-5, 50))), img_num=draw(st.integers(1, 12))))
         views.append(view)
     extra = draw(st.one_of(st.just({}), st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text()),
