@@ -196,7 +196,7 @@ def _attention(suite: Suite, item: Item, kind: str, layout: tuple, masks: list[t
     """FlexAttention with the BlockMask against per-sample SDPA with the dense masks, both bf16, each against a
     float32 reference: the proof that the two masks encode the same attention."""
     heads, dim = (1, 64) if suite.quick else (4, 128)
-    generator = torch.Generator(device=suite.device).manual_seed(hash(kind) & 0xFFFF)
+    generator = torch.Generator(device=suite.device).manual_seed(ALL_KINDS.index(kind))
     q, k, v = (torch.randn(1, heads, suite.tokens, dim, generator=generator, device=suite.device,
                            dtype=torch.bfloat16) for _ in range(3))
     flex_out = flex(q, k, v, block_mask=blocks)
@@ -313,23 +313,37 @@ def _yes(value: bool) -> str:
 # ---------------------------------------------------------------------------------------------- 2. decode
 
 
+QUICK_PACKING = {"expected_num_tokens": 2048, "max_num_tokens": 3072, "max_num_tokens_per_sample": 2048,
+                 "prefer_buffer_before": 1024, "max_buffer_size": 50}
+
+
 def corpus(suite: Suite) -> tuple[Path, Path]:
-    """The generated BAGEL-style corpus (photo-like JPEGs; ``bagel_peer.prepare``) and its mmidx datasets."""
-    from bagel_peer import prepare
-
-    return prepare(suite.workdir / "corpus", image_size=256 if suite.quick else 512)
-
-
-def _config_and_items(datasets: Path, groups: list[str], packs: int) -> tuple[Any, list[Any]]:
+    """The generated BAGEL-style corpus (photo-like JPEGs; ``bagel_peer.prepare``) and the data YAML of its
+    mmidx datasets: BAGEL's budgets and image sizes, or in a quick run small packs of images of 112-256 px."""
     import yaml
-    from bagel_peer import BUDGETS, DROPOUT
+    from bagel_peer import BUDGETS, DROPOUT, prepare
+
+    raw, datasets = prepare(suite.workdir / "corpus", image_size=256 if suite.quick else 512)
+    spec = yaml.safe_load((datasets / "data.yaml").read_text())
+    spec.update(packing=QUICK_PACKING if suite.quick else BUDGETS, dropout=DROPOUT)
+    if suite.quick:
+        for group in spec["groups"].values():
+            for key, small in (("image_transform_args", (256, 128, 16)), ("vit_image_transform_args", (224, 112, 14))):
+                if key in group:
+                    group[key].update(max_image_size=small[0], min_image_size=small[1], image_stride=small[2])
+    path = datasets / ("quick.yaml" if suite.quick else "suite.yaml")
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return raw, path
+
+
+def _config_and_items(data_yaml: Path, groups: list[str], packs: int) -> tuple[Any, list[Any]]:
+    import yaml
 
     from mmidx.config import DataConfig
     from mmidx.index.pack_index import build_pack_index
 
-    spec = yaml.safe_load((datasets / "data.yaml").read_text())
-    config = DataConfig.from_dict({"groups": {g: spec["groups"][g] for g in groups}, "packing": BUDGETS,
-                                   "dropout": DROPOUT}, base_dir=datasets)
+    spec = yaml.safe_load(data_yaml.read_text())
+    config = DataConfig.from_dict({**spec, "groups": {g: spec["groups"][g] for g in groups}}, base_dir=data_yaml.parent)
     index = build_pack_index(config, num_samples=packs * 40)
     return config, [index.items(k) for k in range(min(packs, len(index) - 1))]
 
@@ -340,7 +354,7 @@ def item_decode(suite: Suite, item: Item) -> None:
     from mmidx.images.device import decode_jpeg_batch
     from mmidx.pack.builder import PackBuilder
 
-    raw, datasets = corpus(suite)
+    raw, data_yaml = corpus(suite)
     packs = 3 if suite.quick else 8
     item.columns = ["pack", "packs", "images", "max level difference", "loader path images/s",
                     "device path images/s", "device ÷ loader", "batched decode_jpeg images/s"]
@@ -350,7 +364,7 @@ def item_decode(suite: Suite, item: Item) -> None:
                       "images/s on an A100, pytorch/vision#8496); the generated corpus has no video generation")
     jpegs = sorted((raw / "vlm" / "images").glob("*.jpg"))
     for mode in DECODE_MODES:
-        config, items = _config_and_items(datasets, MODES[mode], packs)
+        config, items = _config_and_items(data_yaml, MODES[mode], packs)
         loader, device = PackBuilder(config), PackBuilder(config, decode_images="device")
         worst, images = 0.0, 0
         for k, pack in enumerate(items):
@@ -414,13 +428,12 @@ def item_latents(suite: Suite, item: Item) -> None:
     item.rows += [["max |device - CPU| of the latents", f"{worst_abs:.2e}"],
                   ["max |device - CPU| / (1 + |CPU|)", f"{worst_rel:.2e}"]]
 
-    _, datasets = corpus(suite)
-    prefix = datasets / "t2i"
+    _, data_yaml = corpus(suite)
     factory = "gpu_suite:small_vae_encoder" if suite.quick else "gpu_suite:vae_encoder"
     name = f"gpusuite_vae_{int(time.time())}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), str(REPO), os.environ.get("PYTHONPATH", "")])}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "mmidx.cli", "precache", str(datasets / "data.yaml"), "--encoder",
+    done = subprocess.run([sys.executable, "-m", "mmidx.cli", "precache", str(data_yaml), "--encoder",
                            factory, "--name", name, "--device", suite.device, "--batch-size", "16", "--quiet"],
                           capture_output=True, text=True, env=env, timeout=300)
     seconds = time.perf_counter() - start
@@ -431,7 +444,7 @@ def item_latents(suite: Suite, item: Item) -> None:
     item.rows += [[f"mmidx precache --device {suite.device} ({factory.split(':')[1]}, batch 16): images", records],
                   ["the same: images/s (whole command: start-up, model load, decode, encode, write)",
                    f"{records / seconds:.1f}"]]
-    item.notes.append(f"encodings written under {prefix.parent}; the command took {seconds:.1f} s")
+    item.notes.append(f"encodings of {data_yaml}'s datasets; the command took {seconds:.1f} s")
 
 
 # ---------------------------------------------------------------------------------------------- 4. feed
@@ -456,10 +469,10 @@ def item_feed(suite: Suite, item: Item) -> None:
     from mmidx.pack.builder import PackBuilder
     from mmidx.train.loader import PackDataset, PackLoader
 
-    _, datasets = corpus(suite)
+    _, data_yaml = corpus(suite)
     workers = "0,2" if suite.quick else "0,2,4,8"
     packs = 4 if suite.quick else 24
-    done = subprocess.run([sys.executable, "-m", "mmidx.cli", "bench", str(datasets / "data.yaml"), "--device",
+    done = subprocess.run([sys.executable, "-m", "mmidx.cli", "bench", str(data_yaml), "--device",
                            suite.device, "--workers", workers, "--packs", str(packs), "--json"],
                           capture_output=True, text=True, timeout=400,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH",
@@ -475,7 +488,7 @@ def item_feed(suite: Suite, item: Item) -> None:
     for row in result["rows"]:
         item.rows.append([row["workers"], row["packs"], f"{row['tokens_per_s']:.0f}", f"{row['packs_per_s']:.2f}",
                           f"{row['mb_per_s']:.0f}", f"{row['tokens_per_s'] / consumed:.1f}"])
-    item.notes.append(f"mmidx bench {datasets / 'data.yaml'} --device {suite.device} --workers {workers} --packs "
+    item.notes.append(f"mmidx bench {data_yaml} --device {suite.device} --workers {workers} --packs "
                       f"{packs} (t2i+edit+vlm mix, flex masks on the device); BAGEL-7B step: {consumed:.0f} tokens/s "
                       f"= {ASSUMED_MFU:.0%} of the measured {tflops:.0f} TFLOP/s over 6·7.6e9 + 12·28·3584·"
                       f"{mean_keys:.0f} FLOPs a token (mean attended keys of a {suite.tokens}-token mix pack)")
@@ -483,7 +496,7 @@ def item_feed(suite: Suite, item: Item) -> None:
                result.get("non_blocking") == suite.cuda and result.get("pin_memory") == suite.cuda,
                f"bench reports pin_memory={result.get('pin_memory')}, non_blocking={result.get('non_blocking')}")
     if suite.cuda:
-        config, _ = _config_and_items(datasets, ["t2i_pretrain", "unified_edit", "vlm_sft"], 4)
+        config, _ = _config_and_items(data_yaml, ["t2i_pretrain", "unified_edit", "vlm_sft"], 4)
         from mmidx.index.pack_index import build_pack_index
 
         loader = PackLoader(PackDataset(build_pack_index(config, num_samples=80), PackBuilder(config)),
