@@ -3,6 +3,7 @@
     python benchmarks/bench_index.py            # 10M documents, 10M blended / packed samples (~3 minutes)
     python benchmarks/bench_index.py --quick    # a smoke run in seconds
     python benchmarks/bench_index.py --scale    # the pack index at 10^7 and 10^8 samples (--billion: 10^9 too)
+    python benchmarks/bench_index.py --scale --schedule --sizes 100000000   # plain vs a 3-phase schedule
 
 The README's figures are the first command's. Every mmidx result is checked equal to Megatron's. The protocol
 is benchmarks/common.py's: each row runs Megatron and mmidx in turn, the first side rotating, for ``--rounds``
@@ -34,6 +35,7 @@ from importlib.metadata import version
 
 import numpy as np
 
+from mmidx.config import PhaseConfig
 from mmidx.index.blend import blending_indices
 from mmidx.index.gpt import build_document_index, build_sample_index, gpt_indices, legacy_shuffle
 from mmidx.index.packer import pack_samples
@@ -54,6 +56,16 @@ SEQ_LENGTH = 4096
 SEED = 1234
 # A t2i / edit / vlm mix (samples, mean tokens a view, views a sample), with BAGEL's budgets.
 SCALE_GROUPS = (("t2i", 4_000_000, 1100, 2), ("edit", 1_000_000, 5000, 1), ("vlm", 2_000_000, 1500, 1))
+SCALE_WEIGHTS = (0.5, 0.2, 0.3)
+
+
+def scale_schedule(num_samples: int) -> tuple[PhaseConfig, ...]:
+    """A 3-phase schedule over the scale mix (~2,000 tokens a sample, ~17 samples a pack): the first phase
+    ends after about a third of the packs, the second (no edit group) after about two thirds of the tokens."""
+    names = [name for name, *_ in SCALE_GROUPS]
+    return (PhaseConfig(tuple(zip(names, SCALE_WEIGHTS, strict=True)), until_packs=max(num_samples // 50, 1)),
+            PhaseConfig(tuple(zip(names, (1.0, 0.0, 1.0), strict=True)), until_tokens=num_samples * 4000 // 3),
+            PhaseConfig(tuple(zip(names, (0.2, 0.5, 0.3), strict=True))))
 
 
 
@@ -107,9 +119,10 @@ def _installed(name: str) -> bool:
     return True
 
 
-def scale_run(num_samples: int, folder: str, whole: bool) -> dict[str, float]:
+def scale_run(num_samples: int, folder: str, whole: bool, schedule: bool = False) -> dict[str, float]:
     """One pack-index build in this (fresh, single-core) process: wall time, peak RSS, cache size,
-    and items(k) on the result; ``whole`` times the in-memory whole-array pipeline instead."""
+    and items(k) on the result; ``whole`` times the in-memory whole-array pipeline instead; ``schedule``
+    builds the 3-phase schedule of ``scale_schedule``."""
     from mmidx.config import DataConfig, GroupConfig
     from mmidx.index.cache import cached_build
     from mmidx.index.pack_index import PackIndex, write_pack_index
@@ -122,7 +135,8 @@ def scale_run(num_samples: int, folder: str, whole: bool) -> dict[str, float]:
         tokens.append(np.maximum(rng.normal(mean, 0.3 * mean, per_sample.sum()), 1).astype(np.int64))
     table = ViewTable.of(offsets, tokens)
     config = DataConfig(groups=tuple(GroupConfig(name, (name,), weight)
-                                     for (name, *_), weight in zip(SCALE_GROUPS, (0.5, 0.2, 0.3), strict=True)))
+                                     for (name, *_), weight in zip(SCALE_GROUPS, SCALE_WEIGHTS, strict=True)),
+                        schedule=scale_schedule(num_samples) if schedule else ())
     del offsets, tokens
     before = _rss_now()
     start, cpu = time.perf_counter(), time.process_time()
@@ -134,7 +148,7 @@ def scale_run(num_samples: int, folder: str, whole: bool) -> dict[str, float]:
         pack_samples(counts, groups, mandatory=[False] * 3)
         return {"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu, "rss": _peak_rss(),
                 "before": before}
-    arrays, stats, path, _ = cached_build(folder, {"bench": num_samples},
+    arrays, stats, path, _ = cached_build(folder, {"bench": num_samples, "schedule": schedule},
                                           lambda sink: write_pack_index(sink, table, config, num_samples))
     # Before items() maps pages of the cache in (file-backed pages of the page cache, which count as RSS).
     seconds, cpu, peak = time.perf_counter() - start, time.process_time() - cpu, _peak_rss()
@@ -169,23 +183,38 @@ def _peak_rss() -> float:
     return _status("VmHWM")
 
 
-def scale_table(sizes: list[int]) -> None:
-    """Each build in a fresh process pinned to one core, so peak RSS and time are its own."""
+def scale_table(sizes: list[int], schedule: bool = False) -> None:
+    """Each build in a fresh process pinned to one core, so peak RSS and time are its own. ``schedule``:
+    the plain streamed build against the 3-phase schedule instead (no whole-array row), their ratios under
+    the table."""
     print("| samples | build | wall (s) | CPU (s) | peak RSS (GB) (before the build) | cache (B/sample) | packs "
           "| items(k), median (µs) |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    ratios = []
     for num_samples in sizes:
-        for whole in ([False, True] if num_samples <= 10**7 else [False]):
+        runs = [("plain", False), ("schedule", False)] if schedule else \
+            [("plain", False)] + [("plain", True)] * (num_samples <= 10**7)
+        results = {}
+        for kind, whole in runs:
             with tempfile.TemporaryDirectory() as folder:
                 child = [sys.executable, __file__, "--scale-run", str(num_samples), folder] + ["--whole"] * whole
+                child += ["--schedule"] * (kind == "schedule")
                 result = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout)
-            name = "whole-array, in memory (reference)" if whole else "streamed, cached"
+            results[kind] = result
+            name = ("whole-array, in memory (reference)" if whole else
+                    "streamed, cached, 3-phase schedule" if kind == "schedule" else "streamed, cached")
             cache = f"{result['bytes'] / num_samples:.2f}" if not whole else "–"
             packs = f"{result['packs']:,}" if not whole else "–"
             items = f"{result['items_us']:.1f} ({result['items_pack']:.1f} a pack)" if not whole else "–"
             memory = f"{result['rss'] / 1e9:.2f} ({result['before'] / 1e9:.2f})"
             times = f"{result['seconds']:.1f} | {result['cpu']:.1f}"
             print(f"| {num_samples:.0e} | {name} | {times} | {memory} | {cache} | {packs} | {items} |", flush=True)
+        if schedule:
+            plain, phased = results["plain"], results["schedule"]
+            ratios.append(f"{num_samples:.0e}: schedule / plain = {phased['seconds'] / plain['seconds']:.2f}× wall, "
+                          f"{phased['cpu'] / plain['cpu']:.2f}× CPU, {phased['rss'] / plain['rss']:.2f}× peak RSS")
+    for line in ratios:
+        print(f"\n{line}")
 
 
 def write_megatron_pair(prefix: str, sizes: np.ndarray) -> None:
@@ -227,15 +256,18 @@ def main() -> None:
     parser.add_argument("--billion", action="store_true", help="with --scale: 10^9 samples too (minutes)")
     parser.add_argument("--scale-run", nargs=2, metavar=("SAMPLES", "FOLDER"), help=argparse.SUPPRESS)
     parser.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--schedule", action="store_true",
+                        help="with --scale: the plain streamed build against a 3-phase schedule")
+    parser.add_argument("--sizes", type=int, nargs="+", help="with --scale: these sample counts instead")
     args = parser.parse_args()
     if args.scale_run:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        print(json.dumps(scale_run(int(args.scale_run[0]), args.scale_run[1], args.whole)))
+        print(json.dumps(scale_run(int(args.scale_run[0]), args.scale_run[1], args.whole, args.schedule)))
         return
     if args.scale:
         print(f"Machine: {machine('numpy', 'Cython')}; each build in its own process on one core\n")
         with Watch() as watch:
-            scale_table([10**7, 10**8] + [10**9] * args.billion)
+            scale_table(args.sizes or [10**7, 10**8] + [10**9] * args.billion, args.schedule)
         print(f"\n{watch.describe()}")
         return
     if args.quick:

@@ -42,6 +42,10 @@ cdef struct Buffer:
     int64_t* slot  # mandatory slot of the item's group, or -1
     int64_t* before  # chain of a mandatory group's buffered items, in stream order
     int64_t* after
+    int64_t* earlier  # chain of all buffered items, in stream order (the tight policy's seeds)
+    int64_t* later
+    int64_t first  # the earliest buffered item, or -1
+    int64_t last
     int64_t root
     int64_t free_list  # unused nodes, chained through ``left``
     int64_t size
@@ -149,14 +153,14 @@ cdef class Packer:
     cdef int64_t num_buffered_packs, packs_capacity
     cdef int64_t* excluded
     cdef int64_t num_buffered_excluded, excluded_capacity
-    cdef int64_t open_start, pack_sum, mandatory_next
-    cdef bint opening
+    cdef int64_t open_start, pack_sum, mandatory_next, window, seed_below
+    cdef bint opening, tight
     cdef readonly int64_t num_packs, num_items, num_excluded, deferred, max_deferral, solo_packs
     cdef readonly int64_t tokens, last_pack_tokens
 
     def __cinit__(self, const uint8_t[::1] mandatory, int64_t max_num_tokens, int64_t expected_num_tokens,
                   int64_t max_num_tokens_per_sample, int64_t prefer_buffer_before, int64_t max_buffer_size,
-                  int64_t stream_length):
+                  int64_t stream_length, bint tight=False, int64_t window=0):
         cdef int64_t g, m, node
         cdef Buffer* b = &self.buffer
         self.max_num_tokens = max_num_tokens
@@ -164,7 +168,13 @@ cdef class Packer:
         self.max_num_tokens_per_sample = max_num_tokens_per_sample
         self.prefer_buffer_before = prefer_buffer_before
         self.max_buffer_size = max_buffer_size
-        self.capacity = min(max_buffer_size + 2, stream_length + 1)  # the buffer never holds more
+        self.tight = tight
+        self.window = max(window, 1)
+        self.seed_below = max_num_tokens // 2
+        if tight:  # the window never holds more than ``window`` items
+            self.capacity = min(self.window + 2, stream_length + 1)
+        else:  # the buffer never holds more
+            self.capacity = min(max_buffer_size + 2, stream_length + 1)
         self.num_groups = mandatory.shape[0]
         self.slot = _grow(NULL, self.num_groups)
         self.num_mandatory = 0
@@ -201,6 +211,9 @@ cdef class Packer:
         b.slot = _grow(NULL, self.capacity)
         b.before = _grow(NULL, self.capacity)
         b.after = _grow(NULL, self.capacity)
+        b.earlier = _grow(NULL, self.capacity)
+        b.later = _grow(NULL, self.capacity)
+        b.first = b.last = -1
         for node in range(self.capacity):
             b.left[node] = node + 1 if node + 1 < self.capacity else -1
         b.root = -1
@@ -211,7 +224,7 @@ cdef class Packer:
         self.pack_tokens = _grow(NULL, 1)
         self.excluded = _grow(NULL, 1)
         self.items_capacity = self.packs_capacity = self.excluded_capacity = 1
-        self.opening = True  # the first pack opens before the first item
+        self.opening = not tight  # bagel: the first pack opens before the first item
 
     def __dealloc__(self):
         cdef int64_t m
@@ -237,6 +250,8 @@ cdef class Packer:
         free(self.buffer.slot)
         free(self.buffer.before)
         free(self.buffer.after)
+        free(self.buffer.earlier)
+        free(self.buffer.later)
         free(self.items)
         free(self.pack_ends)
         free(self.pack_tokens)
@@ -266,6 +281,13 @@ cdef class Packer:
         _split(b, b.root, count, position, &low, &high)
         b.root = _merge(b, _merge(b, low, node), high)
         b.size += 1
+        b.earlier[node] = b.last  # items enter the buffer in stream order
+        b.later[node] = -1
+        if b.last >= 0:
+            b.later[b.last] = node
+        else:
+            b.first = node
+        b.last = node
         if m >= 0:  # items enter the buffer in stream order: append to the group's chain
             b.before[node] = self.tail[m]
             b.after[node] = -1
@@ -289,6 +311,14 @@ cdef class Packer:
                 b.before[b.after[node]] = b.before[node]
             else:
                 self.tail[m] = b.before[node]
+        if b.earlier[node] >= 0:
+            b.later[b.earlier[node]] = b.later[node]
+        else:
+            b.first = b.later[node]
+        if b.later[node] >= 0:
+            b.earlier[b.later[node]] = b.earlier[node]
+        else:
+            b.last = b.earlier[node]
         self._place(b.count[node], b.key[node])
         b.root = _erase(b, b.root, b.count[node], b.position[node])
 
@@ -375,6 +405,37 @@ cdef class Packer:
                 return -1
             self._close()
 
+    cdef int64_t _tight_pack(self) noexcept nogil:
+        """The tight policy's pack: mandatory items, then the window's earliest items in stream order
+        while the pack holds under half of ``max_num_tokens`` (the blend's order), then best fit: the
+        largest window item that fits the room left, again and again, until none fits. Returns -1, or
+        the slot that needs lookahead (then ``opening`` stays set to resume)."""
+        cdef int64_t needed, node
+        cdef Buffer* b = &self.buffer
+        self.opening = True
+        needed = self._place_mandatory()
+        if needed >= 0:
+            return needed
+        self.mandatory_next = 0
+        while b.first >= 0 and self.pack_sum < self.seed_below:
+            node = b.first
+            if self.pack_sum + b.count[node] > self.max_num_tokens:
+                break
+            self._take_from_buffer(node)
+        self._fill_from_buffer(self.max_num_tokens)
+        self._close()
+        self.opening = False
+        return -1
+
+    cdef int64_t _tight_packs(self) noexcept nogil:
+        """Close tight packs while the window is full. Returns -1, or the slot that needs lookahead."""
+        cdef int64_t needed
+        while self.buffer.size >= self.window:
+            needed = self._tight_pack()
+            if needed >= 0:
+                return needed
+        return -1
+
     # ----------------------------------------------------------------------------------------------
     # The interface
 
@@ -458,7 +519,14 @@ cdef class Packer:
             raise ValueError("feed needs counts, groups and keys of one length and 0 <= begin <= length")
         self._reserve(n - begin, n - begin)
         with nogil:
-            if self.opening:
+            if self.tight:
+                if self.opening:
+                    needed = self._tight_pack()
+                if needed < 0:
+                    needed = self._tight_packs()
+                if needed >= 0:
+                    stop = begin
+            elif self.opening:
                 needed = self._open()
                 if needed >= 0:
                     stop = begin
@@ -485,6 +553,13 @@ cdef class Packer:
                             q.head += 1  # the stream reaches it first
                         else:
                             continue  # an earlier pack took it as its mandatory item
+                    if self.tight:  # every item enters the window; packs close while it is full
+                        self._buffer_insert(count, start + i, keys[i], m)
+                        needed = self._tight_packs()
+                        if needed >= 0:
+                            stop = i + 1
+                            break
+                        continue
                     if self.pack_sum + count <= self.max_num_tokens:
                         self._place(count, keys[i])
                     else:
@@ -516,15 +591,21 @@ cdef class Packer:
             self.ended[m] = 1
         self._reserve(0, 0)
         with nogil:
-            if self.opening:
-                self._open()
-            self._fill_from_buffer(self.expected_num_tokens)
-            self._close()
-            while self.buffer.size > 0:
-                self.mandatory_next = 0
-                self._place_mandatory()
+            if self.tight:
+                if self.opening:
+                    self._tight_pack()
+                while self.buffer.size > 0:
+                    self._tight_pack()
+            else:
+                if self.opening:
+                    self._open()
                 self._fill_from_buffer(self.expected_num_tokens)
                 self._close()
+                while self.buffer.size > 0:
+                    self.mandatory_next = 0
+                    self._place_mandatory()
+                    self._fill_from_buffer(self.expected_num_tokens)
+                    self._close()
 
     def drain(self):
         """(keys of the items of the packs closed since the last drain, in pack order; each pack's

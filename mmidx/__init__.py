@@ -18,6 +18,7 @@ _EXPORTS = {
     "Element": "mmidx.sources.elements",
     "StoredImage": "mmidx.sources.elements",
     "merge_datasets": "mmidx.ingest.merge",
+    "write": "mmidx.ingest.function",
     "DataConfig": "mmidx.config",
     "build_pack_index": "mmidx.index.pack_index",
     "PackBuilder": "mmidx.pack.builder",

@@ -11,7 +11,22 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
         image_transform_args: {image_stride: 16, max_image_size: 1024, min_image_size: 512}
         vit_image_transform_args: {image_stride: 14, max_image_size: 518, min_image_size: 224}
     packing: {expected_num_tokens: 32768, max_num_tokens: 36864}     # optional, BAGEL's defaults
+    # packing: {policy: tight, window: 128}   # fill toward max_num_tokens (docs/guide/packing.md)
     dropout: {text: 0.1, vit: 0.3, vae: 0.3}                          # optional
+    geometry: {max_latent_size: 64}         # optional, BAGEL's; 1,024-px VAE images need a 64-wide latent grid
+    seed: 0                                                           # optional
+    schedule:                                  # optional: phases of the mixture over the run
+      - until: {packs: 1000}                   # or {tokens: 2000000000}; counted from the run's start
+        weights: {t2i_pretrain: 1.0, vlm_sft: 1.0}
+      - weights: {t2i_pretrain: 1.0, vlm_sft: 3.0}                     # the last phase is open-ended
+    allow_duplicates: false                    # optional: allow a dataset in two groups or twice in one
+
+Every key, with its type, default and meaning: docs/reference/data-config.md; each is checked as the file is
+read (an unknown key or a wrong type is one line naming the file and the key).
+
+A ``schedule`` replaces the groups' ``weight`` keys: each phase weighs the groups anew (a group absent from
+a phase, or at weight 0, takes no samples in it) and ends once the run has closed ``packs`` packs or packed
+``tokens`` tokens (:mod:`mmidx.index.schedule`). No schedule, or one phase, is a single blend as before.
 
 BAGEL's ``num_used_data`` (one count per dataset), ``shuffle_lines`` and ``shuffle_seed`` choose which
 samples a group uses, with BAGEL's meaning (:mod:`mmidx.index.subsets`); ``resume_data_status`` is accepted
@@ -26,11 +41,12 @@ and ``image_transform_args`` otherwise — as BAGEL's ``vlm_sft`` group does.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +104,14 @@ class PackingConfig:
     max_num_tokens_per_sample: int = 16384
     prefer_buffer_before: int = 16384
     max_buffer_size: int = 50
+    policy: str = "bagel"  # or "tight": fill toward max_num_tokens (docs/guide/packing.md)
+    window: int = 128  # the tight policy's window of stream items
 
     def __post_init__(self) -> None:
+        if self.policy not in ("bagel", "tight"):
+            raise ValueError(f"packing.policy must be 'bagel' or 'tight', got {self.policy!r}")
+        if self.window < 1:
+            raise ValueError(f"packing.window must be at least 1 item, got {self.window}")
         if not 0 < self.expected_num_tokens <= self.max_num_tokens:
             raise ValueError(f"need 0 < expected_num_tokens ({self.expected_num_tokens}) <= max_num_tokens "
                              f"({self.max_num_tokens})")
@@ -124,6 +146,55 @@ class ModelGeometry:
     max_latent_size: int = 32
     interpolate_pos: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("vit_patch_size", "max_num_patch_per_side", "vae_image_downsample", "max_latent_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"geometry.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.interpolate_pos, bool):
+            raise ValueError(f"geometry.interpolate_pos must be true or false, got {self.interpolate_pos!r}")
+
+    @classmethod
+    def covering(cls, groups: tuple[GroupConfig, ...], **given: Any) -> ModelGeometry:
+        """The geometry whose position grids hold every image the groups' transforms can output: BAGEL's
+        defaults, raised where a transform's ``max_image_size`` needs it (BAGEL's 1024-px VAE transform:
+        ``max_latent_size`` 64, as BAGEL's own fine-tuning sets it). Fields in ``given`` are kept as given."""
+        geometry = cls(**given)
+        needs = {"max_latent_size": (geometry.vae_image_downsample, [g.vae_transform for g in groups]),
+                 "max_num_patch_per_side": (geometry.vit_patch_size, [g.vit_transform for g in groups])}
+        raised = {}
+        for name, (patch, transforms) in needs.items():
+            sides = [t.max_image_size // patch for t in transforms if t is not None]
+            if name not in given and sides and max(sides) > getattr(geometry, name):
+                raised[name] = max(sides)
+        return replace(geometry, **raised)
+
+
+@dataclass(frozen=True)
+class PhaseConfig:
+    """One phase of a mixture schedule: the groups' weights until the run has closed ``until_packs`` packs
+    or packed ``until_tokens`` tokens (both counted from the run's start; neither: open-ended, the last)."""
+
+    weights: tuple[tuple[str, float], ...]
+    until_packs: int | None = None
+    until_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", tuple((str(k), float(v)) for k, v in self.weights))
+        for name, value in self.weights:
+            if not (value >= 0 and value < float("inf")):
+                raise ValueError(f"schedule: weight of {name!r} must be finite and >= 0, got {value}")
+        if not any(value > 0 for _, value in self.weights):
+            raise ValueError("schedule: a phase needs at least one group of positive weight")
+        for key in ("until_packs", "until_tokens"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+                raise ValueError(f"schedule: until {key[6:]} must be a positive integer, got {value!r}")
+
+    def weight_of(self, group: str) -> float:
+        """This phase's weight of ``group`` (0 when absent)."""
+        return dict(self.weights).get(group, 0.0)
+
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -134,6 +205,8 @@ class DataConfig:
     dropout: DropoutConfig = field(default_factory=DropoutConfig)
     geometry: ModelGeometry = field(default_factory=ModelGeometry)
     seed: int = 0
+    schedule: tuple[PhaseConfig, ...] = ()  # phases of the mixture; () = one blend by the groups' weights
+    allow_duplicates: bool = False  # a dataset in two groups, or twice in one, is refused unless set
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -141,31 +214,50 @@ class DataConfig:
         names = [group.name for group in self.groups]
         if len(set(names)) != len(names):
             raise ValueError(f"group names must be unique, got {names}")
+        object.__setattr__(self, "schedule", tuple(self.schedule))
+        _check_schedule(self.schedule, names)
+
+    def phase_weights(self) -> list[tuple[list[float], int | None, int | None]]:
+        """(weights per group in config order, until packs, until tokens) of every phase; one open phase
+        of the groups' weights without a schedule."""
+        if not self.schedule:
+            return [([g.weight for g in self.groups], None, None)]
+        return [([p.weight_of(g.name) for g in self.groups], p.until_packs, p.until_tokens) for p in self.schedule]
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], base_dir: str | os.PathLike = ".") -> DataConfig:
-        """Build from the YAML schema in this module's docstring; relative prefixes resolve against base_dir."""
-        unknown = set(data) - {"groups", "packing", "dropout", "geometry", "seed"}
-        if unknown:
-            raise ValueError(f"unknown data config keys {sorted(unknown)}")
+        """Build from the YAML schema in this module's docstring (every key: docs/reference/data-config.md);
+        relative prefixes resolve against base_dir. A wrong key or type is a one-line ``ValueError`` naming it."""
+        data = _mapping("the data config", data, TOP_KEYS)
         groups = []
-        for name, spec in dict(data.get("groups") or {}).items():
+        if not isinstance(data.get("groups"), Mapping) or not data["groups"]:
+            raise ValueError("the data config needs groups: a mapping of group name → {datasets: [...], ...}")
+        for name, spec in data["groups"].items():
+            if not isinstance(spec, Mapping):
+                raise ValueError(f"group {name!r} must be a mapping (datasets:, weight:, ...), got {_kind(spec)}")
             spec = dict(spec)
             _check_group_keys(name, spec, GROUP_KEYS)
+            for key, want in GROUP_KEY_TYPES.items():
+                if key in spec:
+                    _check_type(f"groups.{name}.{key}", spec[key], want)
             datasets = [d if os.path.isabs(d) or "://" in d else os.path.join(base_dir, d)  # URIs as they are
                         for d in spec.get("datasets", [])]
             used = spec.get("num_used_data")
             groups.append(GroupConfig(
                 name=name, datasets=tuple(datasets), weight=float(spec.get("weight", 1.0)),
                 is_mandatory=bool(spec.get("is_mandatory", False)),
-                image_transform=_transform(spec.get("image_transform_args")),
-                vit_image_transform=_transform(spec.get("vit_image_transform_args")),
+                image_transform=_transform(spec.get("image_transform_args"), f"groups.{name}.image_transform_args"),
+                vit_image_transform=_transform(spec.get("vit_image_transform_args"),
+                                               f"groups.{name}.vit_image_transform_args"),
                 num_used_data=None if used is None else tuple(used),
                 shuffle_lines=bool(spec.get("shuffle_lines", False)), shuffle_seed=int(spec.get("shuffle_seed", 0)),
                 encodings=tuple(dict(spec.get("encodings") or {}).items())))
-        return cls(groups=tuple(groups), packing=PackingConfig(**data.get("packing", {})),
-                   dropout=DropoutConfig(**data.get("dropout", {})),
-                   geometry=ModelGeometry(**data.get("geometry", {})), seed=int(data.get("seed", 0)))
+        _check_type("seed", data.get("seed", 0), int)
+        _check_type("allow_duplicates", data.get("allow_duplicates", False), bool)
+        return cls(groups=tuple(groups), packing=_section("packing", PackingConfig, data.get("packing")),
+                   dropout=_section("dropout", DropoutConfig, data.get("dropout")),
+                   geometry=_section("geometry", ModelGeometry, data.get("geometry")), seed=int(data.get("seed", 0)),
+                   schedule=_schedule(data.get("schedule")), allow_duplicates=bool(data.get("allow_duplicates", False)))
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> DataConfig:
@@ -174,11 +266,44 @@ class DataConfig:
             base = os.fspath(path).partition("?")[0].rsplit("/", 1)[0]
             return cls.from_dict(yaml.safe_load(read_object(os.fspath(path)).decode("utf-8")) or {}, base_dir=base)
         with open(path, encoding="utf-8") as stream:
-            return cls.from_dict(yaml.safe_load(stream) or {}, base_dir=Path(path).resolve().parent)
+            data = yaml.safe_load(stream) or {}
+        try:
+            return cls.from_dict(data, base_dir=Path(path).resolve().parent)
+        except ValueError as error:  # which file, then which key
+            raise ValueError(f"{os.fspath(path)}: {error}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML schema of this config, every prefix absolute: ``from_dict(to_dict())`` equals it (the
+        mixture history records configs this way, so an edited data.yaml cannot change a recorded one)."""
+        groups = {}
+        for g in self.groups:
+            spec: dict[str, Any] = {"datasets": list(g.datasets), "weight": g.weight, "is_mandatory": g.is_mandatory,
+                                    "shuffle_lines": g.shuffle_lines, "shuffle_seed": g.shuffle_seed,
+                                    "encodings": dict(g.encodings)}
+            for key, transform in (("image_transform_args", g.image_transform),
+                                   ("vit_image_transform_args", g.vit_image_transform)):
+                if transform is not None:
+                    spec[key] = asdict(transform)
+            if g.num_used_data is not None:
+                spec["num_used_data"] = list(g.num_used_data)
+            groups[g.name] = spec
+        schedule = [{"weights": dict(p.weights),
+                     **({"until": {"packs": p.until_packs}} if p.until_packs is not None else {}),
+                     **({"until": {"tokens": p.until_tokens}} if p.until_tokens is not None else {})}
+                    for p in self.schedule]
+        return {"groups": groups, "packing": asdict(self.packing), "dropout": asdict(self.dropout),
+                "geometry": asdict(self.geometry), "seed": self.seed, "allow_duplicates": self.allow_duplicates,
+                **({"schedule": schedule} if schedule else {})}
 
     def describe(self) -> dict[str, Any]:
         """Plain-data description (for hashing and for the index cache's description file)."""
-        return json.loads(json.dumps(asdict(self), default=str))
+        described = json.loads(json.dumps(asdict(self), default=str))
+        for key in ("schedule", "allow_duplicates"):  # absent when unused: earlier cache keys stay valid
+            if not described[key]:
+                del described[key]
+        if self.packing.policy == "bagel":  # bagel ignores the window: today's cache keys stay valid
+            del described["packing"]["policy"], described["packing"]["window"]
+        return described
 
     def fingerprint(self) -> str:
         """sha256 of the description: part of the index cache key."""
@@ -196,22 +321,33 @@ SOURCE_TRANSFORMS: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]
 }
 
 
-def config_for(paths: list[str], **overrides: Any) -> DataConfig:
+def config_for(paths: list[str], geometry_args: Mapping[str, Any] | None = None, **overrides: Any) -> DataConfig:
     """A data config from a ``data.yaml`` path, or from dataset prefixes (one equally weighted group each,
-    with BAGEL's transforms for the source type recorded in each dataset's metadata)."""
+    with BAGEL's transforms for the source type recorded in each dataset's metadata, and a geometry that
+    holds every image those transforms output: :meth:`ModelGeometry.covering`).
+
+    ``geometry_args`` replaces fields of the geometry (the YAML's, or the covering one); ``overrides``
+    replaces whole fields of the config (``seed``, ``geometry``...)."""
+    given = dict(geometry_args or {})
     if len(paths) == 1 and paths[0].endswith((".yaml", ".yml")):
         config = DataConfig.from_yaml(paths[0])
-        return DataConfig(**{**{f: getattr(config, f) for f in ("groups", "packing", "dropout", "geometry", "seed")},
-                             **overrides})
+        parts = {f: getattr(config, f) for f in ("groups", "packing", "dropout", "geometry", "seed", "schedule",
+                                                 "allow_duplicates")}
+        parts["geometry"] = replace(config.geometry, **given)
+        return DataConfig(**{**parts, **overrides})
     from mmidx.read.dataset import MMIDXDataset
 
     groups = []
     for number, prefix in enumerate(paths):
+        if prefix.endswith((".yaml", ".yml")):
+            raise ValueError(f"{prefix}: a data YAML is given alone; name dataset prefixes, or one data.yaml")
         dataset = MMIDXDataset(prefix)
         source = ((dataset.metadata or {}).get("build") or {}).get("source") or dataset.kind
         vae, vit = SOURCE_TRANSFORMS.get(source, (VAE_ARGS, EDIT_VIT_ARGS))
         groups.append(GroupConfig(name=f"{number}:{source}", datasets=(prefix,), image_transform=_transform(vae),
                                   vit_image_transform=_transform(vit)))
+    # the transforms are ours here, so is the geometry: one that holds what they output
+    overrides.setdefault("geometry", ModelGeometry.covering(tuple(groups), **given))
     return DataConfig(groups=tuple(groups), **overrides)
 
 
@@ -247,5 +383,107 @@ def data_yaml_group(name: str, spec: Mapping[str, Any], datasets: list[str]) -> 
     return entry
 
 
-def _transform(args: Mapping[str, Any] | None) -> ImageTransform | None:
-    return None if args is None else ImageTransform.from_args(args)
+def _schedule(entries: Any) -> tuple[PhaseConfig, ...]:
+    """The phases of a ``schedule:`` list (see the module docstring), each entry checked for its keys."""
+    if entries is None:
+        return ()
+    if not isinstance(entries, list) or not entries:
+        raise ValueError("schedule must be a non-empty list of phases, each {until: {packs: N}, weights: {...}}")
+    phases = []
+    for number, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or set(entry) - {"until", "weights"} or "weights" not in entry:
+            raise ValueError(f"schedule phase {number}: needs weights: {{group: weight}} and, except the last, "
+                             "until: {packs: N} or {tokens: N}; no other keys")
+        until = entry.get("until")
+        if until is not None and (not isinstance(until, Mapping) or len(until) != 1
+                                  or next(iter(until)) not in ("packs", "tokens")):
+            raise ValueError(f"schedule phase {number}: until must be {{packs: N}} or {{tokens: N}}, got {until!r}")
+        if not isinstance(entry["weights"], Mapping):
+            raise ValueError(f"schedule phase {number}: weights must map group names to weights")
+        until = dict(until or {})
+        try:
+            phases.append(PhaseConfig(tuple(entry["weights"].items()), until_packs=until.get("packs"),
+                                      until_tokens=until.get("tokens")))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"schedule phase {number}: {error}".replace("schedule: ", "")) from None
+    return tuple(phases)
+
+
+def _check_schedule(schedule: tuple[PhaseConfig, ...], names: list[str]) -> None:
+    """Refuse unknown groups, an open-ended phase before the last, a limited last phase, and limits of one
+    kind that do not grow."""
+    for number, phase in enumerate(schedule):
+        unknown = sorted(set(dict(phase.weights)) - set(names))
+        if unknown:
+            raise ValueError(f"schedule phase {number}: unknown groups {unknown}; the groups are {names}")
+        last = number == len(schedule) - 1
+        limited = phase.until_packs is not None or phase.until_tokens is not None
+        if last and limited:
+            raise ValueError(f"schedule phase {number}: the last phase is open-ended; drop its until")
+        if not last and not limited:
+            raise ValueError(f"schedule phase {number}: every phase but the last needs until: {{packs: N}} or "
+                             "{tokens: N}")
+    for kind in ("until_packs", "until_tokens"):
+        limits = [getattr(p, kind) for p in schedule if getattr(p, kind) is not None]
+        if any(b <= a for a, b in itertools.pairwise(limits)):
+            raise ValueError(f"schedule: until {kind[6:]} must grow from phase to phase (counted from the run's "
+                             f"start), got {limits}")
+
+
+def _transform(args: Mapping[str, Any] | None, where: str = "image_transform_args") -> ImageTransform | None:
+    if args is None:
+        return None
+    known = {f.name: f.type for f in fields(ImageTransform)}
+    for key, value in _mapping(where, args, tuple(known)).items():
+        _check_type(f"{where}.{key}", value, TRANSFORM_KEY_TYPES[key])
+    return ImageTransform.from_args(args)
+
+
+# The data.yaml schema, checked key by key (docs/reference/data-config.md documents each; a test compares).
+TOP_KEYS = ("groups", "packing", "dropout", "geometry", "seed", "schedule", "allow_duplicates")
+GROUP_KEY_TYPES: dict[str, Any] = {
+    "datasets": list, "weight": float, "is_mandatory": bool, "image_transform_args": dict,
+    "vit_image_transform_args": dict, "num_used_data": list, "shuffle_lines": bool, "shuffle_seed": int,
+    "encodings": dict}
+TRANSFORM_KEY_TYPES: dict[str, Any] = {"max_image_size": int, "min_image_size": int, "image_stride": int,
+                                       "max_pixels": int, "image_mean": list, "image_std": list}
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", list: "a list", dict: "a mapping",
+               str: "a string"}
+
+
+def _kind(value: Any) -> str:
+    """How a YAML reader would name ``value``'s type."""
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping", type(None): "nothing"}.get(type(value), type(value).__name__) + f" ({value!r})"
+
+
+def _check_type(where: str, value: Any, want: Any) -> None:
+    """Refuse ``value`` unless YAML wrote it as ``want`` (an int is a float; a bool is not a number)."""
+    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+          bool: lambda v: isinstance(v, bool), list: lambda v: isinstance(v, list | tuple),
+          dict: lambda v: isinstance(v, Mapping), str: lambda v: isinstance(v, str)}[want](value)
+    if not ok:
+        raise ValueError(f"{where} must be {_TYPE_WORDS[want]}, got {_kind(value)}")
+
+
+def _mapping(where: str, values: Any, known: tuple[str, ...]) -> dict[str, Any]:
+    """``values`` as a dict, refusing a non-mapping or unknown keys with the known ones named."""
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{where} must be a mapping of {', '.join(known)}; got {_kind(values)}")
+    unknown = sorted(set(values) - set(known), key=str)
+    if unknown:
+        raise ValueError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown))}; "
+                         f"the known ones are {', '.join(known)}")
+    return dict(values)
+
+
+def _section(name: str, cls: Any, values: Any) -> Any:
+    """One of the data.yaml's packing / dropout / geometry mappings as ``cls``, every key and type checked."""
+    types = {f.name: f.type for f in fields(cls)}
+    values = _mapping(name, values, tuple(types))
+    for key, value in values.items():
+        _check_type(f"{name}.{key}", value, {"int": int, "float": float, "bool": bool, "str": str}[types[key]])
+    return cls(**values)

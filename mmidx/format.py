@@ -37,23 +37,23 @@ Concepts
   Payloads are local to the sample, so merging datasets never rewrites element records.
 
 Token stream: ``P.idx`` and ``P.bin`` (Megatron-Core ``IndexedDataset``, MMIDIDX version 1)
-------------------------------------------------------------------------------------------
+-------------------------------------------------------------------------------------------
 All integers little-endian. ``n`` = number of sequences, ``d`` = number of documents + 1.
 
-======  ============  ==============================================================
-offset  size          field
-======  ============  ==============================================================
-0       9             magic ``b"MMIDIDX\\x00\\x00"``
-9       8             uint64 version, always 1
-17      1             uint8 dtype code of the tokens (below)
-18      8             uint64 ``n``, the sequence count
-26      8             uint64 ``d``, the length of the document index (documents + 1)
-34      4 n           int32 ``sequence_lengths`` (tokens per sequence)
-34+4n   8 n           int64 ``sequence_pointers`` (byte offset of each sequence in ``P.bin``)
-34+12n  8 d           int64 ``document_indices`` (0, ..., n: sequence ranges of documents)
-34+12n+8d  n          int8 ``sequence_modes``, only in files written by Megatron's builder with
-                      ``multimodal=True``; the header does not say so, the file size does
-======  ============  ==============================================================
+==========  ============  ==============================================================
+offset      size          field
+==========  ============  ==============================================================
+0           9             magic ``b"MMIDIDX\\x00\\x00"``
+9           8             uint64 version, always 1
+17          1             uint8 dtype code of the tokens (below)
+18          8             uint64 ``n``, the sequence count
+26          8             uint64 ``d``, the length of the document index (documents + 1)
+34          4 n           int32 ``sequence_lengths`` (tokens per sequence)
+34+4n       8 n           int64 ``sequence_pointers`` (byte offset of each sequence in ``P.bin``)
+34+12n      8 d           int64 ``document_indices`` (0, ..., n: sequence ranges of documents)
+34+12n+8d   n             int8 ``sequence_modes``, only in files written by Megatron's builder with
+                          ``multimodal=True``; the header does not say so, the file size does
+==========  ============  ==============================================================
 
 Dtype codes (Megatron's ``DType``): 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64,
 7 float32, 8 uint16. mmidx writes uint16 when the vocabulary has fewer than 65,500 ids and int32
@@ -151,8 +151,9 @@ Writing and version rules
   (monotone offsets, pointers equal to the cumulative sizes, payloads inside their sample, known
   kinds and formats). ``mmidx verify`` adds the checksums of all files and probes every image's
   header against ``image_info`` (``--decode``: decodes every image).
+
 Precached encodings: ``P.enc.NAME.bin``, ``P.enc.NAME.idx``, ``P.enc.NAME.json``
--------------------------------------------------------------------------------
+--------------------------------------------------------------------------------
 Optional streams beside a dataset, attached without rewriting it (``mmidx precache``): the outputs
 of a frozen encoder, one record per (image, transform, img_num) or per text sequence. ``NAME`` is
 made of letters, digits, ``_`` and ``-``; :func:`encoding_path` names the files.

@@ -8,8 +8,16 @@ as Megatron does) equal the trainer's. Text is encoded exactly as BAGEL (``token
 and Megatron's ``preprocess_data.py`` (``tokenizer(text).input_ids``) encode it; batches go through
 the Rust backend's ``encode_batch_fast``, checked at load time to give the same ids.
 
-A :class:`Tokenizer` pickles as its name or path and the sha256 of its serialized form: a worker
-process loads it again and refuses a tokenizer that changed on disk in between.
+A build may add special tokens of its own (``added_tokens``: a chat config's bos/eos, e.g. ``<s>``). A string
+the tokenizer already encodes as one id keeps that id; any other is registered as Hugging Face's
+``add_tokens(..., special_tokens=True)`` registers it: matched whole in text from then on, with its id in the
+vocabulary if the vocabulary holds the string (Qwen2's ``<s>``, which its text encoding splits), else a new id
+after BAGEL's four. The dataset's metadata records each string and its id in the tokenizer's identity
+(``added_tokens``), so every later reader loads the same vocabulary (the model's embeddings must cover
+``vocab_size``).
+
+A :class:`Tokenizer` pickles as its name or path, its added tokens and the sha256 of its serialized form: a
+worker process loads it again and refuses a tokenizer that changed on disk in between.
 
 Loading through ``transformers`` costs about 4 CPU-seconds per process (it imports torch), more than a
 whole small build's work. So the first load of a local tokenizer directory records what the build needs
@@ -28,6 +36,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,13 +62,16 @@ class Tokenizer:
     """A loaded Hugging Face tokenizer with BAGEL's special tokens, as the builders use it.
 
     ``name_or_path`` is a local directory (``save_pretrained`` output) or a model name already in
-    the local Hugging Face cache; nothing is downloaded (set ``HF_HUB_OFFLINE=1``).
+    the local Hugging Face cache; nothing is downloaded (set ``HF_HUB_OFFLINE=1``). ``added_tokens`` are
+    special tokens the dataset adds (see the module's docstring); each must come out of the tokenizer as
+    one id, or loading fails saying which would be split.
     """
 
-    def __init__(self, name_or_path: str | os.PathLike):
+    def __init__(self, name_or_path: str | os.PathLike, added_tokens: Sequence[str] = ()):
         self.name_or_path = os.fspath(name_or_path)
+        self.added_tokens = tuple(added_tokens)
         self._hf: Any = None
-        key = _cache_key(self.name_or_path)
+        key = _cache_key(self.name_or_path, self.added_tokens)
         cached = _read_cache(key)
         if cached is not None:
             from tokenizers import Tokenizer as Backend
@@ -67,13 +79,14 @@ class Tokenizer:
             self._backend = Backend.from_str(cached.pop("backend"))
             self._facts = cached
             return
-        hf = _load_hf(self.name_or_path)
+        hf = _load_hf(self.name_or_path, self.added_tokens)
         backend = getattr(hf, "backend_tokenizer", None)
         self._backend = backend if backend is not None and _backend_agrees(hf, backend) else None
         self._hf = hf
         self._facts = {"class": type(hf).__name__, "vocab_size": len(hf), "eod": hf.eos_token_id,
                        "sha256": _serialized_sha256(hf, self._backend),
-                       "ids": {token: hf.convert_tokens_to_ids(token) for token in BAGEL_SPECIAL_TOKENS}}
+                       "ids": {**{token: hf.convert_tokens_to_ids(token) for token in BAGEL_SPECIAL_TOKENS},
+                               **{token: _ids(hf, token)[0] for token in self.added_tokens}}}
         if self._backend is not None:
             _write_cache(key, {**self._facts, "backend": self._backend.to_str()})
 
@@ -81,7 +94,7 @@ class Tokenizer:
     def hf(self) -> Any:
         """The ``transformers`` tokenizer (loaded on first use when the backend came from the cache)."""
         if self._hf is None:
-            hf = _load_hf(self.name_or_path)
+            hf = _load_hf(self.name_or_path, self.added_tokens)
             if _serialized_sha256(hf, getattr(hf, "backend_tokenizer", None)) != self.sha256:
                 raise TokenizerError(f"the tokenizer at {self.name_or_path!r} changed since it was loaded; "
                                      "load it again")
@@ -94,7 +107,11 @@ class Tokenizer:
         return self._facts["sha256"]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _reload, (self.name_or_path, self.sha256)
+        return _reload, (self.name_or_path, self.sha256, self.added_tokens)
+
+    def token_id(self, token: str) -> int:
+        """The single id of ``token``, one of BAGEL's special tokens or of ``added_tokens``."""
+        return self._facts["ids"][token]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``: what BAGEL's ``tokenizer.encode(text)`` returns."""
@@ -132,25 +149,54 @@ class Tokenizer:
     @property
     def identity(self) -> dict[str, Any]:
         """What dataset metadata records about the tokenizer, to tell tokenizers apart later."""
-        return {"name_or_path": self.name_or_path, "class": self._facts["class"],
-                "vocab_size": self.vocab_size, "sha256": self.sha256}
+        identity = {"name_or_path": self.name_or_path, "class": self._facts["class"],
+                    "vocab_size": self.vocab_size, "sha256": self.sha256}
+        if not self.added_tokens:
+            return identity
+        return {**identity, "added_tokens": {token: self.token_id(token) for token in self.added_tokens}}
 
 
-def _load_hf(name_or_path: str) -> Any:
-    """``AutoTokenizer.from_pretrained`` with BAGEL's special tokens added as BAGEL adds them."""
+_REPO_ID = re.compile(r"[A-Za-z0-9_][\w.-]*(/[A-Za-z0-9_][\w.-]*)?")
+
+
+def _names_a_path(name: str) -> bool:
+    """Whether a tokenizer name can only be a path: not a Hugging Face repo id (``Qwen/Qwen2-7B``), as a
+    trailing slash, a leading ``/``, ``.`` or ``~``, or more than one ``/`` show."""
+    return name.endswith(("/", os.sep)) or name.startswith(("/", ".", "~")) or _REPO_ID.fullmatch(name) is None
+
+
+def _load_hf(name_or_path: str, added_tokens: Sequence[str] = ()) -> Any:
+    """``AutoTokenizer.from_pretrained`` with BAGEL's special tokens added as BAGEL adds them, then
+    ``added_tokens`` (those not in the vocabulary yet) as special tokens, each checked to encode as one id."""
     from transformers import AutoTokenizer
 
+    if not os.path.isdir(name_or_path) and _names_a_path(name_or_path):  # not Hugging Face's repo-id rules
+        what = "not a directory" if os.path.exists(name_or_path) else "no such directory"
+        raise TokenizerError(f"{name_or_path}: {what}; --tokenizer is a folder written by save_pretrained (with "
+                             "tokenizer.json or vocab files), or the name of one in the local Hugging Face cache")
     try:
         hf = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as error:
-        raise TokenizerError(f"cannot load a tokenizer from {name_or_path!r}: {error}. Give a local "
+        why = " ".join(str(error).split())  # one line, however many the library wrote
+        raise TokenizerError(f"cannot load a tokenizer from {name_or_path!r}: {why} Give a local "
                              "directory written by save_pretrained, or a name in the local Hugging Face "
                              "cache (downloads are off)") from error
     special = set()
     for value in hf.special_tokens_map.values():
         special.update([value] if isinstance(value, str) else value)
     hf.add_tokens([token for token in BAGEL_SPECIAL_TOKENS if token not in special])
+    hf.add_tokens([token for token in dict.fromkeys(added_tokens) if len(_ids(hf, token)) != 1],
+                  special_tokens=True)
+    for token in added_tokens:
+        if len(ids := _ids(hf, token)) != 1:
+            raise TokenizerError(f"the tokenizer {name_or_path!r} splits the special token {token!r} into "
+                                 f"{len(ids)} ids {ids[:8]} even as an added token; choose another string")
     return hf
+
+
+def _ids(hf: Any, text: str) -> list[int]:
+    """The ids of ``text`` alone (no bos/eos of the tokenizer's own)."""
+    return hf.encode(text, add_special_tokens=False)
 
 
 def _backend_agrees(hf: Any, backend: Any) -> bool:
@@ -165,12 +211,13 @@ def _serialized_sha256(hf: Any, backend: Any) -> str:
     return hashlib.sha256(repr((type(hf).__name__, vocab)).encode()).hexdigest()
 
 
-def _cache_key(name_or_path: str) -> str | None:
-    """The cache key of a local tokenizer directory (None for anything else): its files and the versions."""
+def _cache_key(name_or_path: str, added_tokens: Sequence[str] = ()) -> str | None:
+    """The cache key of a local tokenizer directory (None for anything else): its files, the tokens added to it
+    and the versions."""
     folder = Path(name_or_path)
     if not folder.is_dir():
         return None
-    digest = hashlib.sha256(repr((_CACHE_FORMAT, BAGEL_SPECIAL_TOKENS, _AGREEMENT_PROBES,
+    digest = hashlib.sha256(repr((_CACHE_FORMAT, BAGEL_SPECIAL_TOKENS, tuple(added_tokens), _AGREEMENT_PROBES,
                                   importlib.metadata.version("transformers"),
                                   importlib.metadata.version("tokenizers"))).encode())
     try:
@@ -219,8 +266,8 @@ def _write_cache(key: str | None, facts: dict[str, Any]) -> None:
             temporary.unlink()
 
 
-def _reload(name_or_path: str, sha256: str) -> Tokenizer:
-    tokenizer = Tokenizer(name_or_path)
+def _reload(name_or_path: str, sha256: str, added_tokens: tuple[str, ...] = ()) -> Tokenizer:
+    tokenizer = Tokenizer(name_or_path, added_tokens)
     if tokenizer.sha256 != sha256:
         raise TokenizerError(f"the tokenizer at {name_or_path!r} changed since the build started "
                              f"(sha256 {tokenizer.sha256[:12]}, was {sha256[:12]}); restart the build")
@@ -228,8 +275,8 @@ def _reload(name_or_path: str, sha256: str) -> Tokenizer:
 
 
 @functools.lru_cache(maxsize=8)
-def _loaded(name_or_path: str) -> Tokenizer:
-    return Tokenizer(name_or_path)
+def _loaded(name_or_path: str, added_tokens: tuple[str, ...] = ()) -> Tokenizer:
+    return Tokenizer(name_or_path, added_tokens)
 
 
 def recorded_tokenizer(identity: dict[str, Any] | None, where: str) -> Tokenizer:
@@ -239,7 +286,7 @@ def recorded_tokenizer(identity: dict[str, Any] | None, where: str) -> Tokenizer
         raise TokenizerError(f"{where}: the dataset records no tokenizer, so its texts cannot be decoded; "
                              "build it with --tokenizer")
     try:
-        tokenizer = _loaded(identity["name_or_path"])
+        tokenizer = _loaded(identity["name_or_path"], tuple(identity.get("added_tokens", ())))
     except (TokenizerError, OSError, ValueError) as error:
         raise TokenizerError(f"{where}: its tokenizer {identity['name_or_path']!r} does not load "
                              f"({str(error).splitlines()[0][:120]})") from error

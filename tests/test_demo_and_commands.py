@@ -82,7 +82,7 @@ def test_gpt_index_says_where_it_is_cached_and_refuses_multimodal_datasets(demo,
     multimodal = demo["reports"][0].data["output"]
     assert main(["index", "--gpt", multimodal, "--seq-length", "8"]) == 1
     assert capsys.readouterr().err.strip() == (
-        f"mmidx: {multimodal}: a multimodal dataset; index --gpt builds GPT samples of text datasets only "
+        f"mmidx index: {multimodal}: a multimodal dataset; index --gpt builds GPT samples of text datasets only "
         "(use mmidx index without --gpt for the pack index)")
 
 
@@ -123,7 +123,7 @@ def test_help_shows_defaults_and_exit_statuses_without_markup():
     assert "(default: 20)" in commands["bench"].format_help()
     assert "(default: 1024)" in commands["show"].format_help()
     build_help = " ".join(commands["build"].format_help().split())
-    assert "(default: 4)" in build_help and "(default 0.01; --source urls: 1.0)" in build_help
+    assert "(default: 4)" in build_help and "(default: 0.01; --source urls: 1.0)" in build_help
     assert "not one epoch of each dataset" in " ".join(commands["index"].format_help().split())
     with pytest.raises(SystemExit) as exit:
         main(["--version"])

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 import mmidx
-from mmidx.errors import MMIDXError
+from mmidx.errors import MissingExtraError, MMIDXError
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mmidx"
 # The pipeline, bottom first: a module may import modules of its own stage or of stages before it, never after.
 STAGES = ("errors", "format", "_ext", "io", "images", "tokenizer", "read", "config", "fetch", "sources", "ingest",
-          "index", "encodings", "pack", "train", "toolkit", "cli")
+          "index", "encodings", "pack", "train", "toolkit", "ray", "view", "cli")
 MAX_LINES = 400
 # format.py is the byte-level specification with the readers and writers of every file, as numpy's _format_impl
 # is: one module on purpose, so that the spec and the code that implements it are read together.
@@ -148,16 +148,25 @@ def test_no_module_is_longer_than_one_sitting():
 
 
 def test_every_error_mmidx_defines_derives_from_one_base():
-    errors = []
+    """Every module is imported and its exception classes checked; a module of an optional framework that is
+    not installed (torchtitan's adapter without torchtitan) is checked as far as it goes, then the test skips
+    naming it, so a machine without the extra neither fails nor passes as if everything had been checked."""
+    errors, unimportable = [], []
     for info in pkgutil.walk_packages(mmidx.__path__, "mmidx."):
         if info.name.endswith("__main__"):
             continue
-        module = importlib.import_module(info.name)
+        try:
+            module = importlib.import_module(info.name)
+        except MissingExtraError as missing:
+            unimportable.append(f"{info.name} ({missing})")
+            continue
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ == info.name and issubclass(cls, BaseException):
                 errors.append(cls)
     assert len(errors) >= 8
     assert [cls for cls in errors if not issubclass(cls, MMIDXError)] == []
+    if unimportable:
+        pytest.skip("not checked, an optional framework is missing: " + "; ".join(unimportable))
 
 
 def test_test_modules_import_helpers_from_support_not_from_each_other():

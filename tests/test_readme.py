@@ -47,12 +47,13 @@ NEEDS = "# needs:"
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced code block of the README."""
+    """One fenced code block of README.md or a page of docs/."""
 
     language: str
     code: str
     line: int  # of the opening fence
-    section: str  # the ``##`` heading above it
+    section: str  # the heading above it
+    page: str = "README.md"
 
     @property
     def needs(self) -> str | None:
@@ -62,23 +63,66 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"README.md line {self.line} ({self.section})"
+        return f"{self.page} line {self.line} ({self.section})"
 
 
-def readme_blocks() -> list[Block]:
+def toctree_entries(page: Path) -> list[str]:
+    """The documents a page's ```{toctree} blocks list, in order (globs left out: they come after, sorted)."""
+    entries, inside = [], False
+    for line in page.read_text().splitlines():
+        if line.startswith("```{toctree}"):
+            inside = True
+        elif inside and line.startswith("```"):
+            inside = False
+        elif inside and line.strip() and not line.startswith(":") and "*" not in line:
+            entries.append(line.strip())
+    return entries
+
+
+def pages() -> list[Path]:
+    """README.md, then every docs/**/*.md in the order a reader follows the site's toctrees (each page's blocks
+    run in the folder the pages before it left), then any page no toctree lists."""
+    docs, ordered = ROOT / "docs", []
+
+    def visit(page: Path) -> None:
+        if page in ordered or not page.exists():
+            return
+        ordered.append(page)
+        for entry in toctree_entries(page):
+            visit((page.parent / entry).with_suffix(".md"))
+        for rest in sorted(page.parent.glob("*.md")) if page.name == "index.md" else []:
+            visit(rest)
+
+    visit(docs / "index.md")
+    rest = [page for page in sorted(docs.rglob("*.md")) if "_build" not in page.parts and page not in ordered]
+    return [ROOT / "README.md", *ordered, *rest]
+
+
+def page_blocks(path: Path) -> list[Block]:
     blocks, section, opened, body = [], "", None, []
-    for number, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1):
-        if opened is None and line.startswith("## "):
-            section = line[3:]
+    name = str(path.relative_to(ROOT))
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if opened is None and line.startswith("#"):
+            section = line.lstrip("#").strip()
         elif opened is None and line.startswith("```"):
             opened, body = (line[3:].strip(), number), []
         elif opened is not None and line.startswith("```"):
-            blocks.append(Block(opened[0], "".join(body), opened[1], section))
+            if not opened[0].startswith("{"):  # a MyST directive (toctree, eval-rst, mmidx-cli), not code
+                blocks.append(Block(opened[0], "".join(body), opened[1], section, name))
             opened = None
         elif opened is not None:
             body.append(line + "\n")
-    assert opened is None, f"README.md line {opened[1]}: a code block is never closed"
+    assert opened is None, f"{name} line {opened[1]}: a code block is never closed"
     return blocks
+
+
+def doc_blocks() -> list[Block]:
+    """Every code block of the README and the docs, in reading order."""
+    return [block for page in pages() for block in page_blocks(page)]
+
+
+def readme_blocks() -> list[Block]:
+    return page_blocks(ROOT / "README.md")
 
 
 def quick_start() -> Block:
@@ -99,22 +143,49 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_every_block_is_run_or_marked_for_reading():
-    for block in readme_blocks():
+    for block in doc_blocks():
         assert block.language in RUN + READ, (
             f"{block.where}: a ```{block.language} block; use ```bash or ```python (run by this test), or "
             "```text for output and diagrams")
         assert block.needs != "", f"{block.where}: say what the block needs after '{NEEDS}'"
 
 
-def test_the_names_the_readme_imports_exist():
+def documented_imports() -> list[tuple[str, str, str]]:
+    """(module, name, where) of every ``from mmidx... import NAME`` and ``import mmidx...`` of the python blocks."""
+    found = []
+    for block in doc_blocks():
+        if block.language != "python":
+            continue
+        for node in ast.walk(ast.parse(block.code)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "mmidx":
+                found += [(node.module, alias.name, block.where) for alias in node.names]
+            elif isinstance(node, ast.Import):
+                found += [(alias.name, "", block.where) for alias in node.names if alias.name.split(".")[0] == "mmidx"]
+    return found
+
+
+def test_every_name_the_docs_import_exists_at_a_public_path():
+    """Every import of the README and the docs works, from a path with no private or internal part (a user's
+    guess: ``mmidx``, ``mmidx.ray``, ``mmidx.view``, ``mmidx.train.lightning``; not ``mmidx.toolkit...``)."""
+    import importlib
+
+    imports = documented_imports()
+    assert {module for module, _, _ in imports} >= {"mmidx", "mmidx.ray", "mmidx.view"}
+    for module, name, where in imports:
+        assert not any(part.startswith("_") or part == "toolkit" for part in module.split(".")), f"{where}: {module}"
+        imported = importlib.import_module(module)
+        assert not name or getattr(imported, name) is not None, f"{where}: {module}.{name}"
+
+
+def test_the_api_reference_documents_every_public_name():
+    """docs/reference/api.md renders each name of ``mmidx.__all__`` (autodoc), and only public names."""
     import mmidx
 
-    imports = [line for block in readme_blocks() if block.language == "python" for line in block.code.splitlines()
-               if line.startswith("from mmidx import")]
-    assert imports
-    for line in imports:
-        for name in line.removeprefix("from mmidx import").split(","):
-            assert getattr(mmidx, name.strip()) is not None
+    text = (ROOT / "docs" / "reference" / "api.md").read_text()
+    documented = set(re.findall(r"^\.\. auto(?:class|function):: mmidx\.(\w+)$", text, re.M))
+    assert documented == set(mmidx.__all__) - {"__version__"}
+    for name in documented:
+        assert getattr(mmidx, name).__doc__, name
 
 
 def test_the_trainer_diff_calls_trainer_loader_as_it_is_defined():
@@ -122,7 +193,7 @@ def test_the_trainer_diff_calls_trainer_loader_as_it_is_defined():
     and calls ``trainer_loader`` with arguments its signature takes."""
     from mmidx.train.bagel import trainer_loader
 
-    (diff,) = [block for block in readme_blocks() if block.language == "diff"]
+    (diff,) = [block for block in doc_blocks() if block.language == "diff"]
     new_side = [line[1:] for line in diff.code.splitlines() if line[:1] in ("+", " ")]
     assert "from mmidx.train.bagel import trainer_loader" in new_side
     start = next(number for number, line in enumerate(new_side) if "= trainer_loader(" in line)
@@ -175,7 +246,7 @@ def options_rejected(command: list[str]) -> str | None:
 def test_blocks_that_are_not_run_parse_and_use_options_that_exist():
     """What cannot run here (a cluster, an hour, the Quick start) is at least valid: the shell parses it and
     each command accepts its options."""
-    unrun = [block for block in readme_blocks() if block.needs] + [quick_start()]
+    unrun = [block for block in doc_blocks() if block.needs] + [quick_start()]
     assert any(block.language == "bash" for block in unrun)
     for block in unrun:
         if block.language == "python":
@@ -247,7 +318,7 @@ def test_every_bash_and_python_block_runs_as_written(demo, s3, cluster, tmp_path
     (and, for the object-storage block, beside a local S3 server with the bucket it names; Ray Data's
     blocks on the session's Ray cluster)."""
     s3.client.create_bucket(Bucket="my-bucket")
-    runnable = [block for block in readme_blocks()
+    runnable = [block for block in doc_blocks()
                 if block.language in RUN and not block.needs and block != quick_start()]
     assert {block.language for block in runnable} == set(RUN)
     write_readme_inputs(tmp_path)

@@ -258,7 +258,19 @@ BAD_INPUTS = [
     (["index", "/nonexistent/data.yaml"], 1),
     (["index", "{badyaml}"], 1),
     (["index", "{data}", "--cache-dir", "{file}/cache"], 1),
-    (["index", "{data}", "--num-samples", "-1"], 1),
+    (["index", "{data}", "--num-samples", "-1"], 2),
+    (["index", "{data}", "--num-samples", "-5"], 2),
+    (["index", "{data}", "--max-latent-size", "-64"], 2),
+    (["show", "{data}", "--max-num-patch-per-side", "0"], 2),
+    (["bench", "{data}", "--max-latent-size", "-64"], 2),
+    (["sample", "{prefix}", "-1"], 2),
+    (["build", "--source", "text", "--input", "{file}", "--output", "{tmp}/x", "--tokenizer", "{tok}",
+      "--workers", "-2"], 2),
+    (["build", "--source", "text", "--input", "{file}", "--output", "{tmp}/x", "--tokenizer", "{tok}",
+      "--views", "0"], 2),
+    (["build", "--source", "text", "--input", "{file}", "--output", "{tmp}/x", "--tokenizer", "{tok}",
+      "--num-nodes", "0"], 2),
+    (["precache", "{prefix}", "--encoder", "support.encoders:vae", "--name", "x", "--workers", "-2"], 2),
     (["index", "--gpt", "{prefix}", "--seq-length", "16"], 1),
     (["index", "--gpt", "{prefix}"], 2),
     (["index", "{data}", "--seed", "x"], 2),
@@ -338,7 +350,8 @@ def test_bad_input_is_one_line_and_an_exit_status(argv, status, demo, vlm, tmp_p
     assert "Traceback" not in captured.out + captured.err
     lines = captured.err.strip().splitlines()
     if status == 1:  # a failure: one line naming what and why (verify: the problem it found)
-        assert len(lines) == 1 and lines[0].startswith(("mmidx", "FAIL ")), lines
+        # one line naming the command (the one that failed, not just the program), or verify's FAIL
+        assert len(lines) == 1 and lines[0].startswith((f"mmidx {argv[0]}: ", "FAIL ")), lines
     else:  # a usage error: argparse's usage, then one line
         assert lines[0].startswith("usage: mmidx") and re.match(r"mmidx( \w+)?: error: ", lines[-1]), lines
 

@@ -1,4 +1,4 @@
-"""The mmidx command line: build, merge, index, inspect, verify, fetch, show, bench, sample, export, demo.
+"""The mmidx command line: build, merge, inspect, verify, sample, export, fetch, precache, index, show, bench...
 
 Each subcommand is a small function taking the parsed arguments and returning an exit code;
 ``main`` wires them to argparse and turns any error that escapes them into one line and exit status 1.
@@ -13,17 +13,24 @@ from collections.abc import Sequence
 
 import mmidx
 from mmidx.cli import build, index, inspect, precache, toolkit, view
-from mmidx.cli.common import EXIT_STATUSES, HelpFormatter
+from mmidx.cli.common import EXIT_STATUSES, HelpFormatter, in_pipeline_order
 from mmidx.errors import MMIDXError
+
+# What a rerun of an interrupted command does, where it keeps finished work.
+RESUMES = {
+    "build": "; rerun the same command to resume: the work units that finished are reused",
+    "precache": "; rerun the same command to resume: the encodings already stored are kept",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmidx", description=__doc__.splitlines()[0], epilog=EXIT_STATUSES,
                                      formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"mmidx {mmidx.__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for family in (inspect, index, toolkit, build, precache, view):
         family.register(commands)
+    in_pipeline_order(commands)
     return parser
 
 
@@ -55,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except KeyboardInterrupt:
-        print(f"{name}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted{RESUMES.get(args.command, '')}", file=sys.stderr)
         return 130
     except OSError as error:
         _error_line(name, os_error_line(error))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mmidx.cli.common import Commands, add_command, dataset_prefix
+from mmidx.cli.common import PREFIX, Commands, add_command, at_least, dataset_prefix, default_note
 from mmidx.cli.url_options import add_url_arguments, max_skip_rate, url_source_options
 
 
@@ -22,10 +22,25 @@ def _source_options(args: argparse.Namespace) -> Any:
         views=args.views, seed=args.seed, image_root=args.image_root, max_image_size=args.max_image_size,
         max_image_pixels=args.max_image_pixels, min_frames=args.min_frames, max_frames=args.max_frames,
         frame_quality=args.video_frame_quality, text_key=args.text_key, extra_keys=args.extra_keys,
+        chat_config=_chat_config(args),
         prompt_key=args.prompt_key, caption_key=args.caption_key, group_decay=args.group_decay,
         grouping=not args.no_grouping, image_column=args.image_column, caption_columns=args.caption_column,
         keep_columns=args.keep_columns, split=args.split, rows_per_shard=args.rows_per_shard,
         bytes_per_shard=args.bytes_per_shard, **url_source_options(args))
+
+
+def _chat_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The checked chat config of ``--chat-config`` (None without one; a bad one is a ChatConfigError's line)."""
+    if args.chat_config is None:
+        return None
+    from mmidx.sources.chat_config import load_chat_config
+
+    if args.source != "chat":
+        args.usage_error("--chat-config configures --source chat")
+    if args.extra_keys:
+        args.usage_error("--extra-keys and --chat-config both order the prompt: list the keys in the chat "
+                         "config's message_construction")
+    return load_chat_config(args.chat_config)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -61,64 +76,84 @@ def _register_build(commands: Commands) -> None:
     sub = add_command(commands, "build", cmd_build,
                       "Build an mmidx dataset from raw sources (t2i/edit parquet, VLM/chat/text JSONL, RL prompt "
                       "files, WebDataset tars, Hugging Face datasets, URL tables downloaded while building), or every "
-                      "group of a BAGEL data config.")
-    sub.add_argument("--source", choices=SOURCE_NAMES, help="the kind of input")
-    sub.add_argument("--input", nargs="+", action="extend", help="input files or folders (local or pyarrow URIs)")
-    sub.add_argument("--output", type=dataset_prefix,
-                     help="output dataset prefix (a report goes to PREFIX.report.json)")
-    sub.add_argument("--config", help="BAGEL data config (data/configs/*.yaml shape)")
-    sub.add_argument("--dataset-info", help="YAML mapping group → dataset name → data_dir / jsonl_path")
-    sub.add_argument("--output-dir", help="folder for the datasets of --config and their data.yaml")
-    sub.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer directory or cached name")
-    sub.add_argument("--views", type=int, default=defaults.views, help="views (augmentations) per sample")
-    sub.add_argument("--workers", type=int, default=1,
+                      "group of a BAGEL data config. Each source's input schema: docs/reference/sources.md.")
+    what = sub.add_argument_group("what to build", "--source, --input and --output; or --config, --dataset-info "
+                                                   "and --output-dir")
+    what.add_argument("--source", choices=SOURCE_NAMES, metavar="SOURCE",
+                      help=f"the kind of input: {', '.join(SOURCE_NAMES)}")
+    what.add_argument("--input", nargs="+", action="extend", metavar="PATH",
+                      help="input files or folders (local or pyarrow URIs)")
+    what.add_argument("--output", type=dataset_prefix, metavar=PREFIX,
+                      help="output dataset prefix (a report goes to PREFIX.report.json)")
+    what.add_argument("--config", metavar="BAGEL_YAML", help="BAGEL data config (data/configs/*.yaml shape)")
+    what.add_argument("--dataset-info", metavar="INFO_YAML",
+                      help="YAML mapping group → dataset name → data_dir / jsonl_path")
+    what.add_argument("--output-dir", metavar="FOLDER", help="folder for the datasets of --config and their data.yaml")
+    what.add_argument("--tokenizer", required=True, metavar="TOKENIZER",
+                      help="Hugging Face tokenizer folder (or the name of one in the local Hugging Face cache)")
+    run = sub.add_argument_group("how it runs")
+    run.add_argument("--workers", type=at_least(1), default=1,
                      help="worker processes (--engine ray: CPUs of the local cluster it starts)")
-    sub.add_argument("--engine", choices=("local", "ray"), default="local",
+    run.add_argument("--engine", choices=("local", "ray"), default="local",
                      help="run the work units in local processes or as tasks of a Ray cluster (pip install "
                           "\"mmidx[ray]\")")
-    sub.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a new local one)")
-    sub.add_argument("--num-nodes", type=int, default=1,
+    run.add_argument("--ray-address", help=default_note("Ray cluster to join", "RAY_ADDRESS, else a new local one"))
+    run.add_argument("--num-nodes", type=at_least(1), default=1,
                      help="split the units over this many nodes; each builds its share, then mmidx merge")
-    sub.add_argument("--node-rank", type=int, default=0, help="this node's number in 0..num-nodes-1")
-    sub.add_argument("--seed", type=int, default=defaults.seed, help="seed of every random draw")
-    sub.add_argument("--image-root", help="folder that image and video names in JSONL rows are relative to")
-    sub.add_argument("--max-image-size", "--max-image-side", type=int,
-                     help="downsize and re-encode images whose long edge is larger (lossy; recorded)")
-    sub.add_argument("--max-image-pixels", type=int,
-                     help="refuse images with more pixels (decompression bombs; default 2^27)")
-    sub.add_argument("--max-skip-rate", type=float,
-                     help="fail when a larger fraction of the rows is skipped (default 0.01; --source urls: 1.0)")
-    sub.add_argument("--min-frames", type=int, default=defaults.min_frames, help="fewest frames drawn per video")
-    sub.add_argument("--max-frames", type=int, default=defaults.max_frames, help="most frames drawn per video")
-    sub.add_argument("--video-frame-quality", type=int, metavar="Q",
-                     help="store video frames as JPEG of quality Q (1-100), smaller but lossy; default: lossless")
-    sub.add_argument("--text-key", default=defaults.text_key, help="JSON field of a text document")
-    sub.add_argument("--extra-keys", type=_csv, default=(),
-                     help="chat: comma-separated fields placed before the conversation, without loss")
-    sub.add_argument("--prompt-key", default=defaults.prompt_key, help="prompts: JSON field of the prompt")
-    sub.add_argument("--caption-key", default=defaults.caption_key,
-                     help="wds: caption field of .json members; video_gen: caption field of a row")
-    sub.add_argument("--group-decay", type=float, default=defaults.group_decay, metavar="D",
-                     help="video_gen: split_integer_exp_decay's decay in [0, 1] (1.0: group count uniform in "
-                          "1..frames, below: fewer groups preferred)")
-    sub.add_argument("--no-grouping", action="store_true",
-                     help="video_gen: the target frames of a clip are one split, as BAGEL's _add_video writes them")
-    sub.add_argument("--image-column", help="hf: the image (or image list) column (default: image, else images)")
-    sub.add_argument("--caption-column", type=_csv, default=(), metavar="COLUMN[,COLUMN...]",
-                     help="hf: caption column(s), each cell a string, list or struct of strings (default: the first "
-                          "of captions, caption, text, texts); urls: the caption column, a string or BAGEL's JSON "
-                          "object of captions (default: caption; LAION: TEXT)")
-    sub.add_argument("--keep-columns", type=_csv, default=(),
-                     help="hf, urls: comma-separated columns kept with each sample (its extra JSON)")
-    sub.add_argument("--split", help="hf: the split of a DatasetDict folder or of parquet files in the hub's layout")
-    sub.add_argument("--rows-per-shard", type=int, default=defaults.rows_per_shard,
+    run.add_argument("--node-rank", type=at_least(0), default=0, help="this node's number in 0..num-nodes-1")
+    run.add_argument("--max-skip-rate", type=at_least(0.0, float),
+                     help=default_note("fail when a larger fraction of the rows is skipped",
+                                       "0.01; --source urls: 1.0"))
+    run.add_argument("--rows-per-shard", type=at_least(1), default=defaults.rows_per_shard,
                      help="parquet rows per work unit (row groups are never split)")
-    sub.add_argument("--bytes-per-shard", type=int, default=defaults.bytes_per_shard,
+    run.add_argument("--bytes-per-shard", type=at_least(1), default=defaults.bytes_per_shard,
                      help="JSONL bytes per work unit (cut at line starts)")
-    sub.add_argument("--quiet", action="store_true", help="no progress bar")
-    sub.add_argument("--force", action="store_true",
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--force", action="store_true",
                      help="replace a dataset at the output built from other inputs or options (a rerun with the "
                           "same ones reuses it, or what a killed run finished, without it)")
+    samples = sub.add_argument_group("samples, images and video (every source with images)")
+    samples.add_argument("--views", type=at_least(1), default=defaults.views, help="views (augmentations) per sample")
+    samples.add_argument("--seed", type=int, default=defaults.seed, help="seed of every random draw")
+    samples.add_argument("--image-root", metavar="FOLDER",
+                         help="folder that image and video names in JSONL rows are relative to")
+    samples.add_argument("--max-image-size", "--max-image-side", type=at_least(1),
+                         help="downsize and re-encode images whose long edge is larger (lossy; recorded)")
+    samples.add_argument("--max-image-pixels", type=at_least(1),
+                         help=default_note("refuse images with more pixels (decompression bombs)", "2^27"))
+    samples.add_argument("--min-frames", type=at_least(1), default=defaults.min_frames,
+                         help="fewest frames drawn per video")
+    samples.add_argument("--max-frames", type=at_least(1), default=defaults.max_frames,
+                         help="most frames drawn per video")
+    samples.add_argument("--video-frame-quality", type=at_least(1), metavar="Q",
+                         help=default_note("store video frames as JPEG of quality Q (1-100), smaller but lossy",
+                                           "lossless"))
+    jsonl = sub.add_argument_group("JSONL sources (text, chat, prompts, video_gen) and WebDataset (wds)")
+    jsonl.add_argument("--text-key", default=defaults.text_key, help="text: JSON field of a text document")
+    jsonl.add_argument("--extra-keys", type=_csv, default=(), metavar="KEY[,KEY...]",
+                       help="chat: comma-separated fields placed before the conversation, without loss")
+    jsonl.add_argument("--chat-config", metavar="CHAT_YAML",
+                       help="chat: YAML of special_tokens, loss_masking_jq_patterns, message_construction and "
+                            "eos_after, which decide the training text (docs: guide/chat)")
+    jsonl.add_argument("--prompt-key", default=defaults.prompt_key, help="prompts: JSON field of the prompt")
+    jsonl.add_argument("--caption-key", default=defaults.caption_key,
+                       help="wds: caption field of .json members; video_gen: caption field of a row")
+    jsonl.add_argument("--group-decay", type=float, default=defaults.group_decay, metavar="D",
+                       help="video_gen: split_integer_exp_decay's decay in [0, 1] (1.0: group count uniform in "
+                            "1..frames, below: fewer groups preferred)")
+    jsonl.add_argument("--no-grouping", action="store_true",
+                       help="video_gen: the target frames of a clip are one split, as BAGEL's _add_video writes them")
+    hf = sub.add_argument_group("Hugging Face datasets (hf) and URL tables (urls)")
+    hf.add_argument("--image-column", metavar="COLUMN",
+                    help=default_note("hf: the image (or image list) column", "image, else images"))
+    hf.add_argument("--caption-column", type=_csv, default=(), metavar="COLUMN[,COLUMN...]",
+                    help="hf: caption column(s), each cell a string, list or struct of strings, or BAGEL's JSON "
+                         "object of captions (default: the first of captions, caption, text, texts); urls: the "
+                         "caption column, a string or BAGEL's JSON object of captions (default: caption; LAION: "
+                         "TEXT)")
+    hf.add_argument("--keep-columns", type=_csv, default=(), metavar="COLUMN[,COLUMN...]",
+                    help="hf, urls: comma-separated columns kept with each sample (its extra JSON)")
+    hf.add_argument("--split", help="hf: the split of a DatasetDict folder or of parquet files in the hub's layout")
     add_url_arguments(sub)
 
 
@@ -136,12 +171,12 @@ def _register_merge(commands: Commands) -> None:
                       "Merge the shards of a build split with --num-nodes (each node's --output prefix, or its "
                       "PREFIX.shards folder), named in any order, into its dataset; or concatenate whole datasets "
                       "of one kind and tokenizer.")
-    sub.add_argument("output", type=dataset_prefix, help="output dataset prefix")
-    sub.add_argument("input", nargs="+", type=dataset_prefix,
+    sub.add_argument("output", type=dataset_prefix, metavar=PREFIX, help="output dataset prefix")
+    sub.add_argument("input", nargs="+", type=dataset_prefix, metavar="PREFIX_OR_SHARDS",
                      help="the prefixes (or shard folders) each node of one build wrote, or dataset prefixes")
-    sub.add_argument("--max-skip-rate", type=float,
-                     help="shard folders: fail when a larger fraction of the rows was skipped (default 0.01; "
-                          "--source urls: 1.0)")
+    sub.add_argument("--max-skip-rate", type=at_least(0.0, float),
+                     help=default_note("shard folders: fail when a larger fraction of the rows was skipped",
+                                       "0.01; --source urls: 1.0"))
 
 
 def register(commands: Commands) -> None:

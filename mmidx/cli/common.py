@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,13 +42,55 @@ def _dataset_prefixes(paths: Sequence[str]) -> list[str]:
 Commands = Any  # the object argparse's add_subparsers returns
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Every option's help ends with its default, unless it has none (None, False) or says it already."""
+# How help names an argument: the same words for the same thing in every command.
+PREFIX = "PREFIX"  # one dataset prefix (path without .idx/.bin)
+PREFIX_OR_DATA_YAML = "PREFIX_OR_DATA_YAML"  # dataset prefixes, or a data.yaml naming them
+
+# The order ``mmidx --help`` lists the commands in: the pipeline's, from raw data to training.
+PIPELINE = ("build", "merge", "inspect", "verify", "sample", "export", "fetch", "precache", "index", "show", "bench",
+            "view", "demo")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """The help of every command: paragraphs wrapped at the terminal's width (at most 100 columns), and every
+    option's help ending in argparse's ``(default: …)``, unless it has none (None, False) or says it already.
+
+    Help that must say more than a value (``None`` meaning "the source's choice") writes it the same way:
+    ``(default: …)`` at the end, as :func:`default_note` does."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        kwargs.setdefault("width", max(40, min(shutil.get_terminal_size().columns - 2, 100)))
+        super().__init__(prog, **kwargs)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        """Each paragraph (blank-line separated) wrapped on its own."""
+        return "\n\n".join(super(HelpFormatter, self)._fill_text(paragraph, width, indent)
+                           for paragraph in text.split("\n\n"))
 
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.default is None or action.default is False or action.default == ():
             return action.help or ""
         return super()._get_help_string(action) or ""
+
+
+def default_note(help: str, default: str) -> str:
+    """``help`` ending in a default that is not a plain value, written as argparse writes the others."""
+    return f"{help} (default: {default})"
+
+
+def at_least(minimum: float, kind: type = int) -> Callable[[str], float]:
+    """An argparse type: a number of ``kind`` no smaller than ``minimum``, or a usage error (exit 2) saying so."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value >= minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'} "
+                                             f">= {minimum}")
+        return value
+    parse.__name__ = f"{kind.__name__} >= {minimum}"
+    return parse
 
 
 def add_command(commands: Commands, name: str, handler: Callable[[argparse.Namespace], int],
@@ -59,9 +102,58 @@ def add_command(commands: Commands, name: str, handler: Callable[[argparse.Names
     return sub
 
 
+def in_pipeline_order(commands: Commands) -> None:
+    """List the registered commands in :data:`PIPELINE` order (others after them) in ``--help``."""
+    def rank(name: str) -> int:
+        return PIPELINE.index(name) if name in PIPELINE else len(PIPELINE)
+
+    commands._choices_actions.sort(key=lambda action: rank(action.dest))  # argparse lists help from these
+    commands.choices = dict(sorted(commands.choices.items(), key=lambda item: rank(item[0])))
+
+
+def add_pack_arguments(sub: argparse.ArgumentParser, num_samples: bool = True, history: bool = False) -> None:
+    """The options of every command that builds packs (``index``, ``show``, ``bench``): what to pack, and
+    the model geometry (:class:`mmidx.config.ModelGeometry`) the packs are laid out for; ``--num-samples``
+    where the command lets the user choose the stream's length; ``--history`` (instead of a config) where a
+    run's mixture history can be replayed."""
+    sub.add_argument("config", nargs="*" if history else "+", metavar=PREFIX_OR_DATA_YAML,
+                     help="a data.yaml, or dataset prefixes (one group each, with BAGEL's transforms for their "
+                          "source and a geometry that holds what those output)")
+    if history:
+        sub.add_argument("--history", metavar="HISTORY_JSON",
+                         help="instead of a config: a run's mixture history (mixture_history.json, which the "
+                              "loader writes): its configs, each from the pack where it took over")
+    if num_samples:
+        sub.add_argument("--num-samples", type=at_least(1),
+                         help=default_note("samples drawn into the stream, from the groups by weight",
+                                           "the total of all datasets' samples; not one epoch of each dataset "
+                                           "unless the weights are proportional to their sizes"))
+    else:
+        sub.set_defaults(num_samples=None)
+    sub.add_argument("--cache-dir", help=default_note("folder of cached indices", "build in memory"))
+    sub.add_argument("--seed", type=int, help=default_note("seed of the shuffles and draws", "the config's"))
+    add_geometry_arguments(sub)
+
+
+def add_geometry_arguments(sub: argparse.ArgumentParser) -> None:
+    """The model geometry options (:class:`mmidx.config.ModelGeometry`) of a command that lays out packs."""
+    geometry = sub.add_argument_group(
+        "model geometry", "the position grids of the model the packs feed (a data.yaml's geometry: key); by "
+        "default a data.yaml's values, else BAGEL's raised to hold the largest image the transforms output")
+    geometry.add_argument("--max-latent-size", type=at_least(1),
+                          help="VAE latent grid side (BAGEL: 32 for 512-px images, 64 for 1024)")
+    geometry.add_argument("--max-num-patch-per-side", type=at_least(1), help="ViT patch grid side (BAGEL: 70)")
+    geometry.add_argument("--interpolate-pos", action="store_true", default=None,
+                          help="interpolated position ids (BAGEL's --interpolate_pos): no grid limit")
+
+
+def geometry_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The geometry fields given on the command line (see :func:`add_pack_arguments`)."""
+    names = ("max_latent_size", "max_num_patch_per_side", "interpolate_pos")
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
 PREFIX_HELP = "dataset prefix (path without .idx/.bin; a path to one of its files is accepted too)"
 
 
 PATHS_HELP = "dataset prefixes (paths or URIs: s3://bucket/prefix), or data YAMLs (every dataset of every group)"
-
-

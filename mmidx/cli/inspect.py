@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from mmidx.cli.common import PATHS_HELP, Commands, _dataset_prefixes, add_command
+from mmidx.cli.common import PATHS_HELP, PREFIX_OR_DATA_YAML, Commands, _dataset_prefixes, add_command
 
 
 def _human_bytes(size: float) -> str:
@@ -80,7 +80,7 @@ def _verify_one(prefix: str, decode: bool) -> bool:
     try:
         problems = verify(prefix, decode=decode)
     except Exception as error:  # whatever the files hold: one line, never a traceback
-        print(f"mmidx: {prefix}: verification stopped: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"mmidx verify: {prefix}: verification stopped: {type(error).__name__}: {error}", file=sys.stderr)
         return False
     for problem in problems:
         print(f"FAIL {problem}", file=sys.stderr)
@@ -120,19 +120,19 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def _register_fetch(commands: Commands) -> None:
     sub = add_command(commands, "fetch", cmd_fetch,
                       "Copy a dataset from object storage (s3://bucket/prefix) into a local folder and verify it.")
-    sub.add_argument("uri", help="the dataset's prefix in object storage")
-    sub.add_argument("folder", help="local folder; the copy keeps the prefix's last name")
+    sub.add_argument("uri", metavar="URI", help="the dataset's prefix in object storage")
+    sub.add_argument("folder", metavar="FOLDER", help="local folder; the copy keeps the prefix's last name")
 
 
 def _register_inspect_and_verify(commands: Commands) -> None:
     sub = add_command(commands, "inspect", cmd_inspect,
                       "Print counts, size statistics, element kinds, images and file sizes.")
-    sub.add_argument("paths", nargs="+", metavar="PREFIX_OR_DATA_YAML", help=PATHS_HELP)
+    sub.add_argument("paths", nargs="+", metavar=PREFIX_OR_DATA_YAML, help=PATHS_HELP)
     sub.add_argument("--json", action="store_true",
                      help="print machine-readable JSON (one dataset: an object; several: a list)")
     sub = add_command(commands, "verify", cmd_verify,
                       "Recompute checksums and structural invariants, probe every image; exit 1 on any problem.")
-    sub.add_argument("paths", nargs="+", metavar="PREFIX_OR_DATA_YAML", help=PATHS_HELP)
+    sub.add_argument("paths", nargs="+", metavar=PREFIX_OR_DATA_YAML, help=PATHS_HELP)
     sub.add_argument("--decode", action="store_true", help="also decode every stored image (slower)")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from mmidx.cli.common import Commands, add_command
+from mmidx.cli.common import PREFIX_OR_DATA_YAML, Commands, add_command, at_least, default_note
 
 SHORTHAND = ("encoder", "name")  # the single-encoder options: a one-entry config
 
@@ -40,7 +40,7 @@ def register(commands: Commands) -> None:
                       "Run frozen encoders once over every image (or text) of the datasets, several in one pass, "
                       "and store their outputs beside them (P.enc.KEY.*, also in object storage); packs then carry "
                       "padded_latent instead of padded_images.")
-    sub.add_argument("path", metavar="PREFIX_OR_DATA_YAML", help="a dataset prefix or a data YAML (paths or URIs)")
+    sub.add_argument("path", metavar=PREFIX_OR_DATA_YAML, help="a dataset prefix or a data YAML (paths or URIs)")
     sub.add_argument("--config", help="precache.yaml: a list 'encodings:' (modality, key, precision, "
                                       "store_pad_tokens, input, encoder_config: {cls, kwargs})")
     sub.add_argument("--encoder", help="one encoder: pkg.module:factory or pkg.module.Class, called with no argument")
@@ -54,13 +54,14 @@ def register(commands: Commands) -> None:
                      help="what to keep of a (mean, logvar) output; a single tensor is stored as is")
     sub.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="stored dtype")
     sub.add_argument("--device", default="cpu", help="where the encoders run (cpu, cuda, cuda:1)")
-    sub.add_argument("--batch-size", type=int, help="images (texts) per encoder call, of one shape (default 16)")
-    sub.add_argument("--workers", type=int, default=1,
+    sub.add_argument("--batch-size", type=at_least(1),
+                     help=default_note("images (texts) per encoder call, of one shape", "16"))
+    sub.add_argument("--workers", type=at_least(1), default=1,
                      help="local: threads decoding and transforming images; ray: encoder actors (one GPU each "
                           "with --device cuda)")
     sub.add_argument("--engine", choices=("local", "ray"), default="local",
                      help="where the encoders run: this process, or actors of a Ray cluster (pip install "
                           "\"mmidx[ray]\"; the dataset must be readable there); the streams are the same")
-    sub.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a new local one)")
+    sub.add_argument("--ray-address", help=default_note("Ray cluster to join", "RAY_ADDRESS, else a new local one"))
     sub.add_argument("--weights-version", help="a version or hash of the encoder's weights, recorded")
     sub.add_argument("--quiet", action="store_true", help="no progress line")

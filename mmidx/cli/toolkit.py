@@ -8,24 +8,18 @@ import argparse
 import functools
 import json
 import warnings
-from collections.abc import Callable
 
-from mmidx.cli.common import PREFIX_HELP, Commands, add_command, dataset_prefix
+from mmidx.cli.common import (
+    PREFIX,
+    PREFIX_HELP,
+    Commands,
+    add_command,
+    add_pack_arguments,
+    at_least,
+    dataset_prefix,
+    default_note,
+)
 from mmidx.cli.index import _data_config
-
-
-def _at_least(minimum: float, kind: type = int) -> Callable[[str], float]:
-    """An argparse type: a number of ``kind`` no smaller than ``minimum``, or a usage error saying so."""
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not value >= minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'} "
-                                             f">= {minimum}")
-        return value
-    return parse
 
 
 def _worker_counts(text: str) -> list[int]:
@@ -76,8 +70,8 @@ def _register_toolkit(commands: Commands) -> None:
     sub = add_command(commands, "bench", cmd_bench,
                       "Time the torch loader on this machine: packs/s, tokens/s, samples/s and MB/s per worker "
                       "count, a stage breakdown, and the cores a target tokens/s needs (GPT samples/s for text).")
-    sub.add_argument("config", nargs="+", help="a data.yaml, or dataset prefixes (one group each)")
-    sub.add_argument("--packs", type=_at_least(2), default=20,
+    add_pack_arguments(sub, num_samples=False)
+    sub.add_argument("--packs", type=at_least(2), default=20,
                      help="packs per worker count; the first is not timed")
     sub.add_argument("--workers", type=_worker_counts, default="0,1,2,4",
                      help="comma-separated DataLoader worker counts")
@@ -85,33 +79,31 @@ def _register_toolkit(commands: Commands) -> None:
                      help="decode images in the loader workers, or ship encoded bytes and decode on the device")
     sub.add_argument("--masks", choices=("none", "dense", "flex"), default="flex",
                      help="attention masks built in the main process")
-    sub.add_argument("--target-tokens-per-s", type=_at_least(1, float), default=100_000,
+    sub.add_argument("--target-tokens-per-s", type=at_least(1, float), default=100_000,
                      help="tokens/s the loader must feed, for the cores-needed line")
-    sub.add_argument("--seq-length", type=_at_least(1), default=2048,
+    sub.add_argument("--seq-length", type=at_least(1), default=2048,
                      help="GPT sample length, for text datasets")
-    sub.add_argument("--gpt-samples", type=_at_least(2), default=2000,
+    sub.add_argument("--gpt-samples", type=at_least(2), default=2000,
                      help="GPT samples per worker count, for text datasets")
     sub.add_argument("--device", help="where batches go and masks are built (default: cuda if available, else cpu)")
-    sub.add_argument("--cache-dir", help="folder of cached indices (default: build in memory)")
     sub.add_argument("--encodings", metavar="NAME",
                      help="a precached VAE encoding (mmidx precache): also time packs with its latents, against pixels")
     sub.add_argument("--json", action="store_true", help="print the results as JSON")
-    sub.set_defaults(num_samples=None, seed=None, max_latent_size=None)
     sub = add_command(commands, "sample", cmd_sample,
                       "Show one sample as a person reads it: each element of a view, decoded texts, images, origin.")
-    sub.add_argument("prefix", type=dataset_prefix, help=PREFIX_HELP)
-    sub.add_argument("index", type=int, help="sample number")
-    sub.add_argument("--view", type=int, default=0,
+    sub.add_argument("prefix", type=dataset_prefix, metavar=PREFIX, help=PREFIX_HELP)
+    sub.add_argument("index", type=at_least(0), metavar="SAMPLE", help="sample number")
+    sub.add_argument("--view", type=at_least(0), default=0,
                      help="view number; epoch e reads view e mod views")
-    sub.add_argument("-o", "--output", help="folder to write the sample's images to (default: none written)")
+    sub.add_argument("-o", "--output", help=default_note("folder to write the sample's images to", "none written"))
     sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
     sub = add_command(commands, "export", cmd_export,
                       "Write a dataset back to a raw layout BAGEL reads (t2i/edit parquet, LLaVA JSONL + images) "
                       "or to WebDataset tars or a Hugging Face datasets folder (load_from_disk), with the original "
                       "image bytes.")
-    sub.add_argument("prefix", type=dataset_prefix, help=PREFIX_HELP)
+    sub.add_argument("prefix", type=dataset_prefix, metavar=PREFIX, help=PREFIX_HELP)
     sub.add_argument("--to", required=True, choices=("parquet", "jsonl", "wds", "hf"), help="layout to write")
-    sub.add_argument("output", help="folder to write (created; must not hold files already)")
+    sub.add_argument("output", metavar="FOLDER", help="folder to write (created; must not hold files already)")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -9,21 +9,23 @@ from typing import Any
 
 def add_url_arguments(sub: argparse.ArgumentParser) -> None:
     """The URL-ingest options of ``mmidx build`` (they apply to --source urls; fetch options also to prompts)."""
+    from mmidx.cli.common import at_least
     from mmidx.sources import SourceOptions
 
     defaults = SourceOptions()
-    group = sub.add_argument_group("URL tables (--source urls; the fetch options also apply to http(s) images of "
-                                   "--source prompts)")
-    group.add_argument("--url-column", default=defaults.url_column, help="column of image URLs (LAION: URL)")
-    group.add_argument("--fetch-concurrency", type=int, default=defaults.fetch_concurrency,
+    group = sub.add_argument_group("URL tables (--source urls)",
+                                   "the fetch options also apply to http(s) images of --source prompts")
+    group.add_argument("--url-column", default=defaults.url_column, metavar="COLUMN",
+                       help="column of image URLs (LAION: URL)")
+    group.add_argument("--fetch-concurrency", type=at_least(1), default=defaults.fetch_concurrency,
                        help="downloads in flight per work unit (Ray: per task)")
-    group.add_argument("--per-host", type=int, default=defaults.per_host,
+    group.add_argument("--per-host", type=at_least(1), default=defaults.per_host,
                        help="downloads in flight per host name, per work unit (Ray: per task)")
-    group.add_argument("--timeout", type=float, default=defaults.fetch_timeout,
+    group.add_argument("--timeout", type=at_least(0.001, float), default=defaults.fetch_timeout,
                        help="seconds for one whole try (connect, redirects, headers and body)")
-    group.add_argument("--fetch-retries", type=int, default=defaults.fetch_retries,
+    group.add_argument("--fetch-retries", type=at_least(0), default=defaults.fetch_retries,
                        help="tries after the first for transient failures (timeouts, resets, DNS, 429, 5xx)")
-    group.add_argument("--max-image-bytes", type=int, default=defaults.max_image_bytes,
+    group.add_argument("--max-image-bytes", type=at_least(1), default=defaults.max_image_bytes,
                        help="stop reading a body past this many bytes (fetch:too_large)")
     group.add_argument("--ignore-opt-out", action="store_true",
                        help="download images whose server says X-Robots-Tag noai/noimageai (each counted as a "

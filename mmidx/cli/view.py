@@ -7,7 +7,14 @@ import errno
 import sys
 from typing import Any
 
-from mmidx.cli.common import PATHS_HELP, add_command, dataset_prefix
+from mmidx.cli.common import (
+    PATHS_HELP,
+    PREFIX_OR_DATA_YAML,
+    add_command,
+    add_geometry_arguments,
+    dataset_prefix,
+    geometry_args,
+)
 
 
 def cmd_view(args: argparse.Namespace) -> int:
@@ -15,7 +22,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     from mmidx.toolkit.view.catalog import Catalog
 
     paths = [path if path.endswith((".yaml", ".yml")) else dataset_prefix(path) for path in args.paths]
-    catalog = Catalog(paths)
+    catalog = Catalog(paths, geometry=geometry_args(args))
     try:
         sock = bind(args.host, args.port)
     except OSError as error:  # in use, or not an address of this machine
@@ -47,8 +54,9 @@ def register(commands: Any) -> None:
     """Add ``mmidx view`` to the command line's subcommands."""
     sub = add_command(commands, "view", cmd_view,
                       "Serve a local, read-only web viewer: overview histograms, samples, packs and their attention.")
-    sub.add_argument("paths", nargs="+", metavar="PREFIX_OR_DATA_YAML", help=PATHS_HELP)
+    sub.add_argument("paths", nargs="+", metavar=PREFIX_OR_DATA_YAML, help=PATHS_HELP)
     sub.add_argument("--host", default="127.0.0.1",
                      help="address to listen on; anything but loopback makes the datasets readable from other "
                           "machines (a warning says so)")
     sub.add_argument("--port", type=_port, default=8765, help="port to listen on (0: any free port)")
+    add_geometry_arguments(sub)  # the packs of a data YAML

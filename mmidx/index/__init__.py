@@ -48,4 +48,14 @@ Streamed packing — ``PackStream``.
     item (as sample numbers and views), computed a chunk at a time: the blend's counts, the
     packer's buffer, open pack and mandatory queues carry over chunk boundaries, so memory is the
     chunk and the view tables, whatever the stream's length.
+
+Mixture schedules — ``Phase``, ``PhasedBlend`` (:mod:`mmidx.index.schedule`), ``MixtureHistory``
+(:mod:`mmidx.index.history`), ``mixture_report`` (:mod:`mmidx.index.mixture`).
+    Guarantee: a phase blends its groups greedily with its own error term (each group's share over the
+    phase within one item of its weight) while every group's count of items carries over phase
+    boundaries, so the j-th item of a group is the same whatever the phases: within an epoch of a group
+    no sample repeats or is skipped. A phase ends at the stream item whose packing reached its limit,
+    whatever the chunk size; one phase of positive weights is the plain blend, call for call. A history
+    of configs and the packs where each took over is one schedule whose packs before each change point
+    are those of the run without the change.
 """

@@ -33,7 +33,10 @@ from mmidx import format as fmt
 from mmidx.config import DataConfig, GroupConfig, ModelGeometry
 from mmidx.images.transform import ImageTransform, num_image_tokens
 from mmidx.index.cache import ArraySink, cached_build
+from mmidx.index.cost import LLMGeometry, pack_costs
+from mmidx.index.history import MixtureHistory
 from mmidx.index.pack_stream import PackStream
+from mmidx.index.schedule import Phase
 from mmidx.index.stream import ViewTable
 from mmidx.index.subsets import selected_views, used_samples
 from mmidx.read.dataset import MMIDXDataset
@@ -158,6 +161,12 @@ class PackIndex:
     def __len__(self) -> int:
         return len(self.arrays["pack_offsets"]) - 1
 
+    def __repr__(self) -> str:  # not the dataclass's, which would print every memory-mapped array whole
+        where = "in memory" if self.path is None else f"{self.path}{' (reused)' if self.reused else ''}"
+        groups = ", ".join(group.name for group in self.config.groups)
+        return (f"PackIndex({len(self):,} pack{'s' if len(self) != 1 else ''}, "
+                f"{len(self.arrays['samples']):,} items, groups {groups}, {where})")
+
     def items(self, pack: int) -> list[PackItem]:
         """The samples of pack ``pack`` in packing order, each with the view its epoch reads."""
         if not 0 <= pack < len(self):
@@ -171,10 +180,11 @@ class PackIndex:
         return items
 
 
-def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
+def build_pack_index(config: DataConfig | MixtureHistory, *, num_samples: int | None = None,
                      cache_dir: str | os.PathLike | None = None, progress: bool = True,
                      chunk_size: int = 1 << 20) -> PackIndex:
-    """Build (or load from ``cache_dir``) the pack index of ``config``.
+    """Build (or load from ``cache_dir``) the pack index of ``config``, or of a run's mixture history (the
+    configs in force from the packs where each took over: :mod:`mmidx.index.history`).
 
     ``num_samples``: stream length (samples drawn across all groups and epochs); default: the
     total number of samples of all groups, i.e. about one epoch. Cached arrays are reused only if
@@ -182,6 +192,8 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
     samples at a time (memory is bounded by it); ``progress`` shows a bar on stderr for builds
     longer than 2 s and a line when a cache entry is reused (``PackIndex.reused`` says it too).
     """
+    history = config if isinstance(config, MixtureHistory) else MixtureHistory.of(config)
+    config = history.config
     datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
     selections = [[used_samples(d, group, k) for k, d in enumerate(group_datasets)]
                   for group, group_datasets in zip(config.groups, datasets, strict=True)]
@@ -196,18 +208,35 @@ def build_pack_index(config: DataConfig, *, num_samples: int | None = None,
         raise ValueError(f"num_samples must be non-negative, got {num_samples}")
     dataset_starts = np.concatenate([[0], np.cumsum([n for group in sizes for n in group])]).astype(np.int64)
     checksums = [[d.checksum for d in group] for group in datasets]
+    _check_duplicates(config, checksums)
     description = {"kind": "pack_index", "version": INDEX_VERSION, "config": config.describe(),
                    "num_samples": num_samples, "datasets": checksums}
+    if len(history.takeovers) > 1:  # absent for a run of one config: its cache key is as before
+        description["history"] = history.describe()
 
     def build(sink: ArraySink) -> dict[str, Any]:
         return write_pack_index(sink, view_table(config, datasets, selections), config, num_samples,
-                                chunk_size=chunk_size, progress=progress)
+                                chunk_size=chunk_size, progress=progress, phases=history.phases())
 
     arrays, stats, folder, reused = cached_build(cache_dir, description, build)
     if progress and reused:  # a build says so with its progress bar
         print(f"mmidx: pack index reused from {folder}", file=sys.stderr)
     used = selections if any(s is not None for group in selections for s in group) else None
     return PackIndex(config, arrays, stats, dataset_starts, folder, reused, used)
+
+
+def _check_duplicates(config: DataConfig, checksums: list[list[str]]) -> None:
+    """Refuse a dataset (by checksum) in two groups or twice in one, unless the config allows duplicates."""
+    if config.allow_duplicates:
+        return
+    seen: dict[str, str] = {}
+    for group, group_checksums in zip(config.groups, checksums, strict=True):
+        for prefix, checksum in zip(group.datasets, group_checksums, strict=True):
+            if checksum in seen:
+                raise ValueError(f"dataset {prefix} (group {group.name!r}) has the same checksum as {seen[checksum]}: "
+                                 "its samples would be drawn twice as often; list it once, or set "
+                                 "allow_duplicates: true in the data config if that is meant")
+            seen[checksum] = f"{prefix} (group {group.name!r})"
 
 
 def view_table(config: DataConfig, datasets: list[list[MMIDXDataset]],
@@ -232,18 +261,24 @@ def view_table(config: DataConfig, datasets: list[list[MMIDXDataset]],
 
 
 def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_samples: int, *,
-                     chunk_size: int = 1 << 20, progress: bool = False) -> dict[str, Any]:
+                     chunk_size: int = 1 << 20, progress: bool = False,
+                     phases: list[Phase] | None = None) -> dict[str, Any]:
     """Pack ``num_samples`` of the blended stream over ``table`` and append the packs to ``sink``
     (``pack_offsets``, ``samples`` and, with more than one view to a sample, ``views``, each in
-    the narrowest unsigned dtype for this table and size); returns the stats."""
+    the narrowest unsigned dtype for this table and size); returns the stats. ``phases``: the
+    schedule (default: the config's own, see :meth:`DataConfig.phase_weights`)."""
     start = time.perf_counter()
     packing = config.packing
+    if phases is None:
+        phases = [Phase(tuple(w), p, t) for w, p, t in config.phase_weights()]
+    plain = len(phases) == 1 and min(phases[0].weights) > 0  # today's one blend: weights checked as before
     stream = PackStream(table, [g.weight for g in config.groups], num_samples, config.seed,
                         mandatory=[g.is_mandatory for g in config.groups], max_num_tokens=packing.max_num_tokens,
                         expected_num_tokens=packing.expected_num_tokens,
                         max_num_tokens_per_sample=packing.max_num_tokens_per_sample,
                         prefer_buffer_before=packing.prefer_buffer_before, max_buffer_size=packing.max_buffer_size,
-                        chunk_size=chunk_size)
+                        chunk_size=chunk_size, phases=None if plain else phases, policy=packing.policy,
+                        window=packing.window)
     sink.declare("pack_offsets", _unsigned(num_samples))
     sink.declare("samples", _unsigned(int(table.group_base[-1]) - 1))
     keep_views = table.max_views > 1
@@ -265,9 +300,38 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
             if packs:
                 fill = tokens / packs / packing.max_num_tokens
                 bar.set_postfix(packs=f"{packs:,}", fill=f"{fill:.3f}", refresh=False)
+    mixture = {} if plain else {"mixture": mixture_log(stream, config, phases)}
     return {**stream.stats, "samples": num_samples,
             "groups": {g.name: n for g, n in zip(config.groups, stream.group_counts, strict=True)},
-            "tokens": tokens, "build_seconds": round(time.perf_counter() - start, 3)}
+            "tokens": tokens, "build_seconds": round(time.perf_counter() - start, 3), **mixture}
+
+
+def mixture_log(stream: PackStream, config: DataConfig, phases: list[Phase]) -> list[dict[str, Any]]:
+    """Per phase the stream actually ran: where it started (stream position, pack), the requested weights
+    and the items and tokens each group took (stored in the stats for ``mmidx index --mixture``). A phase
+    whose limit had passed before it began (one a later config of a history cut short) is left out."""
+    names = [g.name for g in config.groups]
+    return [{"phase": log["phase"], "start_position": log["start_position"], "end_position": log["end_position"],
+             "start_pack": log["start_pack"], "until_packs": phases[log["phase"]].until_packs,
+             "until_tokens": phases[log["phase"]].until_tokens,
+             "weights": dict(zip(names, phases[log["phase"]].weights, strict=True)),
+             "items": dict(zip(names, log["items"].tolist(), strict=True)),
+             "tokens": dict(zip(names, log["tokens"].tolist(), strict=True))}
+            for log in stream.phase_log if log["end_position"] > log["start_position"] or len(stream.phase_log) == 1]
+
+
+def pack_index_costs(index: PackIndex, geometry: LLMGeometry | None = None) -> np.ndarray:
+    """Each pack's compute (:func:`mmidx.index.cost.pack_costs`, a sample one attention segment) from
+    its items' packed sizes: pass it as ``pack_costs`` to the loader or sampler for balanced steps."""
+    datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in index.config.groups]
+    table = view_table(index.config, datasets, index.selections)
+    samples = np.asarray(index.arrays["samples"], dtype=np.int64)
+    views = np.asarray(index.arrays["views"], dtype=np.int64) if "views" in index.arrays else np.zeros_like(samples)
+    if len(samples) and (samples.max() >= len(table.view_offsets) - 1
+                         or np.any(views >= np.diff(table.view_offsets)[samples])):
+        raise fmt.FormatError(f"{index.path}: the pack index names samples or views its datasets do not hold")
+    tokens = table.view_tokens[table.view_offsets[samples] + views]
+    return pack_costs(np.asarray(index.arrays["pack_offsets"], dtype=np.int64), tokens, geometry)
 
 
 class PackItem(NamedTuple):

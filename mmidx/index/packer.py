@@ -45,6 +45,8 @@ def pack_samples(
     max_num_tokens_per_sample: int = 16384,
     prefer_buffer_before: int = 16384,
     max_buffer_size: int = 50,
+    policy: str = "bagel",
+    window: int = 128,
 ) -> PackingResult:
     """Pack a stream of whole samples into packs of about ``expected_num_tokens`` (BAGEL budgets
     by default), deterministically and without losing any sample.
@@ -68,9 +70,21 @@ def pack_samples(
       last pack may be partial (``stats['partial_last_pack']``).
 
     ``stats['max_deferral']`` is the most packs emitted while one item waited in the buffer.
+
+    ``policy="bagel"`` (the default) is the rules above, BAGEL's packs exactly. ``policy="tight"`` fills
+    packs toward ``max_num_tokens`` from a window of the stream (``window`` items; the BAGEL budgets
+    ``expected_num_tokens``, ``prefer_buffer_before`` and ``max_buffer_size`` do not apply): every
+    item enters the window; while it holds ``window`` items a pack is made of one item of each
+    mandatory group (as above), then the window's earliest items in stream order while the pack
+    holds under half of ``max_num_tokens`` (so packs follow the blend), then, again and again, the
+    largest window item that fits the room left (best fit), until none fits. An item therefore
+    leaves the window before ``window`` more stream items arrive: placed at rank r of the packs'
+    concatenation, |r - p| < ``window`` for stream position p (without mandatory groups or
+    exclusions, which move items by their count). At the end the window is packed the same way.
     """
     _check_budgets(max_num_tokens, expected_num_tokens, max_num_tokens_per_sample, prefer_buffer_before,
                    max_buffer_size)
+    tight = _check_policy(policy, window)
     counts = np.asarray(token_counts)
     group_ids = np.asarray(groups)
     if counts.size and not np.issubdtype(counts.dtype, np.integer):
@@ -86,7 +100,7 @@ def pack_samples(
     group_ids = np.ascontiguousarray(group_ids, dtype=np.int32)
 
     packer = _packer(mandatory, max_num_tokens, expected_num_tokens, max_num_tokens_per_sample,
-                     prefer_buffer_before, max_buffer_size, len(counts))
+                     prefer_buffer_before, max_buffer_size, len(counts), tight=tight, window=window)
     # The whole stream is at hand: every mandatory item is lookahead from the start.
     positions = np.arange(len(counts), dtype=np.int64)
     _check_kernel(packer.lookahead(counts, group_ids, positions, mandatory.view(np.uint8)), "token_counts", counts)
@@ -124,8 +138,20 @@ def _check_budgets(max_num_tokens: int, expected_num_tokens: int, max_num_tokens
         raise ValueError("prefer_buffer_before and max_buffer_size must be non-negative")
 
 
-def _packer(mandatory: np.ndarray, *budgets: int) -> _packing.Packer:
-    return _packing.Packer(np.ascontiguousarray(mandatory, dtype=bool).view(np.uint8), *budgets)
+POLICIES = ("bagel", "tight")
+
+
+def _check_policy(policy: str, window: int) -> bool:
+    """Validate a packing policy and its window; True for ``tight``."""
+    if policy not in POLICIES:
+        raise ValueError(f"packing policy must be one of {POLICIES}, got {policy!r}")
+    if window < 1:
+        raise ValueError(f"the tight policy's window must be at least 1 item, got {window}")
+    return policy == "tight"
+
+
+def _packer(mandatory: np.ndarray, *budgets: int, tight: bool = False, window: int = 128) -> _packing.Packer:
+    return _packing.Packer(np.ascontiguousarray(mandatory, dtype=bool).view(np.uint8), *budgets, tight, window)
 
 
 def _check_kernel(bad: int, name: str, counts: np.ndarray) -> None:

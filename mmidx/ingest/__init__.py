@@ -29,9 +29,18 @@ written so it can be inspected).
 
 from mmidx.ingest.bagel import build_from_config
 from mmidx.ingest.driver import build_dataset
+from mmidx.ingest.function import write
 from mmidx.ingest.merge import merge_into
 from mmidx.ingest.plan import BuildError, BuildOptions
 from mmidx.ingest.report import BuildReport, report_path
 
-__all__ = ["BuildError", "BuildOptions", "BuildReport", "build_dataset", "build_from_config", "merge_into",
-           "report_path"]
+__all__ = [
+           "BuildError",
+           "BuildOptions",
+           "BuildReport",
+           "build_dataset",
+           "build_from_config",
+           "merge_into",
+           "report_path",
+           "write",
+]

@@ -23,7 +23,7 @@ from mmidx.ingest.plan import (
 )
 from mmidx.ingest.remote import build_remote
 from mmidx.ingest.report import BuildReport, add_counts, counted, judge, new_counts, report_path
-from mmidx.ingest.shard import clear_unit, load_tokenizer
+from mmidx.ingest.shard import build_tokenizer, clear_unit
 from mmidx.io.files import read_json, write_json
 from mmidx.io.lock import output_lock
 from mmidx.io.storage import is_remote
@@ -55,7 +55,7 @@ def build_dataset(options: BuildOptions, on_shard: Callable[[Path], None] | None
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     node = f".node{options.node_rank}of{options.num_nodes}" if options.num_nodes > 1 else ""
     with output_lock(output + node), _single_threaded_tokenizers():
-        tokenizer = load_tokenizer(options.tokenizer, fresh=True)
+        tokenizer = build_tokenizer(options, fresh=True)
         if get_source(options.source).KIND == "text" and tokenizer.eod is None:
             raise BuildError(f"the tokenizer {options.tokenizer!r} has no eos token to end documents with; "
                              "text datasets need one (set eos_token in its tokenizer_config.json)")

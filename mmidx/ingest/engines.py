@@ -97,16 +97,18 @@ def failure_names(plan: BuildPlan, index: int) -> Iterator[None]:
 
 
 _queue: Any = None  # a pool worker's progress queue
+_plan: BuildPlan | None = None  # the plan a pool worker builds units of
 
 
-def _start_worker(parent: int, queue: Any) -> None:
-    global _queue
+def _start_worker(parent: int, queue: Any, plan: BuildPlan) -> None:
+    global _queue, _plan
     die_with_parent(parent)
-    _queue = queue
+    _queue, _plan = queue, plan
 
 
-def _worker_build_unit(plan: BuildPlan, index: int) -> dict[str, Any]:
-    return build_unit(plan, index, tokenizer_for(plan), lambda *delta: _queue.put(delta))
+def _worker_build_unit(index: int) -> dict[str, Any]:
+    assert _plan is not None
+    return build_unit(_plan, index, tokenizer_for(_plan), lambda *delta: _queue.put(delta))
 
 
 class LocalEngine:
@@ -128,9 +130,11 @@ class LocalEngine:
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         queue = context.Queue()
+        # The plan goes to the workers as they start, not with each unit: forked workers inherit it unpickled,
+        # so a user's function (mmidx.write) may be a lambda or a closure.
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                                 initargs=(os.getpid(), queue)) as pool:
-            futures: dict[Future, int] = {pool.submit(_worker_build_unit, plan, index): index for index in todo}
+                                 initargs=(os.getpid(), queue, plan)) as pool:
+            futures: dict[Future, int] = {pool.submit(_worker_build_unit, index): index for index in todo}
             pending = set(futures)
             try:
                 while pending:

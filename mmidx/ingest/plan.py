@@ -19,7 +19,7 @@ from mmidx.errors import MMIDXError
 from mmidx.format import FormatError
 from mmidx.io.files import digest, read_json
 from mmidx.read.dataset import MMIDXDataset
-from mmidx.sources import SourceOptions, WorkUnit, get_source
+from mmidx.sources import SourceOptions, WorkUnit, get_source, preflight
 
 ENGINES = ("local", "ray")
 PLAN_NAME = "plan.json"
@@ -91,6 +91,7 @@ class BuildPlan:
 def make_plan(options: BuildOptions, tokenizer_identity: dict[str, Any]) -> BuildPlan:
     """Cut the inputs into units and fix the configuration every unit is built with."""
     units = tuple(get_source(options.source).work_units(list(options.inputs), options.source_options))
+    preflight.check(options.source, [unit.path for unit in units])  # one line now, not a build that skips it all
     config = {"mmidx": __version__, "source": options.source, "inputs": list(options.inputs),
               "options": options.source_options.recorded(), "tokenizer": tokenizer_identity}
     key = digest({"config": config, "units": [asdict(unit) for unit in units]})

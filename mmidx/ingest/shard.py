@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from mmidx import format as fmt
-from mmidx.ingest.plan import BuildError, BuildPlan, finished_shard, meta_sha256, shard_dir, shard_prefix
+from mmidx.ingest.plan import BuildError, BuildOptions, BuildPlan, finished_shard, meta_sha256, shard_dir, shard_prefix
 from mmidx.ingest.report import count_skip, count_warning, new_counts
 from mmidx.ingest.writer import DatasetBuilder
 from mmidx.io.files import write_json
 from mmidx.sources import Skip, SourceContext, SourceDocument, get_source
+from mmidx.sources.chat_config import special_token_texts
 from mmidx.tokenizer import Tokenizer
 
 PROGRESS_INTERVAL = 0.5  # seconds between progress messages of a unit
@@ -33,19 +34,27 @@ ATTEMPT_MARK = ".attempt-"
 
 Progress = Callable[[int, int, int, int], None]  # (rows, images, tokens, image bytes) since the last call
 
-_tokenizers: dict[str, Tokenizer] = {}
+_tokenizers: dict[tuple[str, tuple[str, ...]], Tokenizer] = {}
 
 
-def load_tokenizer(name: str, fresh: bool = False) -> Tokenizer:
-    """The tokenizer ``name``, loaded once per process (``fresh``: read again, as a new build does)."""
-    if fresh or name not in _tokenizers:
-        _tokenizers[name] = Tokenizer(name)
-    return _tokenizers[name]
+def load_tokenizer(name: str, fresh: bool = False, added_tokens: tuple[str, ...] = ()) -> Tokenizer:
+    """The tokenizer ``name`` with ``added_tokens``, loaded once per process (``fresh``: read again, as a new
+    build does)."""
+    key = (name, added_tokens)
+    if fresh or key not in _tokenizers:
+        _tokenizers[key] = Tokenizer(name, added_tokens)
+    return _tokenizers[key]
+
+
+def build_tokenizer(options: BuildOptions, fresh: bool = False) -> Tokenizer:
+    """The tokenizer a build's options name, with the special tokens its chat config adds."""
+    added = special_token_texts(options.source_options.chat_config)
+    return load_tokenizer(options.tokenizer, fresh, added)
 
 
 def tokenizer_for(plan: BuildPlan) -> Tokenizer:
     """The plan's tokenizer in this process (forked workers inherit the driver's; others load it once)."""
-    tokenizer = load_tokenizer(plan.options.tokenizer)
+    tokenizer = build_tokenizer(plan.options)
     if tokenizer.identity != plan.config["tokenizer"]:
         raise BuildError(f"the tokenizer {plan.options.tokenizer!r} on this machine ({os.uname().nodename}) differs "
                          "from the one the build was planned with; every node must see the same tokenizer files")

@@ -31,6 +31,7 @@ from mmidx.errors import MMIDXError
 from mmidx.fetch import outcomes
 from mmidx.sources.elements import Element, StoredImage
 
+FUNCTION_SOURCE = "function"  # the source of mmidx.write (a user's function), not one of mmidx build's
 SOURCE_NAMES = ("t2i", "edit", "vlm", "chat", "text", "prompts", "wds", "video_gen", "hf", "urls")
 
 SKIP_REASONS = {
@@ -47,6 +48,7 @@ SKIP_REASONS = {
     "unreadable_row_group": "parquet row group that cannot be read (every row of it is counted)",
     "unreadable_file": "input file that cannot be opened or read to its end",
     "no_target_frames": "video_gen row whose condition_frames leave no frame to generate in a view's frame draw",
+    "function_error": "mmidx.write: the user's function raised an exception for this input",
     **outcomes.SKIP_REASONS,  # fetch:<class>, one per download failure class (sources urls, prompts)
 }
 
@@ -89,6 +91,8 @@ class SourceOptions:
     frame_fix_start: int | None = None  # with middle: frame = interval start + fix_start
     text_key: str = "text"
     extra_keys: tuple[str, ...] = ()
+    # chat: a checked chat config (mmidx.sources.chat_config); None: extra_keys + conversation, as always
+    chat_config: dict[str, Any] | None = field(default=None, metadata={"recorded": "unless None"})
     prompt_key: str = "prompt"
     caption_key: str = "caption"
     group_decay: float = 1.0  # video_gen: split_integer_exp_decay's ng_sample_decay (1.0: group count uniform)
@@ -111,13 +115,23 @@ class SourceOptions:
     user_agent_token: str = ""
     resolve: tuple[str, ...] = field(default=(), metadata={"recorded": False})  # "host=address", as curl's
     retry_failed: str | None = None  # prefix of an earlier urls build: refetch only its transient failures
+    # mmidx.write: the user's function and inputs (mmidx.sources.function.UserFunction), recorded by its summary
+    function: Any = field(default=None, metadata={"recorded": False})
 
     def recorded(self) -> dict[str, Any]:
         """The options that decide what is built, as the build config records them (not how fast it is
         fetched: concurrency and per-host caps never change a byte, so a rerun may change them)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("recorded", True)}
+        recorded = {f.name: getattr(self, f.name) for f in fields(self)
+                    if f.metadata.get("recorded", True) is True
+                    or (f.metadata.get("recorded") == "unless None" and getattr(self, f.name) is not None)}
+        if self.function is not None:
+            recorded["function"] = self.function.recorded()
+        return recorded
 
     def __post_init__(self) -> None:
+        if self.chat_config is not None and self.extra_keys:
+            raise ValueError("extra_keys and chat_config both order a chat prompt: list the keys in the chat "
+                             "config's message_construction instead")
         if self.views < 1:
             raise ValueError(f"views must be at least 1, not {self.views}")
         if not 1 <= self.min_frames <= self.max_frames:
@@ -257,7 +271,7 @@ def default_max_skip_rate(name: str) -> float:
 
 
 def get_source(name: str) -> ModuleType:
-    """The module implementing source ``name`` (one of :data:`SOURCE_NAMES`)."""
-    if name not in SOURCE_NAMES:
+    """The module implementing source ``name`` (one of :data:`SOURCE_NAMES`, or ``function``: :func:`mmidx.write`)."""
+    if name not in SOURCE_NAMES and name != FUNCTION_SOURCE:
         raise ValueError(f"unknown source {name!r}; choose one of {', '.join(SOURCE_NAMES)}")
     return importlib.import_module(f"mmidx.sources.{name}")

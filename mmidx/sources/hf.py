@@ -17,8 +17,10 @@ Input (``--input PATH``, local or a pyarrow URI):
   ``path``; a row without bytes reads ``path``, resolved against ``--image-root`` or the table's folder),
   plain bytes, or a file name; for conversation rows a list of them.
 * ``--caption-column`` (one or several, comma-separated; default the first of ``captions``, ``caption``,
-  ``text``, ``texts`` the table has): each cell a string, a list of strings or a struct of strings; the
-  captions of all the columns, in order, are the row's caption dict (BAGEL's ``{"0": ..., "1": ...}``).
+  ``text``, ``texts`` the table has): each cell a string, a list of strings, a struct of strings, or a string
+  holding BAGEL's t2i JSON object of strings (``{"0": "a cat", ...}``, parsed: its values are the captions,
+  never the JSON text); the captions of all the columns, in order, are the row's caption dict (BAGEL's
+  ``{"0": ..., "1": ...}``).
 * ``--keep-columns``: stored as each sample's extra JSON (``Sample.extra``), written back by
   ``mmidx export --to hf``; they must hold JSON values (strings, numbers, booleans, lists, structs).
 
@@ -216,10 +218,27 @@ def stored_image(cell: object, folder: str, context: SourceContext) -> StoredIma
     raise Skipped("malformed_record", f"image is {type(cell).__name__}, not an Image, bytes or a file name")
 
 
+def bagel_captions(cell: str) -> list[str] | None:
+    """The captions of a string cell holding BAGEL's t2i JSON object of strings (``{"0": "a cat", ...}``), in
+    the object's order; None for any other string (a caption as it is)."""
+    if not cell.lstrip().startswith("{"):
+        return None
+    try:
+        value = json.loads(cell)
+    except ValueError:
+        return None
+    if isinstance(value, dict) and value and all(isinstance(text, str) for text in value.values()):
+        return list(value.values())
+    return None
+
+
 def _captions(record: dict[str, Any], columns: Sequence[str]) -> list[str]:
     captions: list[str] = []
     for name in columns:
         cell = record[name]
+        if isinstance(cell, str) and (parsed := bagel_captions(cell)) is not None:  # never JSON text as a caption
+            captions += parsed
+            continue
         values = [cell] if isinstance(cell, str) else list(cell.values()) if isinstance(cell, dict) else cell
         if not isinstance(values, list) or not all(isinstance(text, str) for text in values):
             raise Skipped("bad_captions", f"{name} is not a string, a list of strings or a struct of strings: "

@@ -174,6 +174,7 @@ def _bench_packs(config: DataConfig, index: Any, packs: int, workers: Sequence[i
     return {"kind": "packs", "machine": machine("torch", "Pillow", "numpy"), "device": device, "decode": decode,
             "masks": masks, "pin_memory": device.startswith("cuda"), "non_blocking": device.startswith("cuda"),
             "num_packs": len(index), "max_num_tokens": config.packing.max_num_tokens,
+            "packing_policy": config.packing.policy, "fill_vs_max": index.stats["fill_vs_max"],
             "rows": rows, "stages": stages, "target_tokens_per_s": target_tokens_per_s,
             "cores_needed": math.ceil(target_tokens_per_s / one_core) if one_core else None,
             "torch_threads": torch.get_num_threads()}
@@ -259,7 +260,8 @@ def format_report(result: dict[str, Any]) -> str:
                   f"{row['tokens_per_s']:>12,.0f} {row['mb_per_s']:>8,.1f}" for row in result["rows"]]
         return "\n".join(lines)
     timed = result["rows"][0]["packs"] if result["rows"] else result["stages"]["packs"]
-    lines = [f"# mmidx bench — {timed} packs timed per row (max {result['max_num_tokens']:,} tokens each), "
+    lines = [f"# mmidx bench — {timed} packs timed per row (max {result['max_num_tokens']:,} tokens each, "
+             f"{result['packing_policy']} packs filled to {result['fill_vs_max']:.1%} of it on average), "
              f"images decoded in the {result['decode']}, masks {result['masks']}, device {result['device']}, "
              f"{result['torch_threads']} torch thread{'s' if result['torch_threads'] != 1 else ''}",
              f"# {result['machine']}",

@@ -52,6 +52,7 @@ from typing import Any
 
 from mmidx import format as fmt
 from mmidx.read.dataset import MMIDXDataset, Sample
+from mmidx.sources.t2i import CAPTION_KEYS
 from mmidx.toolkit.sample import EXTENSIONS, dataset_tokenizer
 
 LAYOUTS = {"t2i": ("parquet", "wds"), "wds": ("parquet", "wds"), "edit": ("parquet",), "vlm": ("jsonl",)}
@@ -117,6 +118,16 @@ def _captions(sample: Sample, texts: Texts, report: ExportReport) -> list[str]:
     return [texts(sample, j, report) for j in range(sample.num_texts)]
 
 
+def caption_object(sample: Sample, captions: list[str]) -> dict[str, str]:
+    """A t2i sample's captions as its row's JSON object: the keys and repeats the build recorded
+    (:func:`mmidx.sources.t2i.caption_keys`), else BAGEL's ``{"0": ..., "1": ...}``."""
+    keys = sample.extra.get(CAPTION_KEYS)
+    if isinstance(keys, list) and all(isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], int)
+                                      and 0 <= pair[1] < len(captions) for pair in keys):
+        return {str(key): captions[number] for key, number in keys}
+    return {str(k): caption for k, caption in enumerate(captions)}
+
+
 def _write_t2i_parquet(dataset: MMIDXDataset, out: Path, texts: Texts, report: ExportReport) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -126,7 +137,7 @@ def _write_t2i_parquet(dataset: MMIDXDataset, out: Path, texts: Texts, report: E
         for index in indices:
             sample = dataset[index]
             images.append(bytes(sample.image(0).data))
-            captions.append(json.dumps({str(k): c for k, c in enumerate(_captions(sample, texts, report))}))
+            captions.append(json.dumps(caption_object(sample, _captions(sample, texts, report))))
             report.samples += 1
             report.images += 1
         note_draws(dataset, indices, name.endswith(".parquet"), report)

@@ -32,10 +32,12 @@ import pyarrow as pa
 from mmidx import format as fmt
 from mmidx.errors import import_extra
 from mmidx.read.dataset import MMIDXDataset, Sample
+from mmidx.sources.t2i import CAPTION_KEYS
 from mmidx.toolkit.export import (
     ExportReport,
     Texts,
     by_source_file,
+    caption_object,
     listed_images,
     llava_conversation,
     note_draws,
@@ -112,17 +114,22 @@ def _row(sample: Sample, conversation: bool, texts: Texts, report: ExportReport)
         row: dict[str, Any] = {"conversations": llava_conversation(sample, texts, report),
                                "images": [_image(sample.image(j).data) for j in listed_images(sample)]}
     else:
-        row = {"image": _image(sample.image(0).data),
-               "captions": [texts(sample, j, report) for j in range(sample.num_texts)]}
+        captions = caption_object(sample, [texts(sample, j, report) for j in range(sample.num_texts)])
+        row = {"image": _image(sample.image(0).data), "captions": list(captions.values())}
     source, origin_row = sample.origin
-    return {**row, "origin_file": source, "origin_row": origin_row, **sample.extra}
+    return {**row, "origin_file": source, "origin_row": origin_row, **_extra(sample)}
+
+
+def _extra(sample: Sample) -> dict[str, Any]:
+    """The sample's extra JSON as columns, less what the export itself used (a t2i row's caption keys)."""
+    return {key: value for key, value in sample.extra.items() if key != CAPTION_KEYS}
 
 
 def _write(dataset: MMIDXDataset, out: Path, report: ExportReport) -> None:
     datasets = import_extra("datasets", "hf", "mmidx export --to hf")
     conversation = _conversation_rows(dataset)
     texts = Texts(dataset)
-    extra_keys = sorted({key for index in range(len(dataset)) for key in dataset[index].extra})
+    extra_keys = sorted({key for index in range(len(dataset)) for key in _extra(dataset[index])})
     reserved = {"conversations", "images", "image", "captions", "origin_file", "origin_row"} & set(extra_keys)
     if reserved:
         raise ValueError(f"{dataset.prefix}: the samples' extra JSON has keys {sorted(reserved)}, which --to hf "

@@ -9,6 +9,7 @@ tokens, images at the size BAGEL's transform for the dataset's source type gives
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -21,6 +22,7 @@ from mmidx.config import config_for
 from mmidx.images.transform import num_image_tokens
 from mmidx.read.dataset import MMIDXDataset
 
+LOSS_MARK, MASKED_MARK = "┃", "┆"  # before each line of a text with loss, and of one without
 EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif",
               "MPO": "jpg", "JPEG2000": "jp2"}
 
@@ -55,6 +57,8 @@ def describe_sample(prefix: str | os.PathLike | MMIDXDataset, index: int, *, vie
     images = []
     folder = Path(output_dir) if output_dir is not None else None
     if folder is not None:
+        for j, image in enumerate(sample.images):  # every image checked before any is written
+            _check_decodes(dataset, index, j, image.data)
         folder.mkdir(parents=True, exist_ok=True)
     for j, image in enumerate(sample.images):
         entry = {"image": j, "width": image.width, "height": image.height, "format": image.format,
@@ -106,6 +110,19 @@ def element_flags(element: dict[str, Any]) -> str:
     return ", ".join(names) or "-"
 
 
+def _check_decodes(dataset: MMIDXDataset, index: int, number: int, data: memoryview) -> None:
+    """Refuse to write out an image that does not decode: a file that looks like an image but is not one
+    would hide that the dataset is damaged."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(bytes(data))) as image:
+            image.load()
+    except Exception as error:  # whatever PIL raises for bytes that are not a whole image
+        raise ValueError(f"{dataset.prefix}: image {number} of sample {index} does not decode ({error}); nothing "
+                         f"written: the dataset may be damaged, run mmidx verify --decode {dataset.prefix}") from None
+
+
 def format_sample(info: dict[str, Any]) -> str:
     """The human-readable form of :func:`describe_sample`."""
     plural = "s" if info["views"] != 1 else ""
@@ -117,13 +134,16 @@ def format_sample(info: dict[str, Any]) -> str:
     lines.append(f"  tokens    {total} when packed (elements with their framing tokens)")
     if info["tokenizer_note"]:
         lines.append(f"  texts     shown as token ids: {info['tokenizer_note']}")
+    if any(element["type"] == "text" for element in info["elements"]):
+        lines.append(f"  loss      text after {LOSS_MARK} carries loss, after {MASKED_MARK} is context only (masked)")
     lines.append(f"  {'#':>3}  {'kind':<10} {'tokens':>7}  flags")
     for number, element in enumerate(info["elements"]):
         tokens = f"{element['tokens']:,}" if element["tokens"] is not None else "?"
         lines.append(f"  {number:>3}  {element['type']:<10} {tokens:>7}  {element_flags(element)}")
         if element["type"] == "text":
             text = element["decoded"] if element["decoded"] is not None else str(element["token_ids"])
-            lines += [f"{'':>8}│ {line}" for line in text.splitlines() or [""]]
+            mark = LOSS_MARK if element["loss"] else MASKED_MARK
+            lines += [f"{'':>8}{mark} {line}" for line in text.splitlines() or [""]]
         else:
             image = info["images"][element["image"]]
             lines.append(f"{'':>8}│ image {element['image']}: {image['width']}x{image['height']} {image['format']}")

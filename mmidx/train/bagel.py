@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from mmidx.config import DataConfig, DropoutConfig, ModelGeometry, PackingConfig
+from mmidx.index.history import MixtureHistory, resumed_history
 from mmidx.index.pack_index import build_pack_index
 from mmidx.pack.batch import PackedBatch
 from mmidx.pack.builder import SPECIAL_TOKEN_NAMES, PackBuilder
@@ -54,7 +55,8 @@ def trainer_loader(config_file: str | os.PathLike, dataset_config: Any = None, *
                    use_flex: bool = False, data_status: Mapping[str, Any] | None = None,
                    special_tokens: Mapping[str, int] | None = None, data_seed: int | None = None,
                    num_samples: int | None = None, cache_dir: str | os.PathLike | None = None,
-                   prefetch_factor: int | None = None, pin_memory: bool | None = None) -> TrainerLoader:
+                   prefetch_factor: int | None = None, pin_memory: bool | None = None,
+                   history: str | os.PathLike | None = None) -> TrainerLoader:
     """The loader that replaces BAGEL's ``PackedDataset`` + ``DataLoader`` in its trainer.
 
     ``config_file``: mmidx's ``data.yaml`` (``mmidx build --config`` writes it). ``dataset_config``:
@@ -62,6 +64,9 @@ def trainer_loader(config_file: str | os.PathLike, dataset_config: Any = None, *
     geometry replace the YAML's, as they do in BAGEL. The keywords are ``PackedDataset``'s, plus
     ``data_seed`` (BAGEL's ``set_epoch`` seed), ``num_samples`` (stream length; default about one
     epoch), ``cache_dir`` (where the pack index is cached). Each rank takes one pack per micro-step.
+    ``history``: the run's mixture history file (:mod:`mmidx.index.history`; e.g. beside the cache): a resume
+    whose data.yaml changed the weights or schedule continues with them from the packs consumed, recorded
+    there, and one that would change consumed packs is refused; ``mmidx index --history`` rebuilds its packs.
     """
     config = DataConfig.from_yaml(config_file)
     geometry = replace(config.geometry, interpolate_pos=interpolate_pos)
@@ -85,7 +90,12 @@ def trainer_loader(config_file: str | os.PathLike, dataset_config: Any = None, *
         if differ:
             raise ValueError(f"the trainer's special token ids differ from the datasets' (trainer, datasets): "
                              f"{differ}; build the datasets with the trainer's tokenizer")
-    index = build_pack_index(config, num_samples=num_samples, cache_dir=cache_dir)
+    mixture: DataConfig | MixtureHistory = config
+    if history is not None:
+        state = data_status or {}
+        consumed = int((state[LOADER_STATE_NAME][0] if LOADER_STATE_NAME in state else state).get("packs_consumed", 0))
+        mixture = resumed_history(history, config, consumed, write=local_rank == 0)
+    index = build_pack_index(mixture, num_samples=num_samples, cache_dir=cache_dir)
     loader = TrainerLoader(PackDataset(index, builder), global_batch_size=world_size, rank=local_rank,
                            world_size=world_size, num_workers=num_workers, prefetch_factor=prefetch_factor,
                            pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory)

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from mmidx.errors import MMIDXError
+from mmidx.index.cost import deal_by_cost
 from mmidx.index.pack_index import PackItem
 from mmidx.pack.batch import PackedBatch
 from mmidx.pack.builder import PackBuilder
@@ -65,10 +67,16 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
     world_size`` of them per global batch (its micro-batches, one pack each, as BAGEL trains).
     ``start`` counts micro-steps already taken by every rank (packs consumed // world_size).
     Incomplete trailing global batches are dropped.
+
+    Balanced steps: with ``pack_costs`` (one cost per pack, e.g. :func:`mmidx.index.cost.pack_costs`
+    of the index's packs), each global batch is dealt by cost instead (:func:`mmidx.index.cost.deal_by_cost`):
+    micro-step j of every rank runs packs of about the same cost, so no rank waits for a dearer one.
+    A global batch holds the same packs either way, and the deal depends only on the batch and the
+    world size, so a resume at an optimizer step is exact at any world size.
     """
 
     def __init__(self, num_packs: int, *, global_batch_size: int, rank: int = 0, world_size: int = 1,
-                 start: int = 0):
+                 start: int = 0, pack_costs: np.ndarray | None = None):
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
         if global_batch_size % world_size:
@@ -79,6 +87,18 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
         self.rank = rank
         self.world_size = world_size
         self.start = start
+        self.pack_costs = None if pack_costs is None else np.asarray(pack_costs, dtype=np.float64)
+        if self.pack_costs is not None and len(self.pack_costs) < num_packs:
+            raise ValueError(f"pack_costs holds {len(self.pack_costs)} costs for {num_packs} packs")
+        self._dealt: tuple[int, np.ndarray] | None = None  # (global batch, its packs in dealt order)
+
+    def _deal(self, global_batch: int) -> np.ndarray:
+        """Global batch ``global_batch``'s packs in (micro-step, rank) order."""
+        if self._dealt is None or self._dealt[0] != global_batch:
+            first = global_batch * self.global_batch_size
+            order = deal_by_cost(self.pack_costs[first:first + self.global_batch_size], self.world_size)
+            self._dealt = (global_batch, first + order)
+        return self._dealt[1]
 
     @property
     def per_rank(self) -> int:
@@ -90,11 +110,17 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
     def pack_of_step(self, step: int) -> int:
         """The pack this rank trains on at micro-step ``step``."""
         global_batch, position = divmod(step, self.per_rank)
+        if self.pack_costs is not None:
+            return int(self._deal(global_batch)[position * self.world_size + self.rank])
         return global_batch * self.global_batch_size + self.rank * self.per_rank + position
 
     def step_of_pack(self, pack: int) -> int | None:
         """The micro-step at which this rank trains on ``pack`` (None: another rank's pack)."""
         global_batch, offset = divmod(pack, self.global_batch_size)
+        if self.pack_costs is not None:
+            slot = int(np.flatnonzero(self._deal(global_batch) == pack)[0])
+            position, rank = divmod(slot, self.world_size)
+            return global_batch * self.per_rank + position if rank == self.rank else None
         position = offset - self.rank * self.per_rank
         return global_batch * self.per_rank + position if 0 <= position < self.per_rank else None
 
@@ -139,12 +165,14 @@ class PackLoader:
     this or another world size (:func:`steps_of_state`). It is a ``torch.distributed.checkpoint``
     ``Stateful``: ``dcp.save({"data": loader})`` stores one global integer, the same on every rank.
     ``device``: when given, batches are moved there (``non_blocking`` from pinned memory).
+    ``pack_costs``: one cost per pack to balance steps by (see :class:`GlobalBatchSampler`); None: contiguous shares.
     """
 
     def __init__(self, dataset: PackDataset, *, global_batch_size: int, rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, pin_memory: bool = False, prefetch_factor: int | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, pack_costs: np.ndarray | None = None):
         self.dataset = dataset
+        self.pack_costs = pack_costs
         self.global_batch_size = global_batch_size
         self.rank = rank
         self.world_size = world_size
@@ -165,7 +193,7 @@ class PackLoader:
 
     def sampler(self) -> GlobalBatchSampler:
         return GlobalBatchSampler(len(self.dataset), global_batch_size=self.global_batch_size, rank=self.rank,
-                                  world_size=self.world_size, start=self.steps_consumed)
+                                  world_size=self.world_size, start=self.steps_consumed, pack_costs=self.pack_costs)
 
     def __len__(self) -> int:
         return len(self.sampler())

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
+import numpy as np
 import torch
 
 from mmidx.train.loader import GlobalBatchSampler, LoaderStateError, steps_of_state
@@ -36,11 +37,14 @@ class PackSampler(torch.utils.data.Sampler[int]):
     ``torch.distributed.checkpoint.stateful.Stateful``. With workers the loader draws ahead: save the
     loader's state (torchdata's snapshots account for that), not the sampler's. Datasets in object
     storage are fetched as each pack is built, without :class:`~mmidx.train.loader.PackLoader`'s look-ahead.
+    ``pack_costs`` (one per pack, :func:`mmidx.index.pack_index.pack_index_costs`) turns on balanced steps:
+    each global batch is dealt to (rank, micro-step) by cost, the same packs per global batch.
     """
 
-    def __init__(self, dataset: Sized, *, global_batch_size: int = 1, rank: int = 0, world_size: int = 1):
+    def __init__(self, dataset: Sized, *, global_batch_size: int = 1, rank: int = 0, world_size: int = 1,
+                 pack_costs: np.ndarray | None = None):
         self.schedule = GlobalBatchSampler(len(dataset), global_batch_size=global_batch_size, rank=rank,
-                                           world_size=world_size)
+                                           world_size=world_size, pack_costs=pack_costs)
         self.steps = 0  # micro-steps drawn by this rank
 
     def __len__(self) -> int:

@@ -42,6 +42,7 @@ except ImportError as error:  # the optional web stack
 from mmidx import format as fmt
 from mmidx.format import FormatError
 from mmidx.images.decode import ImageError
+from mmidx.index.mixture import mixture_report
 from mmidx.read.encoding_streams import describe, encoding_names
 from mmidx.toolkit.sample import describe_sample
 from mmidx.toolkit.view import pages
@@ -226,8 +227,10 @@ class Viewer:
         offsets = packs.index.arrays["pack_offsets"]
         rows = [(k, int(offsets[k + 1]) - int(offsets[k]), int(packs.tokens[k]))
                 for k in range(number * PACKS_PER_PAGE, min(total, (number + 1) * PACKS_PER_PAGE))]
+        mixture = self.catalog.cached("mixture", lambda: pages.mixture_section(mixture_report(packs.index))) \
+            if number == 0 else ""
         return HTMLResponse(pages.packs_page(packs.index.stats, rows, maximum, number, count, fill,
-                                             self.catalog.packs_note))
+                                             self.catalog.packs_note, mixture))
 
     def pack(self, request: Request) -> Response:
         packs = self._packs()

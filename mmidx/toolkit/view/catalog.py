@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -79,7 +79,8 @@ class Catalog:
     group), opened; with exactly one data YAML, its packs too (the pack index is built in memory, in
     the same way ``mmidx index`` builds it, and nothing is written)."""
 
-    def __init__(self, paths: Sequence[str]):
+    def __init__(self, paths: Sequence[str], geometry: Mapping[str, Any] | None = None):
+        """``geometry``: fields of the data YAML's model geometry to replace (``mmidx view --max-latent-size``)."""
         if not paths:
             raise ValueError("give at least one dataset prefix or data YAML to view")
         self.paths = [os.fspath(path) for path in paths]
@@ -87,6 +88,8 @@ class Catalog:
         self.pack_names: dict[tuple[int, int], str] = {}  # (group, dataset) of the packs' config -> name
         yamls = [path for path in self.paths if path.endswith((".yaml", ".yml"))]
         self.config: DataConfig | None = DataConfig.from_yaml(yamls[0]) if len(yamls) == 1 else None
+        if self.config is not None and geometry:
+            self.config = replace(self.config, geometry=replace(self.config.geometry, **geometry))
         for path in self.paths:
             if path.endswith((".yaml", ".yml")):
                 config = self.config if self.config is not None else DataConfig.from_yaml(path)

@@ -204,16 +204,56 @@ def sample_page(entry: Any, views: list[dict[str, Any]], images: list[tuple[str,
     return page(f"{entry.name}: sample {index:,} of {total:,}", "".join(body))
 
 
+def mixture_section(report: dict[str, Any]) -> str:
+    """The mixture report (``mmidx.index.mixture``) drawn: each group's share of the packed samples over
+    the packs (one line per group, dashed lines where a phase starts), then per phase and group the samples,
+    share and weight, and the packs where each group's epochs ended."""
+    width, height, left, bottom = 720, 200, 34, 18
+    over = report["share_over_packs"]
+    packs = max(report["packs"], 1)
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+    x = lambda pack: left + (width - left) * pack / packs  # noqa: E731
+    y = lambda share: (height - bottom) * (1 - share)  # noqa: E731
+    lines, legend = [], []
+    for number, (name, shares) in enumerate(over["share"].items()):
+        colour = palette[number % len(palette)]
+        points = " ".join(f"{x(p):.1f},{y(v):.1f}" for p, v in zip(over["pack"], shares, strict=True))
+        lines.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{points}">'
+                     f"<title>{esc(name)}</title></polyline>")
+        legend.append(f'<span style="color:{colour}">■ {esc(name)}</span>')
+    for phase in report["phases"][1:]:
+        at = x(phase["packs"][0])
+        lines.append(f'<line x1="{at:.1f}" x2="{at:.1f}" y1="0" y2="{height - bottom}" stroke="#555" '
+                     f'stroke-dasharray="4 3"><title>phase {phase["phase"]} from pack {phase["packs"][0]:,}</title>'
+                     "</line>")
+    axis = (f'<text x="0" y="10">100%</text><text x="0" y="{height - bottom}">0%</text>'
+            f'<text x="{left}" y="{height - 3}">pack 0</text>'
+            f'<text x="{width}" y="{height - 3}" text-anchor="end">pack {report["packs"]:,}</text>')
+    chart = (f'<div class="chart"><div class="title">share of packed samples per group over the packs</div>'
+             f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">{axis}'
+             f'{"".join(lines)}</svg><div>{" ".join(legend)}</div></div>')
+    rows = [[f"{phase['phase']}", f"{phase['packs'][0]:,}–{phase['packs'][1]:,}", esc(name), f"{group['samples']:,}",
+             f"{group['share']:.2%}", f"{group['weight']:.2%}"]
+            for phase in report["phases"] for name, group in phase["groups"].items()]
+    epochs = [[esc(name), f"{e['taken']:,} of {e['samples']:,}", f"{e['completed']}",
+               esc(", ".join(f"{pack:,}" for pack in e["ended_at_pack"]) or "–")]
+              for name, e in report["epochs"].items()]
+    return ("<h2>Mixture</h2>" + chart + table(["phase", "packs", "group", "samples", "share", "weight"], rows,
+                                                {3, 4, 5})
+            + table(["group", "samples taken", "epochs", "ended at pack"], epochs, {2}))
+
+
 def packs_page(stats: dict[str, Any], rows: list[tuple[int, int, int]], max_num_tokens: int, number: int,
-               pages: int, fill: Histogram, note: str) -> str:
-    """A page of the pack list: ``rows`` are (pack, samples, planned tokens)."""
+               pages: int, fill: Histogram, note: str, mixture: str = "") -> str:
+    """A page of the pack list: ``rows`` are (pack, samples, planned tokens); ``mixture``: the drawn
+    mixture report (``mixture_section``), on the first page."""
     facts = [[esc(key), esc(f"{value:,}" if isinstance(value, int) else value)] for key, value in stats.items()
              if isinstance(value, (int, float, str))]
     listed = [[f'<a href="/pack/{pack}">pack {pack:,}</a>', f"{samples:,}", f"{tokens:,}",
                f"{tokens / max_num_tokens:.1%}"] for pack, samples, tokens in rows]
     body = (f'<p class="note">{esc(note)}; fill is the planned tokens (the samples\' view sizes as the index '
             f"counted them, before CFG dropout) over max_num_tokens = {max_num_tokens:,}.</p>"
-            f'<div class="charts">{bar_chart(fill)}</div>{table(["statistic", "value"], facts)}'
+            f'<div class="charts">{bar_chart(fill)}</div>{table(["statistic", "value"], facts)}' + mixture
             + _pager(number, pages, lambda page: f"/packs?page={page}")
             + table(["pack", "samples", "planned tokens", "fill"], listed, {1, 2, 3}))
     return page("Packs", body)

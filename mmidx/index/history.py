@@ -1,0 +1,144 @@
+"""The mixture history of a run: which data config was in force from which pack — ``MixtureHistory``.
+
+A resumed run whose data.yaml was edited (new weights, a new schedule) is the old config up to the pack it
+resumed at and the new one after it: a new phase at the checkpoint. The history records every config with
+the pack where it took over (fully resolved, so editing the YAML again cannot change a recorded one), and
+the pack index of a history is the one schedule that strings them together
+(:func:`MixtureHistory.phases`). Packs already consumed can never change: an edit of anything but the
+groups' weights and the schedule — datasets of a group, transforms, packing budgets, geometry, seed — is
+refused with one line saying what to do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from mmidx.config import DataConfig
+from mmidx.errors import MMIDXError
+from mmidx.index.schedule import Phase
+
+HISTORY_FILE = "mixture_history.json"
+
+
+class HistoryError(MMIDXError, ValueError):
+    """An edit that would change packs already consumed, or a history that cannot be read."""
+
+
+@dataclass(frozen=True)
+class MixtureHistory:
+    """The configs of one run, each with the pack from which it is in force (the first from pack 0)."""
+
+    takeovers: tuple[tuple[int, DataConfig], ...]
+
+    def __post_init__(self) -> None:
+        packs = [k for k, _ in self.takeovers]
+        if not packs or packs[0] != 0 or any(b <= a for a, b in itertools.pairwise(packs)):
+            raise HistoryError(f"a mixture history starts at pack 0 and its takeovers grow, got packs {packs}")
+
+    @classmethod
+    def of(cls, config: DataConfig) -> MixtureHistory:
+        """A run that has used ``config`` from its start."""
+        return cls(((0, config),))
+
+    @property
+    def config(self) -> DataConfig:
+        """The config in force now (the last one)."""
+        return self.takeovers[-1][1]
+
+    def take_over(self, config: DataConfig, at_pack: int) -> MixtureHistory:
+        """This history resumed at pack ``at_pack`` (packs consumed) with ``config``: unchanged when it is the
+        config in force there; takeovers recorded at or after ``at_pack`` (a run rolled back to an earlier
+        checkpoint) are dropped. Raises ``HistoryError`` for an edit that changes consumed packs."""
+        if at_pack < 0:
+            raise HistoryError(f"packs consumed must be >= 0, got {at_pack}")
+        if at_pack == 0:  # nothing consumed: the run starts afresh with ``config``
+            return MixtureHistory.of(config)
+        kept = tuple((k, c) for k, c in self.takeovers if k < at_pack)
+        in_force = kept[-1][1]
+        if in_force == config:
+            return MixtureHistory(kept)
+        check_edit(in_force, config, at_pack)
+        return MixtureHistory((*kept, (at_pack, config)))
+
+    def phases(self) -> list[Phase]:
+        """The one schedule of the run: each config's phases, the last open one of each but the last config
+        ending at the pack where the next took over (phases already passed there are skipped as the
+        stream reaches them)."""
+        phases = []
+        for number, (_, config) in enumerate(self.takeovers):
+            end = self.takeovers[number + 1][0] if number + 1 < len(self.takeovers) else None
+            for weights, packs, tokens in config.phase_weights():
+                if end is not None:
+                    packs = end if packs is None else min(packs, end)
+                phases.append(Phase(tuple(weights), packs, tokens))
+        return phases
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Plain data for the cache key: each takeover's pack and config description."""
+        return [{"from_pack": k, "config": c.describe()} for k, c in self.takeovers]
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the history as JSON (atomically: a temporary file renamed over it)."""
+        path = Path(path)
+        text = json.dumps({"takeovers": [{"from_pack": k, "config": c.to_dict()} for k, c in self.takeovers]},
+                          indent=1)
+        temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        temporary.write_text(text)
+        temporary.rename(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> MixtureHistory:
+        """Read a history written by ``save``."""
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls(tuple((int(t["from_pack"]), DataConfig.from_dict(t["config"])) for t in data["takeovers"]))
+        except (OSError, KeyError, TypeError, ValueError) as error:
+            raise HistoryError(f"{path}: not a mixture history ({error}); it is written by the loader "
+                               "(trainer_loader(history=...)) or MixtureHistory.save") from None
+
+
+def _mixture_free(config: DataConfig) -> DataConfig:
+    """``config`` without what a resume may change: the weights, the schedule, dropout, duplicate policy."""
+    groups = tuple(replace(g, weight=1.0) for g in config.groups)
+    return replace(config, groups=groups, schedule=(), dropout=type(config.dropout)(), allow_duplicates=False)
+
+
+def check_edit(old: DataConfig, new: DataConfig, at_pack: int) -> None:
+    """Refuse (``HistoryError``, one line) a ``new`` config that would change packs consumed under ``old``."""
+    before, after = _mixture_free(old), _mixture_free(new)
+    if before == after:
+        return
+    consumed = f"the {at_pack:,} packs already consumed"
+    if [g.name for g in old.groups] != [g.name for g in new.groups]:
+        what = f"the groups ({[g.name for g in old.groups]} → {[g.name for g in new.groups]})"
+        fix = "keep every group, in order (give a group weight 0 in a schedule phase to drop it)"
+    else:
+        changed = [f"group {a.name!r}" for a, b in zip(before.groups, after.groups, strict=True) if a != b]
+        changed += [key for key in ("packing", "geometry", "seed") if getattr(before, key) != getattr(after, key)]
+        what = ", ".join(changed)
+        fix = "change only weights and the schedule at a resume, or start a new run with a fresh cache"
+    raise HistoryError(f"the edited config changes {what}, which made {consumed}; {fix}")
+
+
+def resumed_history(path: str | os.PathLike, config: DataConfig, packs_consumed: int, *,
+                    write: bool = True) -> MixtureHistory:
+    """The history at ``path`` resumed at ``packs_consumed`` with ``config`` (a new phase there if it
+    changed the mixture), written back when ``write`` (one rank writes; every rank computes the same).
+    A run starts its history at pack 0; a resume without one is refused, as its first config is unknown."""
+    path = Path(path)
+    if path.exists():
+        history = MixtureHistory.load(path)
+    elif packs_consumed == 0:
+        history = MixtureHistory.of(config)
+    else:
+        raise HistoryError(f"no mixture history at {path} for a run resumed at pack {packs_consumed:,}: pass the "
+                           "history the run started with, or save MixtureHistory.of(<the config it ran>) there")
+    history = history.take_over(config, packs_consumed)
+    if write:
+        history.save(path)
+    return history

@@ -1,0 +1,149 @@
+"""Mixture schedules: phases carry every group's place in its epoch, phase ends are chunk-size independent,
+a mid-run edit leaves the consumed packs alone, and each phase delivers its weights."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mmidx.index.pack_stream import PackStream
+from mmidx.index.schedule import Phase, PhasedBlend
+from mmidx.index.stream import ViewTable
+
+BUDGETS = {"max_num_tokens": 60, "expected_num_tokens": 50, "max_num_tokens_per_sample": 60,
+           "prefer_buffer_before": 30, "max_buffer_size": 4}
+
+
+def run(table, phases, num_samples, seed=0, chunk_size=1 << 20):
+    """(pack_offsets, samples, stream) of a scheduled PackStream, packs gathered from every chunk."""
+    stream = PackStream(table, [1.0] * table.num_groups, num_samples, seed, mandatory=[False] * table.num_groups,
+                        chunk_size=chunk_size, phases=phases, **BUDGETS)
+    chunks = list(stream)
+    sizes = np.cumsum([0] + [len(c.samples) for c in chunks[:-1]])
+    offsets = np.concatenate([[0]] + [c.pack_ends + base for c, base in zip(chunks, sizes, strict=True)])
+    return offsets.astype(np.int64), np.concatenate([c.samples for c in chunks]), stream
+
+
+@st.composite
+def tables(draw):
+    num_groups = draw(st.integers(2, 4))
+    offsets, tokens = [], []
+    for _ in range(num_groups):
+        n = draw(st.integers(1, 25))
+        offsets.append(np.arange(n + 1))
+        tokens.append(np.array(draw(st.lists(st.integers(1, 45), min_size=n, max_size=n))))
+    return ViewTable.of(offsets, tokens)
+
+
+@st.composite
+def schedules(draw, num_groups):
+    count = draw(st.integers(1, 4))
+    packs = sorted(draw(st.lists(st.integers(1, 60), min_size=count - 1, max_size=count - 1, unique=True)))
+    phases = []
+    for number in range(count):
+        weights = draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0]), min_size=num_groups, max_size=num_groups))
+        if not any(weights):
+            weights[draw(st.integers(0, num_groups - 1))] = 1.0
+        last = number == count - 1
+        by_tokens = not last and draw(st.booleans())
+        phases.append(Phase(tuple(weights), None if last or by_tokens else packs[number],
+                            packs[number] * 40 if by_tokens and not last else None))
+    return phases
+
+
+def per_sample_counts(table, samples, group):
+    start, end = table.group_base[group], table.group_base[group + 1]
+    chosen = samples[(samples >= start) & (samples < end)] - start
+    return np.bincount(chosen, minlength=end - start)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_each_group_walks_its_epochs_once_whatever_the_schedule_and_chunk_size(data):
+    table = data.draw(tables())
+    phases = data.draw(schedules(table.num_groups))
+    num_samples = data.draw(st.integers(0, 400))
+    offsets, samples, stream = run(table, phases, num_samples, seed=3)
+    for chunk_size in (1, 7):  # the phase ends, and so every pack, do not depend on the chunk size
+        other = run(table, phases, num_samples, seed=3, chunk_size=chunk_size)
+        np.testing.assert_array_equal(other[0], offsets)
+        np.testing.assert_array_equal(other[1], samples)
+    assert sum(stream.group_counts) == num_samples == len(samples)  # nothing excluded with these budgets
+    for group, taken in enumerate(stream.group_counts):  # within an epoch, no sample twice or missed
+        n = int(table.group_base[group + 1] - table.group_base[group])
+        counts = per_sample_counts(table, samples, group)
+        assert set(np.unique(counts)) <= {taken // n, taken // n + 1}
+        assert int((counts == taken // n + 1).sum()) == taken % n
+    for log in stream.phase_log:  # a group of weight 0 takes nothing in that phase
+        weights = phases[log["phase"]].weights
+        assert all(items == 0 for items, w in zip(log["items"], weights, strict=True) if w == 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.0, 1.0, 2.0]), min_size=3, max_size=3).filter(any), min_size=1,
+                max_size=4), st.lists(st.integers(1, 300), min_size=4, max_size=4))
+def test_a_group_continues_its_count_over_phase_boundaries(weights, lengths):
+    blend = PhasedBlend([Phase(tuple(w), until_packs=1) for w in weights[:-1]] + [Phase(tuple(weights[-1]))], 3)
+    taken = np.zeros(3, np.int64)
+    for number in range(len(weights)):
+        groups, ranks = blend.take(lengths[number])
+        for group, rank in zip(groups, ranks, strict=True):  # the j-th item of a group has rank j
+            assert rank == taken[group]
+            taken[group] += 1
+        assert np.all(np.asarray(weights[number])[groups] > 0)
+        if number + 1 < len(weights):
+            blend.next_phase()
+    np.testing.assert_array_equal(blend.counts(), taken)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_a_change_at_pack_k_leaves_packs_before_k_alone(data):
+    table = data.draw(tables())
+    before = data.draw(schedules(table.num_groups))
+    after = data.draw(schedules(table.num_groups))
+    k = data.draw(st.integers(1, 40))
+    num_samples = 300
+    plain = run(table, before, num_samples)
+    changed = [Phase(p.weights, k if p.until_packs is None else min(p.until_packs, k), p.until_tokens)
+               for p in before] + after
+    edited = run(table, changed, num_samples)
+    k = min(k, len(plain[0]) - 1, len(edited[0]) - 1)
+    np.testing.assert_array_equal(edited[0][:k + 1], plain[0][:k + 1])
+    np.testing.assert_array_equal(edited[1][:plain[0][k]], plain[1][:plain[0][k]])
+
+
+def test_each_phase_of_a_thousand_packs_or_more_delivers_its_weights_within_one_point():
+    rng = np.random.default_rng(0)
+    sizes = [400, 900, 250]
+    table = ViewTable.of([np.arange(n + 1) for n in sizes], [rng.integers(1, 46, n) for n in sizes])
+    phases = [Phase((1.0, 1.0, 0.0), until_packs=1000), Phase((1.0, 3.0, 1.0), until_tokens=2_500 * 50),
+              Phase((0.0, 1.0, 4.0))]
+    offsets, samples, stream = run(table, phases, 9_000, chunk_size=1000)
+    group_of = np.searchsorted(table.group_base, samples, side="right") - 1
+    starts = [log["start_pack"] for log in stream.phase_log] + [len(offsets) - 1]
+    assert [log["phase"] for log in stream.phase_log] == [0, 1, 2]
+    for number, phase in enumerate(phases):
+        first, last = starts[number], starts[number + 1]
+        assert last - first >= 1000
+        packed = np.bincount(group_of[offsets[first]:offsets[last]], minlength=3)
+        share, weights = packed / packed.sum(), np.asarray(phase.weights) / sum(phase.weights)
+        assert np.abs(share - weights).max() < 0.01, (number, share, weights)
+    assert stream.phase_log[1]["start_pack"] == 1000
+    assert stream.stats["num_packs"] == len(offsets) - 1
+
+
+def test_a_single_open_phase_is_the_plain_blend_pack_for_pack():
+    rng = np.random.default_rng(1)
+    table = ViewTable.of([np.arange(n + 1) for n in (30, 70)], [rng.integers(1, 46, n) for n in (30, 70)])
+    plain = PackStream(table, [1.0, 2.5], 500, 4, mandatory=[False, False], chunk_size=64, **BUDGETS)
+    chunks = list(plain)
+    ours = run(table, [Phase((1.0, 2.5))], 500, seed=4, chunk_size=64)
+    np.testing.assert_array_equal(np.concatenate([c.samples for c in chunks]), ours[1])
+
+
+def test_mandatory_groups_with_several_phases_are_refused_in_one_line():
+    table = ViewTable.of([np.arange(3), np.arange(3)], [np.ones(2, int), np.ones(2, int)])
+    with pytest.raises(ValueError, match="is_mandatory groups cannot be combined with a schedule"):
+        PackStream(table, [1.0, 1.0], 10, 0, mandatory=[True, False], **BUDGETS,
+                   phases=[Phase((1.0, 1.0), until_packs=2), Phase((1.0, 0.0))])
