@@ -126,8 +126,8 @@ def vae_encoder() -> torch.nn.Module:
 
 
 def small_vae_encoder() -> torch.nn.Module:
-    """The same shape at an eighth of the width, for ``--quick`` rehearsals on a CPU."""
-    return _VAEEncoder((16, 32, 64, 64))
+    """The same shape at a sixteenth of the width, for ``--quick`` rehearsals on a CPU."""
+    return _VAEEncoder((8, 16, 32, 32))
 
 
 class _Resnet(torch.nn.Module):
@@ -319,18 +319,20 @@ QUICK_PACKING = {"expected_num_tokens": 2048, "max_num_tokens": 3072, "max_num_t
 
 def corpus(suite: Suite) -> tuple[Path, Path]:
     """The generated BAGEL-style corpus (photo-like JPEGs; ``bagel_peer.prepare``) and the data YAML of its
-    mmidx datasets: BAGEL's budgets and image sizes, or in a quick run small packs of images of 112-256 px."""
+    mmidx datasets: BAGEL's budgets and image sizes, or in a quick run small packs of images of 8 to 16 strides
+    a side (112-224 px for the ViT, 128-256 px for the VAE)."""
     import yaml
     from bagel_peer import BUDGETS, DROPOUT, prepare
 
     raw, datasets = prepare(suite.workdir / "corpus", image_size=256 if suite.quick else 512)
     spec = yaml.safe_load((datasets / "data.yaml").read_text())
     spec.update(packing=QUICK_PACKING if suite.quick else BUDGETS, dropout=DROPOUT)
-    if suite.quick:
+    if suite.quick:  # each transform keeps its stride (BAGEL's: 16-px VAE, 14-px ViT: vlm_sft's only transform)
         for group in spec["groups"].values():
-            for key, small in (("image_transform_args", (256, 128, 16)), ("vit_image_transform_args", (224, 112, 14))):
+            for key in ("image_transform_args", "vit_image_transform_args"):
                 if key in group:
-                    group[key].update(max_image_size=small[0], min_image_size=small[1], image_stride=small[2])
+                    stride = group[key]["image_stride"]
+                    group[key].update(max_image_size=16 * stride, min_image_size=8 * stride)
     path = datasets / ("quick.yaml" if suite.quick else "suite.yaml")
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return raw, path
@@ -429,6 +431,14 @@ def item_latents(suite: Suite, item: Item) -> None:
                   ["max |device - CPU| / (1 + |CPU|)", f"{worst_rel:.2e}"]]
 
     _, data_yaml = corpus(suite)
+    if suite.quick:  # a rehearsal: the t2i images only (64), at 64-128 px
+        import yaml
+
+        spec = yaml.safe_load(data_yaml.read_text())
+        group = spec["groups"]["t2i_pretrain"]
+        group["image_transform_args"].update(max_image_size=128, min_image_size=64)
+        data_yaml = data_yaml.with_name("quick_precache.yaml")
+        data_yaml.write_text(yaml.safe_dump({**spec, "groups": {"t2i_pretrain": group}}, sort_keys=False))
     factory = "gpu_suite:small_vae_encoder" if suite.quick else "gpu_suite:vae_encoder"
     name = f"gpusuite_vae_{int(time.time())}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), str(REPO), os.environ.get("PYTHONPATH", "")])}
