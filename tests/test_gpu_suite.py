@@ -1,7 +1,7 @@
 """The GPU suite (benchmarks/gpu_suite.py) runs end to end on the CPU, so it cannot rot before a GPU runs it.
 
-Its ``--quick`` CPU run exercises every item (masks, device decode, latents, feeding; the cost model item
-reports why it is skipped) and every CPU-side equality it checks; the CUDA side is tests/test_gpu_cuda.py's.
+Its ``--quick`` CPU run exercises every item (masks, device decode, latents, feeding, the cost model's layer
+timing) and every CPU-side equality it checks; the CUDA side is tests/test_gpu_cuda.py's.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ def test_the_quick_cpu_run_passes_every_item_and_writes_both_reports(tmp_path):
     report = json.loads((out / "report.json").read_text())
     items = {item["name"]: item for item in report["items"]}
     assert list(items) == ["masks", "decode", "latents", "feed", "cost_model"]
-    for name in ("masks", "decode", "latents", "feed"):
+    for name in ("masks", "decode", "latents", "feed", "cost_model"):
         assert items[name]["status"] == "ok", items[name]
         assert items[name]["checks"] and all(check["passed"] for check in items[name]["checks"]), items[name]
         assert items[name]["rows"]
     assert [row[0] for row in items["masks"]["rows"]] == list(ALL_KINDS)
-    assert items["cost_model"]["status"] == "skipped" and "issue 37" in items["cost_model"]["notes"][0]
+    assert [row[0] for row in items["cost_model"]["rows"]][:-1] == [*ALL_KINDS, "all"]
+    assert "correlation" in items["cost_model"]["rows"][-1][0]
     text = (out / "report.md").read_text()
     assert "## masks — ok" in text and "| pack | samples |" in text and "FAIL" not in text
 
