@@ -584,6 +584,27 @@ class DecoderLayer(torch.nn.Module):
         return x + self.down(torch.nn.functional.silu(gate) * up)
 
 
+def _layer_agreement(suite: Suite, item: Item, layer: DecoderLayer, layout: tuple,
+                     flex_attend: Callable[[tuple], Callable[..., torch.Tensor]],
+                     dense_attend: Callable[[tuple], Callable[..., torch.Tensor]], gradient: torch.Tensor) -> None:
+    """The timed layer computes the pack's attention: its output (and on CUDA its input gradient) with
+    FlexAttention and the BlockMask equals the same with SDPA and the dense mask, within bf16 tolerance. On a
+    CPU (no FlexAttention backward) the outputs only."""
+    results = []
+    for attend in (flex_attend(layout), dense_attend(layout)):
+        x = gradient.detach().clone().requires_grad_(suite.cuda)
+        with torch.set_grad_enabled(suite.cuda):
+            out = layer(x, attend)
+            if suite.cuda:
+                out.backward(gradient)
+        results.append((out.detach(), x.grad))
+    (flex_out, flex_grad), (sdpa_out, sdpa_grad) = results
+    errors = [_relative(flex_out, sdpa_out)] + ([_relative(flex_grad, sdpa_grad)] if suite.cuda else [])
+    item.check("the layer with FlexAttention (BlockMask) = with SDPA (dense mask): output"
+               + (" and input gradient" if suite.cuda else ""), max(errors) < 2e-2,
+               f"relative difference {', '.join(f'{e:.1e}' for e in errors)}; a {sum(layout[2])}-token mix pack")
+
+
 def item_cost_model(suite: Suite, item: Item) -> None:
     """Forward+backward time of one transformer layer (Qwen2-7B's; a small one in a quick run) with FlexAttention
     on ``COST_PACKS`` packs of each kind, against ``mmidx.index.cost.pack_costs`` of the pack's samples (one
@@ -606,22 +627,24 @@ def item_cost_model(suite: Suite, item: Item) -> None:
                  for n in lengths}
     finite = True
 
+    def flex_attend(layout: tuple) -> Callable[..., torch.Tensor]:
+        blocks = block_mask(*layout, device=suite.device)
+        return lambda q, k, v: attention(q, k, v, block_mask=blocks, enable_gqa=True)
+
+    def dense_attend(layout: tuple) -> Callable[..., torch.Tensor]:
+        n = sum(layout[2])
+        full = torch.full((n, n), float("-inf"), dtype=dtype, device=suite.device)
+        start = 0
+        for mask in dense_masks(*layout, device=suite.device):
+            full[start:start + len(mask), start:start + len(mask)] = mask
+            start += len(mask)
+        return lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full,
+                                                                                enable_gqa=True)
+
     def step(layout: tuple) -> Callable[[], None]:
         n = sum(layout[2])
-        if suite.cuda:
-            blocks = block_mask(*layout, device=suite.device)
-
-            def attend(q, k, v):
-                return attention(q, k, v, block_mask=blocks, enable_gqa=True)
-        else:  # FlexAttention has no backward on the CPU: SDPA with the pack's dense mask rehearses the rest
-            full = torch.full((n, n), float("-inf"), dtype=dtype)
-            start = 0
-            for mask in dense_masks(*layout, device="cpu"):
-                full[start:start + len(mask), start:start + len(mask)] = mask
-                start += len(mask)
-
-            def attend(q, k, v):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full, enable_gqa=True)
+        # FlexAttention has no backward on a CPU: there SDPA with the pack's dense mask rehearses the rest
+        attend = flex_attend(layout) if suite.cuda else dense_attend(layout)
         x = gradients[n].detach().clone().requires_grad_(True)
 
         def forward_backward() -> None:
@@ -635,6 +658,9 @@ def item_cost_model(suite: Suite, item: Item) -> None:
     for n in lengths:  # compile (on CUDA) each pack length before anything is timed
         step(_fitting_pack("mix", n, 0))()
     suite.sync()
+    agreement = _fitting_pack("mix", lengths[0] if suite.cuda else 2048, 0)  # eager flex on a CPU is slow
+    _layer_agreement(suite, item, layer, agreement, flex_attend, dense_attend,
+                     gradients[lengths[0]][:, :sum(agreement[2])])
     kinds, tokens, predicted, measured = [], [], [], []
     began = time.perf_counter()
     for k in range(count):  # kinds interleaved, so a budget cut leaves every kind measured alike

@@ -17,10 +17,11 @@
 #   for f in __init__.py data_utils.py; do git --git-dir=$B show HEAD:data/$f > .bagel/data/$f; done
 #   git --git-dir=$B rev-parse HEAD > .bagel/COMMIT
 #
-# Then the one call (the suite is planned at ~5 minutes on an H100 with the install; 420 s leaves a rerun of
+# Then the one call, from a checkout of main after the gpusuite branch is merged (the suite's H100 budget is
+# 435 s with the install and the CUDA tests, item by item in gpu_suite.py's docstring; 480 s leaves a rerun of
 # the failed items, `bash benchmarks/gpu_suite.sh --items NAME ...`, inside the 15 minutes with the start):
 #
-#   run(command="bash benchmarks/gpu_suite.sh", carry=[".whl", ".bagel"], timeout_s=420)
+#   run(command="bash benchmarks/gpu_suite.sh", carry=[".whl", ".bagel"], timeout_s=480)
 #
 # Arguments are passed to gpu_suite.py (e.g. --items masks latents). Everything it writes lands in
 # $OUT: report.md, report.json, pytest.txt (the CUDA tests) and suite.log.
