@@ -372,11 +372,12 @@ def item_decode(suite: Suite, item: Item) -> None:
     from mmidx.pack.builder import PackBuilder
 
     raw, data_yaml = corpus(suite)
-    packs = 3 if suite.quick else 8
+    packs, rounds = (2, 1) if suite.quick else (8, 3)
     item.columns = ["pack", "packs", "images", "max level difference", "loader path images/s",
                     "device path images/s", "device ÷ loader", "batched decode_jpeg images/s"]
     item.notes.append(f"images/s: packs built and moved to {suite.device} (loader path: decoded and resized in the "
-                      "builder; device path: encoded bytes moved, decoded and resized there), median of 3 rounds; "
+                      "builder; device path: encoded bytes moved, decoded and resized there), median of "
+                      f"{rounds} rounds; "
                       "batched decode_jpeg: torchvision's decoder alone on the same JPEGs (anchor: ~7,800 "
                       "images/s on an A100, pytorch/vision#8496); the generated corpus has no video generation")
     jpegs = sorted((raw / "vlm" / "images").glob("*.jpg"))
@@ -399,7 +400,7 @@ def item_decode(suite: Suite, item: Item) -> None:
             for k, pack in enumerate(items):
                 builder.build(k, pack).to(suite.device)
 
-        rates = [images / suite.median_ms(lambda b=b: build_all(b), 3) * 1e3 for b in (loader, device)]
+        rates = [images / suite.median_ms(lambda b=b: build_all(b), rounds) * 1e3 for b in (loader, device)]
         item.rows.append([mode, len(items), images, f"{worst:.2f}", f"{rates[0]:.0f}", f"{rates[1]:.0f}",
                           f"{rates[1] / rates[0]:.2f}", ""])
     datas = [torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8) for path in jpegs[:64]]
@@ -541,7 +542,7 @@ def item_feed(suite: Suite, item: Item) -> None:
 
 # ---------------------------------------------------------------------------------------------- 5. cost model
 
-COST_PACKS = 30  # packs of each kind (a quick run: 2)
+COST_PACKS = 30  # packs of each kind (a quick run: 1)
 COST_FRACTIONS = (0.5, 0.625, 0.75, 0.875, 1.0)  # pack lengths, as fractions of --tokens (a quick run: 1.0 only)
 COST_BUDGET_S = 75  # timing stops at the first round of kinds after this (H100 plan: 150 packs × 4 runs ≈ 45 s)
 
@@ -620,7 +621,7 @@ def item_cost_model(suite: Suite, item: Item) -> None:
     dtype = torch.bfloat16 if suite.cuda else torch.float32
     layer = DecoderLayer(geometry).to(suite.device, dtype)
     attention = torch.compile(flex_attention) if suite.cuda else flex_attention
-    count = 2 if suite.quick else COST_PACKS
+    count = 1 if suite.quick else COST_PACKS
     lengths = [suite.tokens] if suite.quick else [int(suite.tokens * f) // 128 * 128 for f in COST_FRACTIONS]
     generator = torch.Generator().manual_seed(5)
     gradients = {n: torch.randn(1, n, geometry.hidden_size, generator=generator).to(suite.device, dtype)
