@@ -259,6 +259,8 @@ IMAGE_DTYPE = np.dtype(
     [("width", "<i4"), ("height", "<i4"), ("format", "u1"), ("mode", "u1"), ("flags", "u1"), ("pad", "u1")]
 )
 IMAGE_FLAG_TRANSPARENCY = 1
+KNOWN_IMAGE_FLAGS = IMAGE_FLAG_TRANSPARENCY  # every other bit of image_info.flags is 0, and pad is 0
+PACK_SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "start_of_image", "end_of_image")  # ids packing needs
 
 # Codes of image formats and modes in IMAGE records (index = code; 0 = unknown).
 IMAGE_FORMATS = ("unknown", "JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "MPO", "JPEG2000")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tight_packing import mix
+from support.streams import mix
 
 from mmidx.cli import main
 from mmidx.config import DataConfig

@@ -7,7 +7,7 @@ import zlib
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support.sources import build, encode, image_bytes, texts_of, write_jsonl, write_parquet
+from support.sources import build, encode, image_bytes, texts_of, tokenizer_dir, write_jsonl, write_parquet
 
 from mmidx import cli
 
@@ -56,9 +56,23 @@ def _t2i_case(tmp_path, column, bad_rows, value, **options):
     return report, path
 
 
+def _details(report, reason):
+    return [example["detail"] for example in report.data["skips"][reason]["examples"]]
+
+
 def test_undecodable_image_bytes(tmp_path):
     report, path = _t2i_case(tmp_path, "image", [1, 4], b"this is not an image")
     _assert_skipped(report, "undecodable_image", [1, 4], path)
+    assert _details(report, "undecodable_image") == ["not a readable image (20 bytes starting b'this is '): not an "
+                                                     "image format PIL recognises"] * 2  # no <_io.BytesIO at 0x…>
+
+
+@pytest.mark.parametrize(("column", "reason", "detail"), [("image", "malformed_record", "image is null"),
+                                                          ("captions", "bad_captions", "captions are null")])
+def test_a_null_cell_is_called_null(tmp_path, column, reason, detail):
+    report, path = _t2i_case(tmp_path, column, [2], None)
+    _assert_skipped(report, reason, [2], path)
+    assert _details(report, reason) == [detail]
 
 
 @pytest.mark.parametrize("kind", ["JPEG", "PNG"])
@@ -69,13 +83,16 @@ def test_truncated_image(tmp_path, kind):
 
 
 def test_decompression_bomb_beyond_pil_limit(tmp_path):
-    report, path = _t2i_case(tmp_path, "image", [0], _png_claiming(60_000, 60_000))
+    report, path = _t2i_case(tmp_path, "image", [0], _png_claiming(60_000, 60_000), max_image_pixels=1000)
     _assert_skipped(report, "decompression_bomb", [0], path)
+    assert _details(report, "decompression_bomb") == ["image of 3,600,000,000 pixels, above --max-image-pixels 1,000"]
 
 
 def test_decompression_bomb_beyond_max_image_pixels(tmp_path):
     report, path = _t2i_case(tmp_path, "image", [5], image_bytes(120, 100, seed=7), max_image_pixels=32 * 24)
     _assert_skipped(report, "decompression_bomb", [5], path)
+    assert _details(report, "decompression_bomb") == ["JPEG image of 120x100 = 12,000 pixels, above "
+                                                      "--max-image-pixels 768"]
 
 
 @pytest.mark.parametrize("captions", [None, "{not json", '["a list", "not an object"]', '{"0": 5}'])
@@ -199,3 +216,32 @@ def test_a_pixel_limit_above_pils_own_is_refused_up_front():
 
     with pytest.raises(ValueError, match="PIL itself refuses larger images"):
         SourceOptions(max_image_pixels=pil_pixel_limit() + 1)
+
+
+def test_a_text_longer_than_max_text_tokens_is_a_counted_skip(tmp_path):
+    texts = ["short one", "a much longer text " * 20, "short two"]
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": text} for text in texts])
+    limit = len(encode(texts[0])) + 8
+    assert len(encode(texts[1])) > limit
+    dataset, report = build("text", [path], tmp_path / "out", max_text_tokens=limit)
+    _assert_skipped(report, "text_too_long", [1], path, lines=[2])
+    assert [dataset[i].text(0).tolist()[:-1] for i in range(2)] == [encode(texts[0]), encode(texts[2])]
+    assert report.data["reasons"]["text_too_long"].startswith("a text of more tokens than --max-text-tokens")
+    _, default = build("text", [path], tmp_path / "all")  # the default, 1M tokens, keeps every row
+    assert default.data["samples"] == 3
+
+
+def test_max_text_tokens_is_an_option_of_mmidx_build(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "docs.jsonl", [{"text": "one two three four five six"}, {"text": "x"}])
+    assert cli.main(["build", "--source", "text", "--input", str(path), "--output", str(tmp_path / "out"),
+                     "--tokenizer", tokenizer_dir(), "--max-text-tokens", "2", "--max-skip-rate", "1"]) == 0
+    assert json.loads((tmp_path / "out.report.json").read_text())["skips"]["text_too_long"]["count"] == 1
+
+
+@pytest.mark.parametrize("given", ["docs", "docs/", "docs/docs.jsonl"])
+def test_skip_examples_name_a_relative_input_as_given(tmp_path, monkeypatch, given):
+    (tmp_path / "docs").mkdir()
+    write_jsonl(tmp_path / "docs" / "docs.jsonl", [{"text": "kept"}, {"text": ""}])
+    monkeypatch.chdir(tmp_path)
+    _, report = build("text", [given], tmp_path / "out")
+    assert [example["file"] for example in report.data["skips"]["empty_text"]["examples"]] == ["docs/docs.jsonl"]

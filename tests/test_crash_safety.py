@@ -78,3 +78,27 @@ def test_kill_9_mid_build_then_rebuild(tmp_path):
     for i, raw in enumerate(samples):
         assert_sample_equal(dataset[i], raw)
     assert not any(path.name.endswith(".partial") for path in tmp_path.iterdir())
+
+
+def test_a_rerun_removes_the_report_partial_a_killed_build_left_but_not_a_live_writers(tmp_path):
+    from support.sources import build, write_jsonl
+
+    from mmidx.ingest.report import report_path
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)  # a process that has ended: kill -9 mid-write leaves a partial like its
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        report = report_path(tmp_path / "out")
+        killed = report.with_name(f"{report.name}.{dead_pid}-0a1b2c3d.partial")
+        running = report.with_name(f"{report.name}.{live.pid}-0a1b2c3d.partial")
+        fresh = report.with_name(f"{report.name}.{dead_pid}-ffffffff.partial")  # maybe another node's, writing
+        for path in (killed, running, fresh):
+            path.write_text("{")
+        for path in (killed, running):
+            os.utime(path, (time.time() - 3600, time.time() - 3600))
+        build("text", [write_jsonl(tmp_path / "docs.jsonl", [{"text": "one"}, {"text": "two"}])], tmp_path / "out")
+        assert report.exists() and not killed.exists() and running.exists() and fresh.exists()
+    finally:
+        live.kill()
+        live.wait()

@@ -31,3 +31,10 @@ def test_a_worker_that_dies_is_a_counted_crash_with_a_reproducer(tmp_path):
     assert code == 1 and report["counts"]["crash"] == 1 and sum(report["counts"].values()) == 6
     (finding,) = report["findings"]
     assert finding["case"] == 2 and (Path(finding["reproducer"]) / "edit.json").exists()
+
+
+def test_a_case_where_verify_passed_an_encoding_a_reader_then_refused_is_now_caught_by_verify(tmp_path):
+    # seed 0, case 866: a re-signed .enc.fz.idx whose record for image 0 names image 2**31 - 1 instead; verify
+    # passed it (bounds only) and the pack read failed on the missing record: a "verify passed, read failed"
+    code, report, stderr = _fuzz(tmp_path, "--first", "866", "--cases", "1", "--jobs", "1")
+    assert (code, report["counts"], report["findings"]) == (0, {"clean error": 1}, []), stderr[-2000:]

@@ -22,6 +22,7 @@ from mmidx.ingest.writer import DatasetBuilder
 from mmidx.pack.builder import PackBuilder
 from mmidx.read.checks import verify
 from mmidx.read.dataset import MMIDXDataset
+from mmidx.read.invariants import element_problem, split_problem
 from mmidx.train.gpt import GPTTextDataset
 
 
@@ -269,11 +270,32 @@ def test_split_flags_that_do_not_make_whole_splits_are_a_format_error(pack_setup
     path = fmt.file_path(tmp_path / "t2i", "plan")
     flags = _array_offsets(path)["elements"] + 1  # the first element (sample 0's text) loses its split_end
     _overwrite(path, flags, bytes([path.read_bytes()[flags] & ~fmt.FLAG_SPLIT_END]))
-    config = config_of(groups)
-    index = build_pack_index(config, num_samples=4)
-    pack = next(k for k in range(len(index)) if any(item.sample == 0 and item.view == 0 for item in index.items(k)))
-    with pytest.raises(FormatError, match=r"t2i\.plan: view 0 of sample 0: the split flags"):
-        PackBuilder(config).build(pack, index.items(pack))
+    # verify, the pack index and a sample's read all refuse it by the one invariant (split_problem)
+    _resign(tmp_path / "t2i")
+    assert verify(tmp_path / "t2i") == [f"{tmp_path / 't2i'}.plan: 1 elements whose split flags (split_start, "
+                                        "split_end) do not pair up into whole splits (first: element 1)"]
+    with pytest.raises(FormatError, match=r"t2i\.plan: 1 elements whose split flags"):
+        build_pack_index(config_of(groups), num_samples=4)
+    with pytest.raises(FormatError, match=r"t2i\.plan: view 0 of sample 0: 1 elements whose split flags"):
+        MMIDXDataset(tmp_path / "t2i")[0].elements(0)
+
+
+# each element's flags as 1 = split_start, 2 = split_end, 3 = both
+@pytest.mark.parametrize(("flags", "whole"), [([3], True), ([1, 2], True), ([1, 0, 2, 3], True), ([1, 3], False),
+                                              ([3, 2], False), ([1, 1, 2], False), ([2, 3], False), ([0, 3], False),
+                                              ([3, 1], False), ([1], False)])
+def test_split_flag_sequences_that_the_packer_cannot_close_are_refused(flags, whole):
+    records = np.zeros(len(flags), fmt.ELEMENT_DTYPE)
+    records["img_num"] = 1
+    records["flags"] = [(f & 1) * fmt.FLAG_SPLIT_START | (f >> 1) * fmt.FLAG_SPLIT_END for f in flags]
+    problem = element_problem(records, 1, 1)
+    assert (problem is None) == whole and (split_problem(records["flags"]) is None) == whole, (flags, problem)
+
+
+def test_split_flags_are_checked_per_view():
+    flags = np.array([fmt.FLAG_SPLIT_START, fmt.FLAG_SPLIT_END, fmt.FLAG_SPLIT_START | fmt.FLAG_SPLIT_END], np.uint8)
+    assert split_problem(flags, np.array([True, False, True])) is None
+    assert split_problem(flags, np.array([True, True, False])) is not None  # view 1 starts without split_start
 
 
 # ------------------------------------------------------------------ 6. verify tells the truth
@@ -283,8 +305,66 @@ def test_verify_probes_every_image_header_against_the_image_table(prefix):
     path = fmt.file_path(prefix, "plan")
     _overwrite(path, _array_offsets(path)["image_info"] + 4, (49).to_bytes(4, "little"))  # height 48 → 49
     _resign(prefix)
-    assert verify(prefix) == [f"{prefix}.images: image 0 is a 64x48 PNG RGB image, but image_info in {prefix}.plan "
-                              "records 64x49 PNG RGB"]
+    assert verify(prefix) == [f"{prefix}.images: image 0 is a 64x48 PNG RGB image without transparency, but "
+                              f"image_info in {prefix}.plan records 64x49 PNG RGB without transparency"]
+
+
+def test_verify_refuses_the_transparency_bit_on_an_image_without_transparency(prefix):
+    path = fmt.file_path(prefix, "plan")
+    _overwrite(path, _array_offsets(path)["image_info"] + 10, bytes([fmt.IMAGE_FLAG_TRANSPARENCY]))
+    _resign(prefix)
+    assert verify(prefix) == [f"{prefix}.images: image 0 is a 64x48 PNG RGB image without transparency, but "
+                              f"image_info in {prefix}.plan records 64x48 PNG RGB with transparency"]
+
+
+@pytest.mark.parametrize(("offset", "value", "problem"), [(10, 2, "unknown image_info.flags bits"),
+                                                          (10, 0x81, "unknown image_info.flags bits"),
+                                                          (11, 1, "a nonzero image_info pad byte")])
+def test_verify_and_the_pack_index_refuse_unknown_image_flag_bits_and_a_nonzero_pad(prefix, offset, value, problem):
+    path = fmt.file_path(prefix, "plan")
+    _overwrite(path, _array_offsets(path)["image_info"] + 12 + offset, bytes([value]))  # image 1
+    _resign(prefix)
+    assert verify(prefix) == [f"{prefix}.plan: images with {problem}"]
+    with pytest.raises(FormatError, match=f"images with {problem}"):
+        MMIDXDataset(prefix).check_structure()
+
+
+def test_verify_refuses_sample_extra_that_is_not_a_json_object_as_sample_extra_does(tmp_path):
+    with DatasetBuilder(tmp_path / "p", vocab_size=100) as builder:
+        for n in range(3):
+            builder.add_sample([[1, 2]], [], [[]], extra={"prompt_id": f"ab{n}"})
+        builder.finalize()
+    path = fmt.file_path(tmp_path / "p", "plan")
+    start = int(MMIDXDataset(tmp_path / "p").plan["sample_extra_offsets"][1])
+    _overwrite(path, _array_offsets(path)["sample_extra"] + start, b"[")  # sample 1's {"prompt_id": "ab1"}
+    _resign(tmp_path / "p")
+    (problem,) = verify(tmp_path / "p")
+    assert problem.startswith(f"{tmp_path / 'p'}.plan: 1 samples' extra data is not a JSON object (first: sample 1, "
+                              "not JSON (")
+    with pytest.raises(FormatError, match=r"extra data of sample 1 is not JSON"):
+        assert MMIDXDataset(tmp_path / "p")[1].extra is None
+
+
+def test_verify_refuses_token_ids_beyond_the_recorded_vocabulary(prefix):
+    largest = int(MMIDXDataset(prefix).tokens.tokens.max())
+    _resign(prefix, lambda meta: meta.update(tokenizer={"name_or_path": "x", "vocab_size": largest}))
+    assert verify(prefix) == [f"{prefix}.bin: token ids outside the tokenizer's vocabulary of {largest} (largest "
+                              f"{largest}): the metadata's tokenizer.vocab_size is not the tokenizer's"]
+    _resign(prefix, lambda meta: meta.update(tokenizer={"name_or_path": "x", "vocab_size": largest + 1}))
+    assert verify(prefix) == []
+
+
+def test_a_null_special_token_fails_verify_and_the_pack_builder_names_the_dataset(pack_setup, tmp_path):
+    groups = {"t2i": dict(pack_setup["t2i"], datasets=[str(tmp_path / "t2i")])}
+    for role in ("idx", "bin", "images", "plan", "meta"):
+        source = fmt.file_path(pack_setup["t2i"]["datasets"][0], role)
+        fmt.file_path(tmp_path / "t2i", role).write_bytes(source.read_bytes())
+    _resign(tmp_path / "t2i", lambda meta: meta["special_tokens"].update(start_of_image=None))
+    assert verify(tmp_path / "t2i") == [f"{tmp_path / 't2i'}.meta.json: special_tokens ['start_of_image'] are null: "
+                                        "the packer cannot build a batch of this dataset (rebuild it with a tokenizer "
+                                        "that has them)"]
+    with pytest.raises(ValueError, match=rf"\['start_of_image'\] are unknown: {tmp_path / 't2i'} records none"):
+        PackBuilder(config_of(groups))
 
 
 def test_verify_decode_decodes_every_image(tmp_path):
@@ -322,3 +402,21 @@ def test_gpt_samples_of_a_dataset_without_tokens_name_the_dataset(tmp_path):
         builder.finalize()
     with pytest.raises(ValueError, match=rf"{tmp_path / 'e'}: the exposed documents hold 0 tokens"):
         GPTTextDataset(tmp_path / "e", seq_length=4)
+
+
+def test_verify_reports_an_encodings_files_left_without_its_json(prefix):
+    # a job configured to read encoding "x" fails to open it: verify says so rather than passing the dataset
+    for role in ("bin", "idx"):
+        fmt.encoding_path(prefix, "x", role).write_bytes(b"\0" * 16)
+    assert verify(prefix) == [f"{prefix}.enc.x.json: missing beside the encoding's .bin/.idx: an interrupted "
+                              "precache or a deleted file; run `mmidx precache` again"]
+
+
+def test_relative_dataset_prefixes_of_a_config_are_named_as_written_not_joined_to_dot(prefix, monkeypatch):
+    from mmidx.config import DataConfig
+
+    monkeypatch.chdir(prefix.parent)
+    config = DataConfig.from_dict({"groups": {"g": {"datasets": ["ds", "./ds", str(prefix)]}}})
+    assert config.groups[0].datasets == ("ds", "./ds", str(prefix))
+    assert DataConfig.from_dict({"groups": {"g": {"datasets": ["ds"]}}}, base_dir="/data").groups[0].datasets \
+        == ("/data/ds",)

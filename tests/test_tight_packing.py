@@ -5,11 +5,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_pack_stream import problems, streamed, whole_array
+from support.streams import mix, problems, streamed, whole_array
 
 from mmidx.index.cost import LLMGeometry, pack_costs
 from mmidx.index.packer import pack_samples
-from mmidx.index.stream import multimodal_stream
 
 
 def tight(problem, window):
@@ -65,16 +64,6 @@ def test_an_item_is_placed_within_the_window_of_its_stream_position(counts, wind
     rank = np.empty(len(counts), np.int64)
     rank[packed.pack_items] = np.arange(len(counts))
     assert np.all(np.abs(rank - np.arange(len(counts))) < window)
-
-
-def mix(kind, n, seed=0):
-    """(token counts, groups) of a deterministic blend: the scale mix, text-only lognormal, video-heavy."""
-    rng = np.random.default_rng(seed)
-    means, weights = {"scale": ([1100, 5000, 1500], [0.5, 0.2, 0.3]), "text": ([600, 2000], [0.7, 0.3]),
-                      "video": ([12000, 1500, 800], [0.4, 0.3, 0.3])}[kind]
-    groups = multimodal_stream([n] * len(means), weights, n, seed)[0]
-    counts = np.clip(rng.lognormal(np.log(np.array(means)[groups]), 0.5), 16, 16384).astype(np.int64)
-    return counts, groups
 
 
 @pytest.mark.parametrize("kind", ["scale", "text", "video"])

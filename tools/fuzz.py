@@ -9,13 +9,15 @@ recomputed) and, in a worker subprocess, reads everything a job reads: every sam
 view and extra; a token gather; GPT samples; a pack index; the first batches with images decoded
 in the loader and on the device, with dense and flex masks; then ``mmidx verify --decode``.
 
-Outcomes: ``clean error`` (FormatError/IndexError/ValueError whose message names the dataset's
-files), ``identical`` (everything read equals the unmutated dataset's), ``different, caught by
-verify``, ``different, unguarded`` (checksums recomputed after the edit, so the data is simply
-other data; or the metadata of a text dataset deleted, which leaves a bare Megatron pair that no
-checksum guards, as ``mmidx verify`` then says), ``different and missed`` (a lie), ``crash`` (the
-worker died: a reproducer is written), ``hang`` (past ``--case-timeout``) and ``other
-exception``. Exits 1 unless there were no crashes, hangs, other exceptions or missed differences.
+Outcomes: ``clean error`` (FormatError/IndexError/ValueError whose message names the dataset's files),
+``identical`` (everything read equals the unmutated dataset's), ``different, caught by verify``,
+``different, unguarded`` (checksums recomputed after the edit, so the data is simply other data; or the
+metadata of a text dataset deleted, which leaves a bare Megatron pair that no checksum guards, as
+``mmidx verify`` then says), ``different and missed`` (a lie), ``verify passed, read failed`` (a reader
+or the packer refused what ``mmidx verify`` passed: verify must check every invariant they enforce),
+``crash`` (the worker died: a reproducer is written), ``hang`` (past ``--case-timeout``) and ``other
+exception``.
+Exits 1 unless there were no crashes, hangs, other exceptions or missed differences.
 
     python tools/fuzz.py --cases 2000 --jobs 2 --out /tmp/fuzz
 """
@@ -54,8 +56,8 @@ BOUNDARY = (0, 1, -1, 2**31 - 1, -(2**31), 2**31, 2**32 - 1, 2**32, 2**62, 2**63
             2**40, 255, 256, 65535, 65536)
 JSON_VALUES = (None, True, False, 0, -1, 2**31, 2**63, 2**64, 1.5, "", "x", [], {}, [1], {"a": 1})
 OUTCOMES = ("clean error", "identical", "different, caught by verify", "different, unguarded",
-            "different and missed", "crash", "hang", "other exception")
-BAD_OUTCOMES = ("different and missed", "crash", "hang", "other exception")
+            "different and missed", "verify passed, read failed", "crash", "hang", "other exception")
+BAD_OUTCOMES = ("different and missed", "verify passed, read failed", "crash", "hang", "other exception")
 
 
 # --------------------------------------------------------------------------- base datasets
@@ -369,7 +371,8 @@ def run_case(prefix: Path, files: dict[str, bytes], edit: dict, reference: str) 
             result.update(outcome="other exception", error=f"{type(error).__name__}: {error}",
                           trace=traceback.format_exc(limit=-4))
             return result
-        result["outcome"] = "clean error"
+        result.update(outcome="clean error", error=f"{type(error).__name__}: {error}",
+                      trace=traceback.format_exc(limit=-4))
     except Exception as error:  # the point of the fuzzer: anything else is a finding
         result.update(outcome="other exception", error=f"{type(error).__name__}: {error}",
                       trace=traceback.format_exc(limit=-4))
@@ -381,6 +384,10 @@ def run_case(prefix: Path, files: dict[str, bytes], edit: dict, reference: str) 
                       trace=traceback.format_exc(limit=-4))
         return result
     if digest is None:
+        if not problems:  # verify OK must mean every sample reads and every pack builds
+            result["outcome"] = "verify passed, read failed"
+        else:
+            del result["error"], result["trace"]
         return result
     if digest == reference:
         result["outcome"] = "identical"

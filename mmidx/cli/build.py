@@ -20,7 +20,8 @@ def _source_options(args: argparse.Namespace) -> Any:
 
     return SourceOptions(
         views=args.views, seed=args.seed, image_root=args.image_root, max_image_size=args.max_image_size,
-        max_image_pixels=args.max_image_pixels, min_frames=args.min_frames, max_frames=args.max_frames,
+        max_image_pixels=args.max_image_pixels, max_text_tokens=args.max_text_tokens, min_frames=args.min_frames,
+        max_frames=args.max_frames,
         frame_quality=args.video_frame_quality, text_key=args.text_key, extra_keys=args.extra_keys,
         chat_config=_chat_config(args),
         prompt_key=args.prompt_key, caption_key=args.caption_key, group_decay=args.group_decay,
@@ -121,6 +122,8 @@ def _register_build(commands: Commands) -> None:
                          help="downsize and re-encode images whose long edge is larger (lossy; recorded)")
     samples.add_argument("--max-image-pixels", type=at_least(1),
                          help=default_note("refuse images with more pixels (decompression bombs)", "2^27"))
+    samples.add_argument("--max-text-tokens", type=at_least(1), default=defaults.max_text_tokens, metavar="N",
+                         help="skip rows with a text longer than N tokens (counted as text_too_long)")
     samples.add_argument("--min-frames", type=at_least(1), default=defaults.min_frames,
                          help="fewest frames drawn per video")
     samples.add_argument("--max-frames", type=at_least(1), default=defaults.max_frames,

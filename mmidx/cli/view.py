@@ -15,6 +15,7 @@ from mmidx.cli.common import (
     dataset_prefix,
     geometry_args,
 )
+from mmidx.toolkit.view import limits
 
 
 def cmd_view(args: argparse.Namespace) -> int:
@@ -35,7 +36,8 @@ def cmd_view(args: argparse.Namespace) -> int:
               "connect can read these datasets (the default, 127.0.0.1, is this machine only)", file=sys.stderr)
     print(f"mmidx view: {len(catalog.datasets)} dataset{'s' if len(catalog.datasets) != 1 else ''} at "
           f"{url_of(sock)} (Ctrl-C to stop)", flush=True)
-    serve(catalog, sock)
+    serve(catalog, sock, time_limit=args.time_limit, request_timeout=args.request_timeout,
+          keep_alive=args.keep_alive, per_client=args.connections_per_client)
     return 0
 
 
@@ -50,6 +52,20 @@ def _port(text: str) -> int:
     return port
 
 
+def _positive(kind: type) -> Any:
+    """An argparse type: a number of ``kind`` greater than 0."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number greater than 0")
+        return value
+
+    return parse
+
+
 def register(commands: Any) -> None:
     """Add ``mmidx view`` to the command line's subcommands."""
     sub = add_command(commands, "view", cmd_view,
@@ -60,3 +76,14 @@ def register(commands: Any) -> None:
                           "machines (a warning says so)")
     sub.add_argument("--port", type=_port, default=8765, help="port to listen on (0: any free port)")
     add_geometry_arguments(sub)  # the packs of a data YAML
+    group = sub.add_argument_group("limits (docs/guide/viewer-security.md)")
+    group.add_argument("--time-limit", type=_positive(float), default=limits.TIME_LIMIT, metavar="SECONDS",
+                        help="a page not ready in this time is answered 503; its work goes on and a reload gets it")
+    group.add_argument("--request-timeout", type=_positive(float), default=limits.REQUEST_TIMEOUT, metavar="SECONDS",
+                        help="a request must arrive whole (headers and body) within this time of the connection "
+                             "opening or the previous response, or the connection is closed")
+    group.add_argument("--keep-alive", type=_positive(float), default=limits.KEEP_ALIVE, metavar="SECONDS",
+                        help="an idle keep-alive connection is closed after this time")
+    group.add_argument("--connections-per-client", type=_positive(int), default=limits.PER_CLIENT, metavar="N",
+                        help="connections one client address may hold: a new one closes its oldest stalled or idle "
+                             "one")

@@ -20,7 +20,7 @@ from mmidx.format import FormatError
 from mmidx.images.decode import ImageError, decode_rgb_pixels
 from mmidx.images.transform import ImageTransform
 from mmidx.read.dataset import MMIDXDataset
-from mmidx.read.encoding_streams import DTYPES
+from mmidx.read.encoding_streams import DTYPES, stream_records
 from mmidx.tokenizer import recorded_tokenizer
 
 RECORD_SIZE = fmt.ENCODING_RECORD.itemsize
@@ -178,15 +178,8 @@ def plan_units(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None
     """Distinct (image, img_num) of the job's element kind, or text sequences, batched by identical shape."""
     dataset.check_structure()
     plan = dataset.plan
-    samples = dataset.element_samples()
     if job.modality == "text":
-        documents = np.asarray(dataset.tokens.document_indices, dtype=np.int64)
-        if plan is None:
-            items = np.arange(int(documents[-1]), dtype=np.int64)
-        else:
-            texts = plan["elements"]["kind"] == fmt.TEXT
-            items = np.unique(documents[samples[texts]] + plan["elements"]["payload"][texts])
-        img_nums = np.zeros(len(items), dtype=np.int64)
+        items, img_nums = stream_records(dataset, "text", None)
         lengths = np.asarray(dataset.tokens.sequence_lengths, dtype=np.int64)[items]
         shapes = np.stack([lengths, np.zeros_like(lengths)], axis=1)
     else:
@@ -194,12 +187,7 @@ def plan_units(dataset: MMIDXDataset, job: Job, transform: ImageTransform | None
             raise ValueError(f"{dataset.prefix} is a text dataset: it has no images to precache")
         if transform is None:
             raise ValueError(f"{dataset.prefix}: no {job.transform} image transform in the config")
-        kind = fmt.VAE_IMAGE if job.transform == "vae" else fmt.VIT_IMAGE
-        chosen = plan["elements"]["kind"] == kind
-        images = plan["sample_image_offsets"][samples[chosen]] + plan["elements"]["payload"][chosen]
-        pairs = np.unique(np.stack([images, plan["elements"]["img_num"][chosen].astype(np.int64)], axis=1), axis=0)
-        pairs = pairs.reshape(-1, 2)
-        items, img_nums = pairs[:, 0], pairs[:, 1]
+        items, img_nums = stream_records(dataset, "image", job.transform)
         info = plan["image_info"][items]
         widths, heights = transform.output_shapes(info["width"], info["height"], img_nums)
         shapes = np.stack([np.asarray(heights, np.int64), np.asarray(widths, np.int64)], axis=1).reshape(-1, 2)

@@ -5,7 +5,9 @@ map host names to 127.0.0.1 through it, and its connector caches DNS answers), a
 body reads compose with ``asyncio.timeout`` into one deadline over connect, headers and body; httpx's
 timeouts are per socket operation, the very behaviour that lets a dripping body hang a download.
 
-One fetch (:meth:`Fetcher.fetch`) is up to ``1 + retries`` tries; each try:
+One fetch (:meth:`Fetcher.fetch`) is up to ``1 + retries`` tries, and each try is exactly one request on the
+wire per URL it visits (aiohttp's hidden re-send on a dropped connection is turned off), so the ledger's
+``attempts`` are the requests a server saw; each try:
 
 1. waits for a slot of the URL's host (``per_host``) and then a global one (``concurrency``);
 2. runs under one deadline (``timeout`` seconds) for connecting, every redirect hop, headers and body;
@@ -182,6 +184,12 @@ class Fetcher:
                                               cookie_jar=aiohttp.DummyCookieJar(),
                                               headers={"User-Agent": self.settings.user_agent},
                                               max_line_size=16384, max_field_size=16384)
+        # aiohttp sends an idempotent request a second time, unseen, when its connection drops before the
+        # response (RFC 9112's retry of a closed keep-alive connection): the server then sees two requests
+        # for one try, which the host's politeness budget and the ledger's attempts would not count. Every
+        # request on the wire must be a try of ours, so that retry is off (aiohttp's own test client does
+        # the same; there is no public switch) and our retry loop, which counts and backs off, is the only one.
+        self._session._retry_connection = False
         self._slots = asyncio.Semaphore(self.settings.concurrency)
         return self
 

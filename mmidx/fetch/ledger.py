@@ -20,6 +20,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mmidx.io.files import remove_stale_partials
+
 PART_NAME = "fetch.parquet"
 SCHEMA = pa.schema([("file", pa.string()), ("row", pa.int64()), ("url", pa.string()), ("class", pa.string()),
                     ("status", pa.int32()), ("bytes", pa.int64()), ("sha256", pa.string()),
@@ -69,6 +71,7 @@ def merge_ledgers(shard_folders: Sequence[str | os.PathLike], output: str | os.P
     """
     parts = [Path(folder, PART_NAME) for folder in shard_folders if Path(folder, PART_NAME).exists()]
     target = ledger_path(output)
+    remove_stale_partials(target)  # a build killed while merging
     if not parts:
         target.unlink(missing_ok=True)
         return

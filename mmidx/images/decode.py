@@ -7,6 +7,7 @@ checked before any pixel is decoded.
 from __future__ import annotations
 
 import io
+import re
 import struct
 import warnings
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow
 import simplejpeg
-from PIL import Image, ImageFile
+from PIL import Image, ImageFile, UnidentifiedImageError
 
 from mmidx.errors import MMIDXError
 from mmidx.format import IMAGE_DTYPE, IMAGE_FLAG_TRANSPARENCY, IMAGE_FORMATS, IMAGE_MODES
@@ -80,17 +81,28 @@ def _open(data: bytes | memoryview, max_pixels: int) -> ImageFile.ImageFile:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as error:
-        raise ImageError(f"decompression bomb refused: {error}") from error
+    except Image.DecompressionBombError as error:  # above PIL's limit, itself at least max_pixels / 2
+        pixels = re.search(r"\((\d+) pixels\)", str(error))
+        size = f"{int(pixels[1]):,} pixels" if pixels else "more pixels than PIL opens"
+        raise ImageError(f"decompression bomb refused: image of {size} exceeds max_pixels={max_pixels} "
+                         "(--max-image-pixels); pass a larger max_pixels if such images are legitimate") from error
     except _PIL_ERRORS as error:
         raise ImageError(f"not a readable image ({len(data)} bytes starting {bytes(data[:8])!r}): "
-                         f"{error}") from error
+                         f"{pil_reason(error)}") from error
     width, height = image.size
     if width * height > max_pixels:
-        raise ImageError(f"decompression bomb refused: image of {width}x{height} = {width * height} pixels "
-                         f"exceeds max_pixels={max_pixels}; pass a larger max_pixels if such images are "
-                         "legitimate")
+        raise ImageError(f"decompression bomb refused: image of {width}x{height} = {width * height:,} pixels "
+                         f"exceeds max_pixels={max_pixels} (--max-image-pixels); pass a larger max_pixels if such "
+                         "images are legitimate")
     return image
+
+
+def pil_reason(error: BaseException) -> str:
+    """PIL's message without the repr of the in-memory stream it read (``<_io.BytesIO object at 0x…>``), which
+    names nothing a user can find: the caller's message names the file or row."""
+    if isinstance(error, UnidentifiedImageError):
+        return "not an image format PIL recognises"
+    return re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(error)) or type(error).__name__
 
 
 def _info(image: Image.Image) -> ImageInfo:
@@ -145,7 +157,7 @@ def _decoded_rgb(image: ImageFile.ImageFile, data: bytes | memoryview) -> Image.
         return to_rgb(image)
     except _PIL_ERRORS as error:
         raise ImageError(f"cannot decode {image.format} image of {image.width}x{image.height} "
-                         f"({len(data)} bytes): {error}") from error
+                         f"({len(data)} bytes): {pil_reason(error)}") from error
 
 
 def decode_rgb(data: bytes | memoryview, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
@@ -253,7 +265,7 @@ def downsize_and_reencode(
         resized = image.convert(mode).resize(size, Image.Resampling.LANCZOS)
     except _PIL_ERRORS as error:
         raise ImageError(f"cannot decode {image.format} image of {image.width}x{image.height}: "
-                         f"{error}") from error
+                         f"{pil_reason(error)}") from error
     options = {key: image.info[key] for key in ("icc_profile", "exif") if image.info.get(key)}
     if target == "JPEG":
         options["quality"] = quality

@@ -25,7 +25,7 @@ from mmidx.ingest.plan import BuildError, BuildOptions, BuildPlan, finished_shar
 from mmidx.ingest.report import count_skip, count_warning, new_counts
 from mmidx.ingest.writer import DatasetBuilder
 from mmidx.io.files import write_json
-from mmidx.sources import Skip, SourceContext, SourceDocument, get_source
+from mmidx.sources import Skip, SourceContext, SourceDocument, SourceSample, get_source
 from mmidx.sources.chat_config import special_token_texts
 from mmidx.tokenizer import Tokenizer
 
@@ -61,6 +61,16 @@ def tokenizer_for(plan: BuildPlan) -> Tokenizer:
     return tokenizer
 
 
+def _bounded(item: SourceSample | SourceDocument, limit: int) -> SourceSample | SourceDocument | Skip:
+    """``item``, or a ``text_too_long`` skip when one of its texts has more than ``limit`` tokens (so no single
+    row, e.g. a web caption of a million tokens, can take a viewer or a loader down)."""
+    lengths = [len(item.tokens)] if isinstance(item, SourceDocument) else [len(text) for text in item.texts]
+    longest = max(lengths, default=0)
+    if longest <= limit:
+        return item
+    return Skip(item.row, "text_too_long", f"a text of {longest:,} tokens, more than --max-text-tokens {limit:,}")
+
+
 def _write_shard(plan: BuildPlan, index: int, folder: Path, tokenizer: Tokenizer, progress: Progress) -> dict[str, Any]:
     """Build unit ``index`` into the dataset ``folder/shard`` and write ``folder/report.json``."""
     unit = plan.units[index]
@@ -76,6 +86,8 @@ def _write_shard(plan: BuildPlan, index: int, folder: Path, tokenizer: Tokenizer
         for item in source.read(unit, context):
             counts["rows"] += 1
             pending[0] += 1
+            if not isinstance(item, Skip):
+                item = _bounded(item, plan.options.source_options.max_text_tokens)
             if isinstance(item, Skip):
                 count_skip(counts, item, unit.path, unit.line_based)
             else:

@@ -5,10 +5,13 @@ digests, and OSErrors that name the file they concern.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
+import re
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,9 +34,55 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(fmt.canonical_json(obj)).hexdigest()
 
 
-def write_json(path: str | os.PathLike, obj: dict[str, Any]) -> None:
-    """Write ``obj`` to ``path`` atomically (temporary file, fsync, rename); no temporary is left on failure."""
+STALE_PARTIAL_SECONDS = 60.0  # a temporary untouched this long, of a process not running here, is a dead one's
+_PARTIAL = re.compile(r"\.(\d+)-[0-9a-f]+\.partial")
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def remove_stale_partials(path: str | os.PathLike, min_age: float = STALE_PARTIAL_SECONDS) -> list[Path]:
+    """Delete the ``PATH.<pid>-<hex>.partial`` temporaries a killed writer of ``path`` left (``kill -9`` between
+    writing and renaming); returns what was deleted.
+
+    Safely: a temporary is another writer's in progress, and kept, while its process runs on this machine or
+    it was modified less than ``min_age`` seconds ago (a writer on another node sharing the folder, whose
+    process this machine cannot see, writes and renames a small file within milliseconds).
+    """
     path = Path(path)
+    removed = []
+    try:
+        entries = list(path.parent.glob(glob.escape(path.name) + ".*.partial"))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        match = _PARTIAL.fullmatch(entry.name[len(path.name):])
+        if match is None or int(match[1]) == os.getpid() or _running(int(match[1])):
+            continue
+        try:
+            if now - entry.stat().st_mtime < min_age:
+                continue
+            entry.unlink()
+        except FileNotFoundError:  # its writer (or another cleaner) got there first
+            continue
+        removed.append(entry)
+    return removed
+
+
+def write_json(path: str | os.PathLike, obj: dict[str, Any]) -> None:
+    """Write ``obj`` to ``path`` atomically (temporary file, fsync, rename); no temporary is left on failure,
+    and those a killed earlier writer left are removed (:func:`remove_stale_partials`)."""
+    path = Path(path)
+    remove_stale_partials(path)
     temporary = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")  # nodes may share it
     try:
         with errors_naming(temporary), open(temporary, "w") as stream:

@@ -40,7 +40,7 @@ from mmidx.pack.pixels import Stage, _ImageJob, _output_size, _position_ids, _un
 from mmidx.read.dataset import MMIDXDataset, Sample
 from mmidx.read.encoding_streams import open_stream
 
-SPECIAL_TOKEN_NAMES = ("bos_token_id", "eos_token_id", "start_of_image", "end_of_image")
+SPECIAL_TOKEN_NAMES = fmt.PACK_SPECIAL_TOKENS  # the ids a pack needs (verify checks each dataset names them)
 
 
 _ELEMENT_FIELDS = ("kind", "flags", "img_num", "frame_delta", "special_token_label", "payload")
@@ -117,8 +117,11 @@ class PackBuilder:
         self.special_tokens = special_tokens or self._special_tokens_of_datasets()
         missing = [name for name in SPECIAL_TOKEN_NAMES if name not in self.special_tokens]
         if missing:
-            raise ValueError(f"special token ids {missing} are unknown: build the datasets with mmidx's tokenizer "
-                             "or pass special_tokens")
+            lacking = sorted({dataset.prefix for group in self.datasets for dataset in group
+                              if any(not isinstance(dataset.special_tokens.get(name), int) for name in missing)})
+            raise ValueError(f"special token ids {missing} are unknown: {', '.join(lacking) or 'no dataset'} "
+                             "records none (null or missing in its metadata's special_tokens): build the datasets "
+                             "with mmidx's tokenizer or pass special_tokens")
         self.encodings = encoded.group_encodings(config, encodings)
         encoded.checked_streams(config, self.datasets, self.encodings)
         self._text_uses = [{use: name for use, name in uses.items() if use not in ("vae", "vit")}

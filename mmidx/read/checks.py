@@ -16,25 +16,32 @@ from mmidx.format import FormatError
 from mmidx.images.decode import ImageError, probe, verify_decodable
 from mmidx.io.storage import file_uri, hash_object, is_remote
 from mmidx.read.dataset import MMIDXDataset, dataset_files
-from mmidx.read.encoding_streams import describe, encoding_names, stream_problems
-from mmidx.read.invariants import structure_problems
+from mmidx.read.encoding_streams import describe, encoding_names, incomplete_encodings, stream_problems
+from mmidx.read.invariants import content_problems, structure_problems
 
 
 def verify(prefix: str | os.PathLike, *, decode: bool = False) -> list[str]:
     """Every problem found in the dataset at ``prefix`` (an empty list means it is sound).
 
-    Recomputes every file's checksum, checks the O(n) structure, and probes every stored image's
-    header (format, width, height, mode) against ``image_info``; ``decode`` also decodes every image.
+    Recomputes every file's checksum, checks the O(n) structure (:func:`structure_problems`) and content
+    (:func:`content_problems`) invariants readers and the packer enforce, and probes every stored image's
+    header (format, width, height, mode, transparency) against ``image_info``; ``decode`` also decodes
+    every image.
     """
     try:
         dataset = MMIDXDataset(prefix)
     except FormatError as error:
         return [str(error)]
     problems = _verify_checksums(dataset) + structure_problems(dataset)
-    if dataset.plan is not None and not problems:  # the image checks read with the offsets
+    if not problems:  # these read with the offsets
+        problems += content_problems(dataset)
+    if dataset.plan is not None and not problems:
         problems += _verify_images(dataset, decode)
     for name in encoding_names(dataset.prefix):
         problems += stream_problems(dataset, name)
+    problems += [f"{dataset.prefix}.enc.{name}.json: missing beside the encoding's .bin/.idx: an interrupted "
+                 "precache or a deleted file; run `mmidx precache` again"
+                 for name in incomplete_encodings(dataset.prefix)]
     return problems
 
 
@@ -72,11 +79,13 @@ def _verify_images(dataset: MMIDXDataset, decode: bool) -> list[str]:
             problems.append(f"{where}: {error}")
             continue
         recorded = (int(info[number]["width"]), int(info[number]["height"]),
-                    _name(fmt.IMAGE_FORMATS, info[number]["format"]), _name(fmt.IMAGE_MODES, info[number]["mode"]))
-        if (found.width, found.height, found.format, found.mode) != recorded:
-            problems.append(f"{where} is a {found.width}x{found.height} {found.format} {found.mode} image, but "
-                            f"image_info in {dataset.prefix}.plan records {'x'.join(map(str, recorded[:2]))} "
-                            f"{recorded[2]} {recorded[3]}")
+                    _name(fmt.IMAGE_FORMATS, info[number]["format"]), _name(fmt.IMAGE_MODES, info[number]["mode"]),
+                    bool(info[number]["flags"] & fmt.IMAGE_FLAG_TRANSPARENCY))
+        if (found.width, found.height, found.format, found.mode, found.has_transparency) != recorded:
+            problems.append(f"{where} is a {found.width}x{found.height} {found.format} {found.mode} image "
+                            f"{'with' if found.has_transparency else 'without'} transparency, but image_info in "
+                            f"{dataset.prefix}.plan records {'x'.join(map(str, recorded[:2]))} {recorded[2]} "
+                            f"{recorded[3]} {'with' if recorded[4] else 'without'} transparency")
         if len(problems) >= MAX_IMAGE_PROBLEMS:
             problems.append(f"{dataset.prefix}.images: stopped after {MAX_IMAGE_PROBLEMS} image problems")
             break

@@ -8,7 +8,6 @@ A dataset pickles as its prefix and maps its files again, lazily, in the process
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,14 @@ from mmidx._reader import ImageTable, TokenStream, map_readonly
 from mmidx.format import FormatError
 from mmidx.io.remote_file import RemoteFile, data_file
 from mmidx.io.storage import cached_small_files, is_remote
-from mmidx.read.invariants import _check_counts, _check_file_sizes, _check_plan, element_problem, structure_problems
+from mmidx.read.invariants import (
+    _check_counts,
+    _check_file_sizes,
+    _check_plan,
+    decode_extra,
+    element_problem,
+    structure_problems,
+)
 
 
 class ImageRecord(NamedTuple):
@@ -235,13 +241,10 @@ class Sample:
         start, end = self._range("sample_extra_offsets", self.index, len(plan["sample_extra"]))
         if start == end:
             return {}
-        try:
-            extra = json.loads(plan["sample_extra"][start:end].tobytes().decode("utf-8"))
-        except (ValueError, RecursionError) as error:  # ValueError: JSONDecodeError, UnicodeDecodeError
-            extra = error
-        if not isinstance(extra, dict):
-            raise FormatError(f"{self._dataset.prefix}.plan: extra data of sample {self.index} is not a JSON "
-                              f"object ({extra}): corrupted")
+        extra, problem = decode_extra(plan["sample_extra"][start:end].tobytes())
+        if problem:
+            raise FormatError(f"{self._dataset.prefix}.plan: extra data of sample {self.index} is {problem}: "
+                              "corrupted")
         return extra
 
     @property

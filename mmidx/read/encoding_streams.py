@@ -293,6 +293,41 @@ def encoding_names(prefix: str | os.PathLike) -> list[str]:
                   if name.startswith(start) and name.endswith(end) and "." not in name[len(start):-len(end)])
 
 
+def incomplete_encodings(prefix: str | os.PathLike) -> list[str]:
+    """Names of encodings beside a local dataset with a ``.bin`` or ``.idx`` but no JSON (an interrupted
+    precache, or a deleted file): a job configured to read one fails, so ``verify`` reports them."""
+    prefix = os.fspath(prefix)
+    if is_remote(prefix):
+        return []
+    stem, complete = Path(prefix).name, set(encoding_names(prefix))
+    start = f"{stem}.enc."
+    found = {entry.name[len(start):].rpartition(".")[0]
+             for suffix in ("bin", "idx") for entry in Path(prefix).parent.glob(f"{glob.escape(stem)}.enc.*.{suffix}")}
+    return sorted(name for name in found if name and "." not in name and name not in complete)
+
+
+def stream_records(dataset: Any, modality: str, transform: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """The (item, img_num) records a stream of ``modality`` (``transform`` "vae" or "vit" for images) holds:
+    each distinct (image, img_num) of the element kind, or each text sequence a text element uses, sorted.
+    ``mmidx precache`` computes these; ``verify`` checks a stream has every one. Needs a checked structure."""
+    plan = dataset.plan
+    samples = dataset.element_samples()
+    if modality == "text":
+        documents = np.asarray(dataset.tokens.document_indices, dtype=np.int64)
+        if plan is None:
+            items = np.arange(int(documents[-1]), dtype=np.int64)
+        else:
+            texts = plan["elements"]["kind"] == fmt.TEXT
+            items = np.unique(documents[samples[texts]] + plan["elements"]["payload"][texts])
+        return items, np.zeros(len(items), dtype=np.int64)
+    kind = fmt.VAE_IMAGE if transform == "vae" else fmt.VIT_IMAGE
+    chosen = plan["elements"]["kind"] == kind
+    images = plan["sample_image_offsets"][samples[chosen]] + plan["elements"]["payload"][chosen]
+    pairs = np.unique(np.stack([images, plan["elements"]["img_num"][chosen].astype(np.int64)], axis=1), axis=0)
+    pairs = pairs.reshape(-1, 2)
+    return pairs[:, 0], pairs[:, 1]
+
+
 def stream_problems(dataset: Any, name: str) -> list[str]:
     """Every problem of the stream ``name`` of ``dataset``: checksums of both files, and every record's bounds."""
     try:
@@ -319,6 +354,19 @@ def stream_problems(dataset: Any, name: str) -> list[str]:
     if np.any(bad):
         problems.append(f"{stream_location(dataset.prefix, name, 'idx')}: {int(np.count_nonzero(bad))} records "
                         f"(first: {int(np.flatnonzero(bad)[0])}) do not fit their shape or the .bin: corrupted")
+    if dataset.plan is not None or stream.meta["modality"] == "text":
+        try:
+            dataset.check_structure()
+        except FormatError:
+            return problems  # reported by verify's structure check; coverage is computed from the plan
+        items, img_nums = stream_records(dataset, stream.meta["modality"], stream.meta.get("transform"))
+        missing = ~np.isin(items * 2**32 + img_nums, stream.keys)
+        if np.any(missing):
+            first = int(np.argmax(missing))
+            problems.append(f"{stream_location(dataset.prefix, name, 'idx')}: no record for {int(missing.sum())} "
+                            f"of the {len(items)} (item, img_num) the dataset uses (first: item {int(items[first])} "
+                            f"with img_num {int(img_nums[first])}): the encoding does not cover this data; "
+                            "precache it again")
     return problems
 
 

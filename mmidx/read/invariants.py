@@ -2,11 +2,15 @@
 
 The O(1) checks run when a dataset opens (file sizes against the metadata, counts against the token index,
 the plan's array shapes); ``structure_problems`` is the O(n) pass over every offset and element record that
-the pack and GPT indices run before they size anything, and that ``verify`` reports.
+the pack and GPT indices run before they size anything, and that ``verify`` reports; ``content_problems``
+the O(n) checks of what reads decode (extra data, token ids, special tokens). Readers and the packer call
+these same functions on what they read, so ``verify`` and they cannot disagree (docs/guide/verify.md lists
+every invariant).
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -88,18 +92,23 @@ if fmt.ELEMENT_DTYPE.names[:3] + fmt.ELEMENT_DTYPE.names[5:] != ("kind", "flags"
                       "(kind, flags, img_num, _, _, payload)")
 
 
-def element_problem(records: np.ndarray, texts: Any, images: Any) -> str | None:
+def element_problem(records: np.ndarray, texts: Any, images: Any, view_starts: np.ndarray | None = None
+                    ) -> str | None:
     """What is wrong with plan records whose samples have ``texts`` texts and ``images`` images
-    (numbers or per-record arrays), or None: kinds, flags, img_num and payloads are checked.
+    (numbers or per-record arrays), or None: kinds, flags, img_num, payloads and split pairing are checked.
+
+    ``records`` are one view, or several whose first records ``view_starts`` marks (a bool per record). Split
+    flags pair up as the packer needs (:func:`split_problem`).
 
     One sample's view (a few records, ``texts`` and ``images`` numbers: what every pack reads per sample) is
     accepted in Python ints, ~30x cheaper than numpy's per-call overhead; only a failing one is rescanned below
     for the message."""
-    if isinstance(texts, int) and isinstance(images, int) and len(records) <= _FEW_RECORDS and all(
-            kind < _KINDS and not flags & ~fmt.KNOWN_FLAGS and img_num >= 1
-            and 0 <= payload < (texts if kind == fmt.TEXT else images)
-            for kind, flags, img_num, _, _, payload in records.tolist()):
-        return None
+    if isinstance(texts, int) and isinstance(images, int) and view_starts is None and len(records) <= _FEW_RECORDS:
+        rows = records.tolist()
+        if all(kind < _KINDS and not flags & ~fmt.KNOWN_FLAGS and img_num >= 1
+               and 0 <= payload < (texts if kind == fmt.TEXT else images)
+               for kind, flags, img_num, _, _, payload in rows) and _splits_pair([row[1] for row in rows]):
+            return None
     kind = records["kind"]
     if np.any(kind >= len(fmt.KIND_NAMES)):
         return f"unknown element kinds {sorted(set(kind[kind >= len(fmt.KIND_NAMES)].tolist()))}"
@@ -112,7 +121,100 @@ def element_problem(records: np.ndarray, texts: Any, images: Any) -> str | None:
     if np.any(bad):
         return (f"{int(bad.sum())} elements name a text or image their sample does not have "
                 f"(first: element {int(np.argmax(bad))}, payload {int(payload[np.argmax(bad)])})")
+    return split_problem(records["flags"], view_starts)
+
+
+def _splits_pair(flags: list[int]) -> bool:
+    """:func:`split_problem` on one view's flags, in Python ints (the per-read fast path)."""
+    opened = False
+    for flag in flags:
+        if bool(flag & fmt.FLAG_SPLIT_START) == opened:
+            return False
+        opened = not flag & fmt.FLAG_SPLIT_END
+    return not opened
+
+
+def split_problem(flags: np.ndarray, view_starts: np.ndarray | None = None) -> str | None:
+    """Whether the split flags of views' elements pair up, as the packer needs, or what is wrong.
+
+    A view is a run of whole splits: each split's first element has ``split_start``, its last
+    ``split_end`` (one element may have both), and no element lies outside a split. So an element has
+    ``split_start`` exactly when it begins its view or follows a ``split_end``, and a view's last element
+    has ``split_end``. ``view_starts`` marks each view's first element (default: one view).
+    """
+    if len(flags) == 0:
+        return None
+    starts = (flags & fmt.FLAG_SPLIT_START) != 0
+    ends = (flags & fmt.FLAG_SPLIT_END) != 0
+    if view_starts is None:
+        view_starts = np.zeros(len(flags), dtype=bool)
+        view_starts[0] = True
+    must_start = view_starts.copy()
+    must_start[1:] |= ends[:-1]
+    view_ends = np.append(view_starts[1:], True)
+    bad = (starts != must_start) | (view_ends & ~ends)
+    if np.any(bad):
+        return (f"{int(bad.sum())} elements whose split flags (split_start, split_end) do not pair up into whole "
+                f"splits (first: element {int(np.argmax(bad))})")
     return None
+
+
+def image_info_problem(info: np.ndarray) -> str | None:
+    """What is wrong with ``image_info`` records' flags and pad byte (unknown bits, a nonzero pad), or None."""
+    if np.any(info["flags"] & np.uint8(~fmt.KNOWN_IMAGE_FLAGS & 0xFF)):
+        return "images with unknown image_info.flags bits"
+    if np.any(info["pad"]):
+        return "images with a nonzero image_info pad byte"
+    return None
+
+
+def extra_problem(data: bytes) -> str | None:
+    """Why one sample's ``sample_extra`` bytes are not a UTF-8 JSON object, or None (empty bytes: no extra)."""
+    return None if not data else decode_extra(data)[1]
+
+
+def decode_extra(data: bytes) -> tuple[dict[str, Any], str | None]:
+    """A sample's ``sample_extra`` bytes as the JSON object they hold, and None; or ({}, what is wrong)."""
+    try:
+        extra = json.loads(data.decode("utf-8")) if data else {}
+    except (ValueError, RecursionError) as error:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        return {}, f"not JSON ({error})"
+    if not isinstance(extra, dict):
+        return {}, f"a JSON {type(extra).__name__}, not an object"
+    return extra, None
+
+
+def content_problems(dataset: MMIDXDataset) -> list[str]:
+    """The O(n) invariants of what reads decode, beyond the index arrays: every ``sample_extra`` is a JSON
+    object (``Sample.extra``), every token id is below the tokenizer's ``vocab_size``, and a dataset with
+    a plan records no special token the packer needs as null (``PackBuilder``). Needs a sound structure."""
+    problems = []
+    meta, plan = dataset.metadata or {}, dataset.plan
+    if plan is not None and "sample_extra" in plan:
+        offsets, data = plan["sample_extra_offsets"], plan["sample_extra"]
+        bad = [(i, problem) for i in np.flatnonzero(np.diff(offsets)).tolist()
+               if (problem := extra_problem(data[offsets[i]:offsets[i + 1]].tobytes()))]
+        if bad:
+            problems.append(f"{dataset.prefix}.plan: {len(bad)} samples' extra data is not a JSON object "
+                            f"(first: sample {bad[0][0]}, {bad[0][1]})")
+    vocab_size = (meta.get("tokenizer") or {}).get("vocab_size")
+    if vocab_size is not None and dataset.tokens.token_count:
+        try:
+            tokens = dataset.tokens.tokens
+        except TypeError:  # read by byte range: the largest id is checked where each text is read
+            tokens = None
+        if tokens is not None:
+            top = int(tokens.max())
+            if top >= vocab_size or (tokens.dtype.kind == "i" and int(tokens.min()) < 0):
+                problems.append(f"{dataset.prefix}.bin: token ids outside the tokenizer's vocabulary of {vocab_size} "
+                                f"(largest {top}): the metadata's tokenizer.vocab_size is not the tokenizer's")
+    if plan is not None:  # mmidx's tokenizer adds all four; a dataset built without one records none (passed in)
+        special = meta.get("special_tokens", {})
+        null = [name for name in fmt.PACK_SPECIAL_TOKENS if name in special and special[name] is None]
+        if null:
+            problems.append(f"{fmt.file_path(dataset.prefix, 'meta')}: special_tokens {null} are null: the packer "
+                            "cannot build a batch of this dataset (rebuild it with a tokenizer that has them)")
+    return problems
 
 
 def structure_problems(dataset: MMIDXDataset) -> list[str]:
@@ -129,11 +231,21 @@ def structure_problems(dataset: MMIDXDataset) -> list[str]:
 
 
 def structure_sound(dataset: MMIDXDataset) -> bool:
-    """Whether the dataset breaks none of the invariants :func:`structure_problems` checks: one pass of C."""
+    """Whether the dataset breaks none of the invariants :func:`structure_problems` checks: one pass of C, then
+    split pairing and ``image_info``'s flags and pad in numpy."""
     tokens, plan = dataset.tokens, dataset.plan
-    return tokens_sound(tokens.sequence_lengths, tokens.sequence_pointers, tokens.document_indices,
-                        tokens.dtype.itemsize) and (plan is None or plan_sound(
-                            tokens.document_indices, plan, len((dataset.metadata or {}).get("sources", []))))
+    if not tokens_sound(tokens.sequence_lengths, tokens.sequence_pointers, tokens.document_indices,
+                        tokens.dtype.itemsize):
+        return False
+    if plan is None:
+        return True
+    if not plan_sound(tokens.document_indices, plan, len((dataset.metadata or {}).get("sources", []))):
+        return False
+    offsets = plan["view_element_offsets"]
+    view_starts = np.zeros(len(plan["elements"]), dtype=bool)
+    view_starts[offsets[:-1][np.diff(offsets) > 0]] = True
+    return split_problem(plan["elements"]["flags"], view_starts) is None \
+        and image_info_problem(plan["image_info"]) is None
 
 
 def vectorised_problems(dataset: MMIDXDataset) -> list[str]:
@@ -161,8 +273,10 @@ def vectorised_problems(dataset: MMIDXDataset) -> list[str]:
     if np.any(np.diff(plan["sample_view_offsets"]) == 0):
         return [f"{where}: samples without a view"]
     sample_of_element = dataset.element_samples()
+    view_starts = np.zeros(len(plan["elements"]), dtype=bool)
+    view_starts[plan["view_element_offsets"][:-1][np.diff(plan["view_element_offsets"]) > 0]] = True
     problem = element_problem(plan["elements"], np.diff(tokens.document_indices)[sample_of_element],
-                              np.diff(plan["sample_image_offsets"])[sample_of_element])
+                              np.diff(plan["sample_image_offsets"])[sample_of_element], view_starts)
     if problem:
         problems.append(f"{where}: {problem}")
     info = plan["image_info"]
@@ -170,6 +284,9 @@ def vectorised_problems(dataset: MMIDXDataset) -> list[str]:
         problems.append(f"{where}: images with a non-positive width or height")
     if np.any(info["format"] >= len(fmt.IMAGE_FORMATS)) or np.any(info["mode"] >= len(fmt.IMAGE_MODES)):
         problems.append(f"{where}: images with unknown format or mode codes")
+    problem = image_info_problem(info)
+    if problem:
+        problems.append(f"{where}: {problem}")
     sources = len((dataset.metadata or {}).get("sources", []))
     origin = plan["sample_origin"][:, 0]
     if np.any((origin < -1) | (origin >= sources)):

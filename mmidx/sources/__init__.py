@@ -49,6 +49,7 @@ SKIP_REASONS = {
     "unreadable_file": "input file that cannot be opened or read to its end",
     "no_target_frames": "video_gen row whose condition_frames leave no frame to generate in a view's frame draw",
     "function_error": "mmidx.write: the user's function raised an exception for this input",
+    "text_too_long": "a text of more tokens than --max-text-tokens (default 1,000,000)",
     **outcomes.SKIP_REASONS,  # fetch:<class>, one per download failure class (sources urls, prompts)
 }
 
@@ -84,6 +85,7 @@ class SourceOptions:
     image_root: str | None = None
     max_image_size: int | None = None
     max_image_pixels: int | None = None  # None: mmidx.images.decode.DEFAULT_MAX_PIXELS
+    max_text_tokens: int = 1_000_000  # a row with a longer text (in tokens) is skipped: text_too_long
     min_frames: int = 8
     max_frames: int = 12
     frame_quality: int | None = None  # None: video frames stored losslessly (WebP); 1..100: JPEG quality
@@ -134,6 +136,8 @@ class SourceOptions:
                              "config's message_construction instead")
         if self.views < 1:
             raise ValueError(f"views must be at least 1, not {self.views}")
+        if self.max_text_tokens < 1:
+            raise ValueError(f"max_text_tokens must be at least 1, not {self.max_text_tokens}")
         if not 1 <= self.min_frames <= self.max_frames:
             raise ValueError(f"need 1 <= min_frames <= max_frames, got {self.min_frames}..{self.max_frames}")
         if self.frame_quality is not None and not 1 <= self.frame_quality <= 100:

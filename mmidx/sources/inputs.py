@@ -47,8 +47,12 @@ def _split_query(location: str) -> tuple[str, str]:
 
 
 def _uri_of(location: str, path: str) -> str:
-    """``path`` (inside ``location``'s filesystem) spelt the way ``location`` was, query options kept."""
-    return f"{location.split('://', 1)[0]}://{quote(path)}{_split_query(location)[1]}" if is_uri(location) else path
+    """``path`` (a file directly inside the folder ``location`` names, in its filesystem) spelt the way
+    ``location`` was: a URI with its query options, a relative folder as given (not made absolute, so reports
+    name files as the user does)."""
+    if is_uri(location):
+        return f"{location.split('://', 1)[0]}://{quote(path)}{_split_query(location)[1]}"
+    return os.path.join(location, posixpath.basename(path))
 
 
 def list_inputs(inputs: Sequence[str], extensions: Sequence[str]) -> list[str]:

@@ -66,7 +66,7 @@ def _check_decodes(data: bytes, image: Image.Image, info: images.ImageInfo) -> N
             simplejpeg.decode_jpeg(data, colorspace="GRAY", min_height=1, min_width=1, strict=True)
         except ValueError as error:
             raise images.ImageError(f"cannot decode {info.format} image of {info.width}x{info.height}: "
-                                    f"{error}") from error
+                                    f"{images.pil_reason(error)}") from error
         return
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True, so truncated images decode silently "
@@ -76,7 +76,7 @@ def _check_decodes(data: bytes, image: Image.Image, info: images.ImageInfo) -> N
         image.load()
     except (OSError, SyntaxError, ValueError, EOFError, IndexError) as error:
         raise images.ImageError(f"cannot decode {info.format} image of {info.width}x{info.height}: "
-                                f"{error}") from error
+                                f"{images.pil_reason(error)}") from error
 
 
 def ingest_image(data: bytes, context: SourceContext) -> StoredImage:
@@ -93,15 +93,19 @@ def ingest_image(data: bytes, context: SourceContext) -> StoredImage:
             image, info = images.open_image(data, max_pixels=pil_limit)
             if info.width * info.height > max_pixels:
                 raise Skipped("decompression_bomb", f"{info.format} image of {info.width}x{info.height} = "
-                                                    f"{info.width * info.height} pixels, above {max_pixels}")
+                                                    f"{info.width * info.height:,} pixels, above --max-image-pixels "
+                                                    f"{max_pixels:,}")
             if max_size and max(info.width, info.height) > max_size:
                 data = images.downsize_and_reencode(data, max_size, max_pixels=pil_limit)
                 info = images.probe(data, max_pixels=pil_limit)
             else:
                 _check_decodes(data, image, info)
         except images.ImageError as error:
-            bomb = isinstance(error.__cause__, Image.DecompressionBombError)
-            raise Skipped("decompression_bomb" if bomb else "undecodable_image", str(error)) from error
+            if isinstance(error.__cause__, Image.DecompressionBombError):  # above PIL's limit, so above ours
+                pixels = re.search(r"\((\d+) pixels\)", str(error.__cause__))
+                size = f"image of {int(pixels[1]):,} pixels" if pixels else "image"
+                raise Skipped("decompression_bomb", f"{size}, above --max-image-pixels {max_pixels:,}") from error
+            raise Skipped("undecodable_image", str(error)) from error
     return StoredImage(data, info.width, info.height, info.format, info.mode, info.has_transparency)
 
 

@@ -45,6 +45,8 @@ def parse_captions(value: object) -> list[str]:
 
 def caption_object(value: object) -> dict[str, str]:
     """A ``captions`` cell (JSON object of strings) as the object, keys in order."""
+    if value is None:
+        raise Skipped("bad_captions", "captions are null")
     try:
         captions = json.loads(value)
     except (TypeError, ValueError) as error:
@@ -67,7 +69,8 @@ def caption_keys(captions: dict[str, str]) -> list[list[Any]] | None:
 
 def _sample(unit: WorkUnit, row: int, record: dict, context: SourceContext) -> SourceSample:
     if not isinstance(record["image"], bytes):
-        raise Skipped("malformed_record", f"image is {type(record['image']).__name__}, not bytes")
+        raise Skipped("malformed_record", "image is null" if record["image"] is None else
+                      f"image is {type(record['image']).__name__}, not bytes")
     image = ingest_image(record["image"], context)
     captions = caption_object(record["captions"])
     sample = caption_sample(row, list(captions.values()), image, context.rng(unit.path, row), context)

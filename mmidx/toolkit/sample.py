@@ -39,11 +39,14 @@ def dataset_tokenizer(dataset: MMIDXDataset) -> tuple[Any, str | None]:
 
 def describe_sample(prefix: str | os.PathLike | MMIDXDataset, index: int, *, view: int = 0,
                     output_dir: str | os.PathLike | None = None,
-                    tokenizer: tuple[Any, str | None] | None = None) -> dict[str, Any]:
+                    tokenizer: tuple[Any, str | None] | None = None,
+                    max_text_tokens: int | None = None) -> dict[str, Any]:
     """Plain data describing sample ``index`` (view ``view``); its images are written under ``output_dir`` if given.
 
     ``prefix`` may be an opened dataset, and ``tokenizer`` the (tokenizer, why not) of :func:`dataset_tokenizer`
-    already loaded (the viewer keeps both open); by default both are loaded here."""
+    already loaded (the viewer keeps both open); by default both are loaded here. ``max_text_tokens``: each
+    text's ``token_ids`` and ``decoded`` cover its first that many tokens only (``shown_tokens`` says how many;
+    ``tokens`` still counts them all), so a page showing the head of a huge text does not decode all of it."""
     dataset = prefix if isinstance(prefix, MMIDXDataset) else MMIDXDataset(prefix)
     if not 0 <= index < len(dataset):
         raise ValueError(f"{dataset.prefix}: sample {index} out of range: the dataset has {len(dataset):,} samples")
@@ -76,8 +79,9 @@ def describe_sample(prefix: str | os.PathLike | MMIDXDataset, index: int, *, vie
         payload = int(record["payload"])
         if record["kind"] == fmt.TEXT:
             ids = sample.text(payload)
-            element.update(text=payload, tokens=len(ids) + 2, token_ids=ids.tolist(),
-                           decoded=tokenizer.decode(ids) if tokenizer is not None else None)
+            shown = ids if max_text_tokens is None else ids[:max_text_tokens]
+            element.update(text=payload, tokens=len(ids) + 2, shown_tokens=len(shown), token_ids=shown.tolist(),
+                           decoded=tokenizer.decode(shown) if tokenizer is not None else None)
         else:
             vae = record["kind"] == fmt.VAE_IMAGE
             transform = group.vae_transform if vae else group.vit_transform

@@ -1,16 +1,18 @@
 """The viewer's web application: routes from URLs to pages, images and errors (Starlette, served by uvicorn).
 
 Why Starlette and uvicorn: a small ASGI toolkit with no template engine, ORM or build step to carry,
-routing with typed path parameters (``{index:int}`` only matches digits), a test client, and a
+routing with typed path parameters (``{index:mmidx_number}`` only matches digits), a test client, and a
 server that binds one socket; aiohttp would do as well but brings its own server and client
 stack. Pages are rendered in Python (:mod:`mmidx.toolkit.view.pages`), with no script.
 
 Safety: a URL names a dataset by its catalog name and samples, images and packs by numbers; no part
 of a URL is ever used as a path, so ``..`` (raw or percent-encoded) can only miss a route or a name
 and get the 404 page. Every response is bounded in size (pagination, cut texts, image limits) and in
-time: work runs in worker threads (at most ``WORKERS`` at once) and a request whose work takes more
-than ``TIME_LIMIT`` seconds is answered 503 (its result, once computed, is kept for the next one).
-Errors are one-line HTML pages, never a traceback.
+time: work runs in a pool of ``WORKERS`` threads (a real cap: work is never abandoned to a thread outside it),
+a request whose work takes more than ``TIME_LIMIT`` seconds is answered 503, its work goes on in the pool and
+its result is kept for the next request of the same URL (a reload), while work that had not started is dropped.
+Numbers in paths have at most 18 digits (longer is a 404). Errors are one-line HTML pages, never a traceback.
+Slow clients, the Host check and the security headers are :mod:`mmidx.toolkit.view.guard`'s.
 """
 
 from __future__ import annotations
@@ -24,15 +26,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from mmidx.errors import MissingExtraError, MMIDXError
+from mmidx.errors import MissingExtraError
 
 try:
-    import anyio
     import uvicorn
     from starlette.applications import Starlette
+    from starlette.convertors import Convertor, register_url_convertor
     from starlette.exceptions import HTTPException
-    from starlette.middleware import Middleware
-    from starlette.middleware.trustedhost import TrustedHostMiddleware
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
@@ -41,50 +41,53 @@ except ImportError as error:  # the optional web stack
 
 from mmidx import format as fmt
 from mmidx.format import FormatError
-from mmidx.images.decode import ImageError
 from mmidx.index.mixture import mixture_report
 from mmidx.read.encoding_streams import describe, encoding_names
 from mmidx.toolkit.sample import describe_sample
 from mmidx.toolkit.view import pages
 from mmidx.toolkit.view.catalog import Catalog, PacksUnavailable
+from mmidx.toolkit.view.guard import Front, guarded_protocol
+from mmidx.toolkit.view.limits import KEEP_ALIVE, PER_CLIENT, REQUEST_TIMEOUT, TIME_LIMIT, WORKERS
 from mmidx.toolkit.view.markup import STYLE, dataset_url, sample_url
 from mmidx.toolkit.view.packs import pack_layout
 from mmidx.toolkit.view.search import search_texts
 from mmidx.toolkit.view.stats import integer_histogram
 from mmidx.toolkit.view.thumbs import MAX_SIDE, ImageCache, browser_image, served_as_stored, thumbnail
+from mmidx.toolkit.view.workers import Refused, Workers, error_response
 
 SAMPLES_PER_PAGE = 48
 PACKS_PER_PAGE = 100
 CAPTION_CHARS = 160
 MAX_QUERY = 200
 MAX_ENCODED_PAYLOADS = 8
-TIME_LIMIT = 20.0
-WORKERS = 8
 MAX_LAYOUTS = 64
+MAX_DIGITS = 18
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; img-src 'self' data:; style-src 'self'; form-action 'self'; "
-                               "base-uri 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
-
-
-class _Refused(MMIDXError):
-    """A request answered with an error page: its status and one line."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 def _number(text: str | None, what: str, default: int = 0) -> int:
     """A non-negative integer query parameter; anything else is a 404 (as a bad number in the path is)."""
     if text is None:
         return default
-    if not text.isascii() or not text.isdigit() or len(text) > 18:
-        raise _Refused(404, f"{what} {text[:40]!r} is not a page or sample number")
+    if not text.isascii() or not text.isdigit() or len(text) > MAX_DIGITS:
+        raise Refused(404, f"{what} {text[:40]!r} is not a page or sample number")
     return int(text)
+
+
+class _Number(Convertor[int]):
+    """A path number of at most ``MAX_DIGITS`` ASCII digits: a longer one matches no route (404), where
+    Starlette's ``int`` would hand 4,300 digits and more to ``int()`` and fail with a 500."""
+
+    regex = f"[0-9]{{1,{MAX_DIGITS}}}"
+
+    def convert(self, value: str) -> int:
+        return int(value)
+
+    def to_string(self, value: int) -> str:
+        return str(value)
+
+
+register_url_convertor("mmidx_number", _Number())
 
 
 class Viewer:
@@ -100,12 +103,12 @@ class Viewer:
         try:
             return self.catalog[name]
         except KeyError:
-            raise _Refused(404, f"no dataset called {name[:80]!r} is served here") from None
+            raise Refused(404, f"no dataset called {name[:80]!r} is served here") from None
 
     def sample(self, name: str, index: int) -> Any:
         dataset = self.entry(name).dataset
         if not 0 <= index < len(dataset):
-            raise _Refused(404, f"sample {index} out of range: {name} has {len(dataset):,} samples")
+            raise Refused(404, f"sample {index} out of range: {name} has {len(dataset):,} samples")
         return dataset[index]
 
     def overview(self, request: Request) -> Response:
@@ -132,7 +135,7 @@ class Viewer:
         count = max(1, math.ceil(total / SAMPLES_PER_PAGE))
         number = _number(request.query_params.get("page"), "page")
         if number >= count:
-            raise _Refused(404, f"page {number} out of range: {name} has {count:,} pages of samples")
+            raise Refused(404, f"page {number} out of range: {name} has {count:,} pages of samples")
         tokenizer, _ = self.catalog.tokenizer(name)
         cells = []
         for index in range(number * SAMPLES_PER_PAGE, min(total, (number + 1) * SAMPLES_PER_PAGE)):
@@ -146,7 +149,7 @@ class Viewer:
         entry = self.entry(name)
         query = request.query_params.get("q", "").strip()
         if len(query) > MAX_QUERY:
-            raise _Refused(400, f"the search text is {len(query)} characters long; at most {MAX_QUERY}")
+            raise Refused(400, f"the search text is {len(query)} characters long; at most {MAX_QUERY}")
         start = _number(request.query_params.get("start"), "start")
         tokenizer, why_not = self.catalog.tokenizer(name)
         if not query:
@@ -177,7 +180,8 @@ class Viewer:
         entry = self.entry(name)
         sample = self.sample(name, index)
         tokenizer = self.catalog.tokenizer(name)
-        views = [describe_sample(entry.dataset, index, view=view, tokenizer=tokenizer)
+        views = [describe_sample(entry.dataset, index, view=view, tokenizer=tokenizer,
+                                 max_text_tokens=pages.MAX_TEXT_TOKENS)
                  for view in range(min(sample.num_views, pages.MAX_VIEWS))]
         images = []
         for j, record in enumerate(sample.images):
@@ -192,7 +196,7 @@ class Viewer:
         name, index, j = (request.path_params[key] for key in ("name", "index", "image"))
         sample = self.sample(name, index)
         if not 0 <= j < sample.num_images:
-            raise _Refused(404, f"image {j} out of range: sample {index} of {name} has {sample.num_images} images")
+            raise Refused(404, f"image {j} out of range: sample {index} of {name} has {sample.num_images} images")
         return (name, index, j), sample.image(j)
 
     def image(self, request: Request) -> Response:
@@ -212,7 +216,7 @@ class Viewer:
         try:
             return self.catalog.pack_index()
         except PacksUnavailable as error:
-            raise _Refused(404, str(error)) from None
+            raise Refused(404, str(error)) from None
 
     def packs(self, request: Request) -> Response:
         packs = self._packs()
@@ -220,7 +224,7 @@ class Viewer:
         count = max(1, math.ceil(total / PACKS_PER_PAGE))
         number = _number(request.query_params.get("page"), "page")
         if number >= count:
-            raise _Refused(404, f"page {number} out of range: there are {count:,} pages of packs")
+            raise Refused(404, f"page {number} out of range: there are {count:,} pages of packs")
         maximum = packs.index.config.packing.max_num_tokens
         fill = self.catalog.cached("pack_fill", lambda: integer_histogram(
             "pack fill (planned tokens, % of max_num_tokens)", packs.tokens * 100 // maximum))
@@ -236,7 +240,7 @@ class Viewer:
         packs = self._packs()
         k = request.path_params["pack"]
         if not 0 <= k < len(packs.index):
-            raise _Refused(404, f"pack {k} out of range: the index has {len(packs.index):,} packs")
+            raise Refused(404, f"pack {k} out of range: the index has {len(packs.index):,} packs")
         with self._pack_lock:  # PackBuilder keeps per-build state: one pack at a time
             layout = self._layouts.get(k)
             if layout is None:
@@ -248,45 +252,18 @@ class Viewer:
         return HTMLResponse(pages.pack_page(layout, len(packs.index)))
 
 
-class _Headers:
-    """ASGI middleware adding the security headers to every response (pages have no script to allow)."""
-
-    def __init__(self, app: Any):
-        self.app = app
-        self.headers = [(key.lower().encode(), value.encode()) for key, value in HEADERS.items()]
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        async def with_headers(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
-            await send(message)
-
-        await self.app(scope, receive, with_headers if scope["type"] == "http" else send)
-
-
-def _error(status: int, message: str) -> HTMLResponse:
-    return HTMLResponse(pages.error_page(status, message), status_code=status)
-
-
 def create_app(catalog: Catalog, *, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
-               time_limit: float = TIME_LIMIT) -> Starlette:
+               time_limit: float = TIME_LIMIT, workers: int = WORKERS) -> Front:
     """The viewer of ``catalog`` as an ASGI app. Requests whose Host header is not in ``allowed_hosts``
     are refused (a page on another site cannot reach a loopback viewer by DNS rebinding); ``["*"]``
-    allows any (for ``--host`` other than loopback)."""
+    allows any (for ``--host`` other than loopback). Page work runs in ``workers`` threads and is answered
+    503 after ``time_limit`` seconds (:class:`Workers`)."""
     viewer = Viewer(catalog)
-    limiter = anyio.CapacityLimiter(WORKERS)
+    pool = Workers(workers, time_limit)
 
     def route(path: str, work: Callable[[Request], Response]) -> Route:
         async def endpoint(request: Request) -> Response:
-            with anyio.move_on_after(time_limit):
-                try:
-                    return await anyio.to_thread.run_sync(work, request, abandon_on_cancel=True, limiter=limiter)
-                except _Refused as refused:
-                    return _error(refused.status, str(refused))
-                except (FormatError, ImageError) as error:  # damaged data: what is wrong, in one line
-                    return _error(500, f"cannot be read: {error}")
-            return _error(503, f"this page took longer than {time_limit:g} s to prepare; what was computed is "
-                               "kept: reload it in a moment")
+            return await pool.answer(work, request)
 
         return Route(path, endpoint, methods=["GET", "HEAD"])
 
@@ -296,10 +273,10 @@ def create_app(catalog: Catalog, *, allowed_hosts: Sequence[str] = LOOPBACK_HOST
     async def http_error(request: Request, error: HTTPException) -> Response:
         message = {404: "not found: nothing is served at this address",
                    405: "method not allowed: the viewer is read-only"}.get(error.status_code, str(error.detail))
-        return _error(error.status_code, message)
+        return error_response(error.status_code, message)
 
-    async def server_error(request: Request, error: Exception) -> Response:
-        return _error(500, f"internal error {type(error).__name__}: {str(error)[:200]}")
+    async def server_error(request: Request, error: Exception) -> Response:  # a bug: Front logs it in one line
+        return error_response(500, f"internal error {type(error).__name__}: {str(error)[:200]}")
 
     routes = [
         route("/", viewer.overview),
@@ -307,15 +284,14 @@ def create_app(catalog: Catalog, *, allowed_hosts: Sequence[str] = LOOPBACK_HOST
         route("/dataset/{name}", viewer.samples),
         route("/dataset/{name}/samples", viewer.samples),
         route("/dataset/{name}/search", viewer.search),
-        route("/dataset/{name}/sample/{index:int}", viewer.sample_page),
-        route("/dataset/{name}/sample/{index:int}/image/{image:int}", viewer.image),
-        route("/dataset/{name}/sample/{index:int}/thumb/{image:int}", viewer.thumb),
+        route("/dataset/{name}/sample/{index:mmidx_number}", viewer.sample_page),
+        route("/dataset/{name}/sample/{index:mmidx_number}/image/{image:mmidx_number}", viewer.image),
+        route("/dataset/{name}/sample/{index:mmidx_number}/thumb/{image:mmidx_number}", viewer.thumb),
         route("/packs", viewer.packs),
-        route("/pack/{pack:int}", viewer.pack),
+        route("/pack/{pack:mmidx_number}", viewer.pack),
     ]
-    middleware = [Middleware(_Headers), Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
-    return Starlette(routes=routes, middleware=middleware,
-                     exception_handlers={HTTPException: http_error, Exception: server_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    return Front(app, allowed_hosts, error_response)
 
 
 def is_loopback(host: str) -> bool:
@@ -348,27 +324,39 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-def serve(catalog: Catalog, sock: socket.socket) -> None:
+def _server(app: Front, *, request_timeout: float, keep_alive: float, per_client: int) -> uvicorn.Server:
+    """uvicorn serving ``app`` with :mod:`mmidx.toolkit.view.guard`'s protocol: requests must arrive whole within
+    ``request_timeout`` s, idle keep-alive connections close after ``keep_alive`` s, ``per_client`` connections
+    per client address."""
+    config = uvicorn.Config(app, http=guarded_protocol(request_timeout, per_client), log_level="warning",
+                            access_log=False, timeout_keep_alive=keep_alive, limit_concurrency=4 * per_client,
+                            timeout_graceful_shutdown=2)
+    return uvicorn.Server(config)
+
+
+def serve(catalog: Catalog, sock: socket.socket, *, time_limit: float = TIME_LIMIT,
+          request_timeout: float = REQUEST_TIMEOUT, keep_alive: float = KEEP_ALIVE,
+          per_client: int = PER_CLIENT) -> None:
     """Serve ``catalog`` on ``sock`` until interrupted (Ctrl-C), warming its overviews, tokenizers and
-    pack index in a thread meanwhile."""
+    pack index in a thread meanwhile. The limits are :func:`create_app`'s and :func:`_server`'s."""
     host = sock.getsockname()[0]
     allowed = [*LOOPBACK_HOSTS, host] if is_loopback(host) else ["*"]
-    app = create_app(catalog, allowed_hosts=allowed)
+    app = create_app(catalog, allowed_hosts=allowed, time_limit=time_limit)
     threading.Thread(target=catalog.warm, name="mmidx-view-warm", daemon=True).start()
-    config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=1024,
-                            timeout_graceful_shutdown=2)
-    uvicorn.Server(config).run(sockets=[sock])
+    _server(app, request_timeout=request_timeout, keep_alive=keep_alive, per_client=per_client).run(sockets=[sock])
 
 
 @contextmanager
-def serving(catalog: Catalog, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+def serving(catalog: Catalog, host: str = "127.0.0.1", port: int = 0, *, time_limit: float = TIME_LIMIT,
+            request_timeout: float = REQUEST_TIMEOUT, keep_alive: float = KEEP_ALIVE,
+            per_client: int = PER_CLIENT) -> Iterator[str]:
     """Serve ``catalog`` from a thread of this process while the ``with`` block runs; yields the URL.
 
     For notebooks, tests and scripts (``tools/screenshots.py``): ``mmidx view`` is the same server in
-    the foreground. The pack index and overviews are computed on first request, not warmed."""
+    the foreground, with the same limits. The pack index and overviews are computed on first request, not warmed."""
     sock = bind(host, port)
-    server = uvicorn.Server(uvicorn.Config(create_app(catalog, allowed_hosts=[*LOOPBACK_HOSTS, host]),
-                                           log_level="warning", access_log=False, limit_concurrency=1024))
+    app = create_app(catalog, allowed_hosts=[*LOOPBACK_HOSTS, host], time_limit=time_limit)
+    server = _server(app, request_timeout=request_timeout, keep_alive=keep_alive, per_client=per_client)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="mmidx-view", daemon=True)
     thread.start()
     try:

@@ -54,9 +54,18 @@ form.search input[type=text] { width: 320px; padding: 3px 6px; }
 """.strip()
 
 
+_INVISIBLE = [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0),  # controls, not \t \n \r
+              0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A),  # bidi marks and overrides
+              0xFEFF, 0xFFF9, 0xFFFA, 0xFFFB]  # byte order mark, interlinear annotation controls
+VISIBLE = {code: (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}") for code in _INVISIBLE}
+"""``str.translate`` table: each control or bidi character as the escape Python writes for it (NUL → ``\\x00``,
+RIGHT-TO-LEFT OVERRIDE → ``\\u202e``), so data can neither hide text nor reorder what the page shows."""
+
+
 def esc(value: object) -> str:
-    """``value`` as text safe inside HTML elements and quoted attributes."""
-    return html.escape(str(value), quote=True)
+    """``value`` as text safe inside HTML elements and quoted attributes, control and bidi characters shown as
+    escapes (:data:`VISIBLE`)."""
+    return html.escape(str(value).translate(VISIBLE), quote=True)
 
 
 def dataset_url(name: str, what: str = "samples", **query: object) -> str:

@@ -18,6 +18,7 @@ from mmidx.toolkit.view.search import SearchResult
 from mmidx.toolkit.view.stats import Histogram
 
 MAX_TEXT_CHARS = 20_000
+MAX_TEXT_TOKENS = 10_000  # decoded per text on a sample page: about 4 characters a token fill MAX_TEXT_CHARS
 MAX_ELEMENTS = 400
 MAX_VIEWS = 16
 MAX_EXTRA_CHARS = 4_000
@@ -149,8 +150,16 @@ def _element(element: dict[str, Any], thumbs: list[str]) -> str:
     classes = " ".join(name for name, key in (("loss", "loss"), ("cfg", "enable_cfg")) if element[key])
     if element["type"] == "text":
         text = element["decoded"] if element["decoded"] is not None else str(element["token_ids"])
-        cut = f' <span class="note">(first {MAX_TEXT_CHARS:,} of {len(text):,} characters)</span>' \
-            if len(text) > MAX_TEXT_CHARS else ""
+        total = element["tokens"] - 2  # without the text's start and end markers
+        if len(text) > MAX_TEXT_CHARS:
+            cut = f"first {MAX_TEXT_CHARS:,} characters of " + (
+                f"{len(text):,}" if element["shown_tokens"] == total else
+                f"the first {element['shown_tokens']:,} of {total:,} tokens")
+        elif element["shown_tokens"] < total:
+            cut = f"the first {element['shown_tokens']:,} of {total:,} tokens"
+        else:
+            cut = ""
+        cut = f' <span class="note">({cut})</span>' if cut else ""
         content = f'<div class="text {classes}">{esc(text[:MAX_TEXT_CHARS])}</div>{cut}'
     else:
         j = element["image"]

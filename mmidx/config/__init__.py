@@ -41,7 +41,6 @@ and ``image_transform_args`` otherwise — as BAGEL's ``vlm_sft`` group does.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import warnings
@@ -52,6 +51,16 @@ from typing import Any
 
 import yaml
 
+from mmidx.config.schedule import PhaseConfig, check_schedule, parse_schedule
+from mmidx.config.schema import (
+    GROUP_KEY_TYPES,
+    TOP_KEYS,
+    TRANSFORM_KEY_TYPES,
+    check_type,
+    checked_mapping,
+    checked_section,
+    kind_of,
+)
 from mmidx.images.transform import ImageTransform
 from mmidx.io.storage import is_remote, read_object
 
@@ -171,32 +180,6 @@ class ModelGeometry:
 
 
 @dataclass(frozen=True)
-class PhaseConfig:
-    """One phase of a mixture schedule: the groups' weights until the run has closed ``until_packs`` packs
-    or packed ``until_tokens`` tokens (both counted from the run's start; neither: open-ended, the last)."""
-
-    weights: tuple[tuple[str, float], ...]
-    until_packs: int | None = None
-    until_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "weights", tuple((str(k), float(v)) for k, v in self.weights))
-        for name, value in self.weights:
-            if not (value >= 0 and value < float("inf")):
-                raise ValueError(f"schedule: weight of {name!r} must be finite and >= 0, got {value}")
-        if not any(value > 0 for _, value in self.weights):
-            raise ValueError("schedule: a phase needs at least one group of positive weight")
-        for key in ("until_packs", "until_tokens"):
-            value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
-                raise ValueError(f"schedule: until {key[6:]} must be a positive integer, got {value!r}")
-
-    def weight_of(self, group: str) -> float:
-        """This phase's weight of ``group`` (0 when absent)."""
-        return dict(self.weights).get(group, 0.0)
-
-
-@dataclass(frozen=True)
 class DataConfig:
     """Everything that decides which samples make which packs, and how a pack becomes a batch."""
 
@@ -215,7 +198,7 @@ class DataConfig:
         if len(set(names)) != len(names):
             raise ValueError(f"group names must be unique, got {names}")
         object.__setattr__(self, "schedule", tuple(self.schedule))
-        _check_schedule(self.schedule, names)
+        check_schedule(self.schedule, names)
 
     def phase_weights(self) -> list[tuple[list[float], int | None, int | None]]:
         """(weights per group in config order, until packs, until tokens) of every phase; one open phase
@@ -228,20 +211,20 @@ class DataConfig:
     def from_dict(cls, data: Mapping[str, Any], base_dir: str | os.PathLike = ".") -> DataConfig:
         """Build from the YAML schema in this module's docstring (every key: docs/reference/data-config.md);
         relative prefixes resolve against base_dir. A wrong key or type is a one-line ``ValueError`` naming it."""
-        data = _mapping("the data config", data, TOP_KEYS)
+        data = checked_mapping("the data config", data, TOP_KEYS)
         groups = []
         if not isinstance(data.get("groups"), Mapping) or not data["groups"]:
             raise ValueError("the data config needs groups: a mapping of group name → {datasets: [...], ...}")
         for name, spec in data["groups"].items():
             if not isinstance(spec, Mapping):
-                raise ValueError(f"group {name!r} must be a mapping (datasets:, weight:, ...), got {_kind(spec)}")
+                raise ValueError(f"group {name!r} must be a mapping (datasets:, weight:, ...), got {kind_of(spec)}")
             spec = dict(spec)
             _check_group_keys(name, spec, GROUP_KEYS)
             for key, want in GROUP_KEY_TYPES.items():
                 if key in spec:
-                    _check_type(f"groups.{name}.{key}", spec[key], want)
-            datasets = [d if os.path.isabs(d) or "://" in d else os.path.join(base_dir, d)  # URIs as they are
-                        for d in spec.get("datasets", [])]
+                    check_type(f"groups.{name}.{key}", spec[key], want)
+            datasets = [d if os.path.isabs(d) or "://" in d or os.fspath(base_dir) in ("", ".")  # URIs as they are,
+                        else os.path.join(base_dir, d) for d in spec.get("datasets", [])]  # no "./" prepended
             used = spec.get("num_used_data")
             groups.append(GroupConfig(
                 name=name, datasets=tuple(datasets), weight=float(spec.get("weight", 1.0)),
@@ -252,12 +235,13 @@ class DataConfig:
                 num_used_data=None if used is None else tuple(used),
                 shuffle_lines=bool(spec.get("shuffle_lines", False)), shuffle_seed=int(spec.get("shuffle_seed", 0)),
                 encodings=tuple(dict(spec.get("encodings") or {}).items())))
-        _check_type("seed", data.get("seed", 0), int)
-        _check_type("allow_duplicates", data.get("allow_duplicates", False), bool)
-        return cls(groups=tuple(groups), packing=_section("packing", PackingConfig, data.get("packing")),
-                   dropout=_section("dropout", DropoutConfig, data.get("dropout")),
-                   geometry=_section("geometry", ModelGeometry, data.get("geometry")), seed=int(data.get("seed", 0)),
-                   schedule=_schedule(data.get("schedule")), allow_duplicates=bool(data.get("allow_duplicates", False)))
+        check_type("seed", data.get("seed", 0), int)
+        check_type("allow_duplicates", data.get("allow_duplicates", False), bool)
+        return cls(groups=tuple(groups), packing=checked_section("packing", PackingConfig, data.get("packing")),
+                   dropout=checked_section("dropout", DropoutConfig, data.get("dropout")),
+                   geometry=checked_section("geometry", ModelGeometry, data.get("geometry")),
+                   seed=int(data.get("seed", 0)), schedule=parse_schedule(data.get("schedule")),
+                   allow_duplicates=bool(data.get("allow_duplicates", False)))
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> DataConfig:
@@ -383,107 +367,12 @@ def data_yaml_group(name: str, spec: Mapping[str, Any], datasets: list[str]) -> 
     return entry
 
 
-def _schedule(entries: Any) -> tuple[PhaseConfig, ...]:
-    """The phases of a ``schedule:`` list (see the module docstring), each entry checked for its keys."""
-    if entries is None:
-        return ()
-    if not isinstance(entries, list) or not entries:
-        raise ValueError("schedule must be a non-empty list of phases, each {until: {packs: N}, weights: {...}}")
-    phases = []
-    for number, entry in enumerate(entries):
-        if not isinstance(entry, Mapping) or set(entry) - {"until", "weights"} or "weights" not in entry:
-            raise ValueError(f"schedule phase {number}: needs weights: {{group: weight}} and, except the last, "
-                             "until: {packs: N} or {tokens: N}; no other keys")
-        until = entry.get("until")
-        if until is not None and (not isinstance(until, Mapping) or len(until) != 1
-                                  or next(iter(until)) not in ("packs", "tokens")):
-            raise ValueError(f"schedule phase {number}: until must be {{packs: N}} or {{tokens: N}}, got {until!r}")
-        if not isinstance(entry["weights"], Mapping):
-            raise ValueError(f"schedule phase {number}: weights must map group names to weights")
-        until = dict(until or {})
-        try:
-            phases.append(PhaseConfig(tuple(entry["weights"].items()), until_packs=until.get("packs"),
-                                      until_tokens=until.get("tokens")))
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"schedule phase {number}: {error}".replace("schedule: ", "")) from None
-    return tuple(phases)
-
-
-def _check_schedule(schedule: tuple[PhaseConfig, ...], names: list[str]) -> None:
-    """Refuse unknown groups, an open-ended phase before the last, a limited last phase, and limits of one
-    kind that do not grow."""
-    for number, phase in enumerate(schedule):
-        unknown = sorted(set(dict(phase.weights)) - set(names))
-        if unknown:
-            raise ValueError(f"schedule phase {number}: unknown groups {unknown}; the groups are {names}")
-        last = number == len(schedule) - 1
-        limited = phase.until_packs is not None or phase.until_tokens is not None
-        if last and limited:
-            raise ValueError(f"schedule phase {number}: the last phase is open-ended; drop its until")
-        if not last and not limited:
-            raise ValueError(f"schedule phase {number}: every phase but the last needs until: {{packs: N}} or "
-                             "{tokens: N}")
-    for kind in ("until_packs", "until_tokens"):
-        limits = [getattr(p, kind) for p in schedule if getattr(p, kind) is not None]
-        if any(b <= a for a, b in itertools.pairwise(limits)):
-            raise ValueError(f"schedule: until {kind[6:]} must grow from phase to phase (counted from the run's "
-                             f"start), got {limits}")
-
-
 def _transform(args: Mapping[str, Any] | None, where: str = "image_transform_args") -> ImageTransform | None:
     if args is None:
         return None
     known = {f.name: f.type for f in fields(ImageTransform)}
-    for key, value in _mapping(where, args, tuple(known)).items():
-        _check_type(f"{where}.{key}", value, TRANSFORM_KEY_TYPES[key])
+    for key, value in checked_mapping(where, args, tuple(known)).items():
+        check_type(f"{where}.{key}", value, TRANSFORM_KEY_TYPES[key])
     return ImageTransform.from_args(args)
 
 
-# The data.yaml schema, checked key by key (docs/reference/data-config.md documents each; a test compares).
-TOP_KEYS = ("groups", "packing", "dropout", "geometry", "seed", "schedule", "allow_duplicates")
-GROUP_KEY_TYPES: dict[str, Any] = {
-    "datasets": list, "weight": float, "is_mandatory": bool, "image_transform_args": dict,
-    "vit_image_transform_args": dict, "num_used_data": list, "shuffle_lines": bool, "shuffle_seed": int,
-    "encodings": dict}
-TRANSFORM_KEY_TYPES: dict[str, Any] = {"max_image_size": int, "min_image_size": int, "image_stride": int,
-                                       "max_pixels": int, "image_mean": list, "image_std": list}
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", list: "a list", dict: "a mapping",
-               str: "a string"}
-
-
-def _kind(value: Any) -> str:
-    """How a YAML reader would name ``value``'s type."""
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-            dict: "a mapping", type(None): "nothing"}.get(type(value), type(value).__name__) + f" ({value!r})"
-
-
-def _check_type(where: str, value: Any, want: Any) -> None:
-    """Refuse ``value`` unless YAML wrote it as ``want`` (an int is a float; a bool is not a number)."""
-    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-          bool: lambda v: isinstance(v, bool), list: lambda v: isinstance(v, list | tuple),
-          dict: lambda v: isinstance(v, Mapping), str: lambda v: isinstance(v, str)}[want](value)
-    if not ok:
-        raise ValueError(f"{where} must be {_TYPE_WORDS[want]}, got {_kind(value)}")
-
-
-def _mapping(where: str, values: Any, known: tuple[str, ...]) -> dict[str, Any]:
-    """``values`` as a dict, refusing a non-mapping or unknown keys with the known ones named."""
-    if values is None:
-        return {}
-    if not isinstance(values, Mapping):
-        raise ValueError(f"{where} must be a mapping of {', '.join(known)}; got {_kind(values)}")
-    unknown = sorted(set(values) - set(known), key=str)
-    if unknown:
-        raise ValueError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown))}; "
-                         f"the known ones are {', '.join(known)}")
-    return dict(values)
-
-
-def _section(name: str, cls: Any, values: Any) -> Any:
-    """One of the data.yaml's packing / dropout / geometry mappings as ``cls``, every key and type checked."""
-    types = {f.name: f.type for f in fields(cls)}
-    values = _mapping(name, values, tuple(types))
-    for key, value in values.items():
-        _check_type(f"{name}.{key}", value, {"int": int, "float": float, "bool": bool, "str": str}[types[key]])
-    return cls(**values)
