@@ -659,7 +659,9 @@ def item_cost_model(suite: Suite, item: Item) -> None:
     for n in lengths:  # compile (on CUDA) each pack length before anything is timed
         step(_fitting_pack("mix", n, 0))()
     suite.sync()
-    agreement = _fitting_pack("mix", lengths[0] if suite.cuda else 2048, 0)  # eager flex on a CPU is slow
+    # short: SDPA with grouped heads and an arbitrary mask may take the math path (28 heads × n² scores), and
+    # eager flex on a CPU is slow
+    agreement = _fitting_pack("mix", 8192 if suite.cuda else 2048, 0)
     _layer_agreement(suite, item, layer, agreement, flex_attend, dense_attend,
                      gradients[lengths[0]][:, :sum(agreement[2])])
     kinds, tokens, predicted, measured = [], [], [], []
