@@ -37,10 +37,15 @@ from mmidx.pack.buffers import huge_page_tensor
 from mmidx.pack.masks import block_mask, dense_masks, mask_predicate
 
 KINDS = ("t2i", "edit", "vlm")
+ALL_KINDS = (*KINDS, "video", "mix")  # video generation, and a mix of all four source types
 
 
 def bagel_pack(kind: str, total: int, seed: int = 0) -> tuple[list[int], list[str], list[int]]:
-    """Samples of one source type (BAGEL's token counts) until ``total``, then the padding pseudo-sample."""
+    """Samples of one source type (BAGEL's token counts) until ``total``, then the padding pseudo-sample.
+
+    ``kind`` is one of ``ALL_KINDS``: "video" is video generation (a caption, the clean first frame, then
+    groups of noised frames, one noise split each); "mix" draws each sample's type from the other four.
+    """
     rng = random.Random(seed)
 
     def text(lo: int, hi: int) -> tuple[int, str]:  # <|im_start|> ids <|im_end|>
@@ -55,10 +60,15 @@ def bagel_pack(kind: str, total: int, seed: int = 0) -> tuple[list[int], list[st
     split_lens: list[int] = []
     attn_modes: list[str] = []
     sample_lens: list[int] = []
+    draws = 0
     while True:
-        if kind == "t2i":
+        this = rng.choice(ALL_KINDS[:4]) if kind == "mix" else kind
+        if this == "t2i":
             sample = [text(10, 150), vae("noise")]
-        elif kind == "edit":  # clean start image, then one or two edit steps
+        elif this == "video":  # caption, clean first frame, 2-3 groups of 1-2 noised frames of 32x32 latents
+            sample = [text(10, 150), vae("full")]
+            sample += [(rng.randint(1, 2) * 32 * 32 + 2, "noise") for _ in range(rng.randint(2, 3))]
+        elif this == "edit":  # clean start image, then one or two edit steps
             sample = [vae("full"), vit([16, 27, 37])]
             for step in range(rng.randint(1, 2)):
                 sample += [text(5, 60), vae("noise")]
@@ -72,7 +82,11 @@ def bagel_pack(kind: str, total: int, seed: int = 0) -> tuple[list[int], list[st
                 sample += [text(5, 150), text(20, 800)]
         length = sum(size for size, _ in sample)
         if sum(sample_lens) + length > total:
-            break
+            if sample_lens:
+                break
+            if (draws := draws + 1) == 1000:
+                raise ValueError(f"no {kind} sample fits in {total} tokens: give a longer pack")
+            continue  # a first sample longer than a short pack: draw another
         split_lens += [size for size, _ in sample]
         attn_modes += [mode for _, mode in sample]
         sample_lens.append(length)

@@ -44,7 +44,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         result = bench.bench_packs(config, packs=args.packs, workers=args.workers, decode=args.decode,
                                    masks=args.masks, target_tokens_per_s=args.target_tokens_per_s,
-                                   cache_dir=args.cache_dir, encodings=args.encodings)
+                                   device=args.device, cache_dir=args.cache_dir, encodings=args.encodings)
     print(json.dumps(result, indent=1) if args.json else bench.format_report(result))
     return 0
 
@@ -85,6 +85,7 @@ def _register_toolkit(commands: Commands) -> None:
                      help="GPT sample length, for text datasets")
     sub.add_argument("--gpt-samples", type=at_least(2), default=2000,
                      help="GPT samples per worker count, for text datasets")
+    sub.add_argument("--device", help="where batches go and masks are built (default: cuda if available, else cpu)")
     sub.add_argument("--encodings", metavar="NAME",
                      help="a precached VAE encoding (mmidx precache): also time packs with its latents, against pixels")
     sub.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -79,7 +79,7 @@ def batch_bytes(batch: Any) -> int:
 
 def _finish(batch: Any, masks: str, device: str) -> Any:
     """What the trainer's process does with a received batch: move (decoding deferred images), build masks."""
-    batch = batch.to(device)
+    batch = batch.to(device, non_blocking=device.startswith("cuda"))  # pinned by the loader there: asynchronous
     if masks != "none":
         batch.attention_masks()
     _synchronize(device)
@@ -172,7 +172,8 @@ def _bench_packs(config: DataConfig, index: Any, packs: int, workers: Sequence[i
     stages = _stage_breakdown(config, index, packs, decode, masks, device, encodings)
     one_core = stages["tokens_per_s"]
     return {"kind": "packs", "machine": machine("torch", "Pillow", "numpy"), "device": device, "decode": decode,
-            "masks": masks, "num_packs": len(index), "max_num_tokens": config.packing.max_num_tokens,
+            "masks": masks, "pin_memory": device.startswith("cuda"), "non_blocking": device.startswith("cuda"),
+            "num_packs": len(index), "max_num_tokens": config.packing.max_num_tokens,
             "packing_policy": config.packing.policy, "fill_vs_max": index.stats["fill_vs_max"],
             "rows": rows, "stages": stages, "target_tokens_per_s": target_tokens_per_s,
             "cores_needed": math.ceil(target_tokens_per_s / one_core) if one_core else None,
