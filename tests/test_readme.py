@@ -255,7 +255,7 @@ def test_blocks_that_are_not_run_parse_and_use_options_that_exist():
         syntax = subprocess.run(["bash", "-n", "-c", block.code], capture_output=True, text=True)
         assert syntax.returncode == 0, f"{block.where}: {syntax.stderr}"
         commands = command_lines(block.code)
-        assert any(command[0] in ("mmidx", "python") for command in commands), block.where
+        assert commands, block.where  # a block of comments only says nothing a reader can run
         for command in commands:
             assert options_rejected(command) is None, f"{block.where}: {shlex.join(command)}: " \
                                                       f"{options_rejected(command)}"
