@@ -229,7 +229,8 @@ def mixture_section(report: dict[str, Any]) -> str:
         points = " ".join(f"{x(p):.1f},{y(v):.1f}" for p, v in zip(over["pack"], shares, strict=True))
         lines.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{points}">'
                      f"<title>{esc(name)}</title></polyline>")
-        legend.append(f'<span style="color:{colour}">■ {esc(name)}</span>')
+        legend.append(f'<span><svg width="10" height="10" role="img"><rect width="10" height="10" fill="{colour}"/>'
+                      f"</svg> {esc(name)}</span>")  # a swatch, not a style attribute: the CSP refuses inline styles
     for phase in report["phases"][1:]:
         at = x(phase["packs"][0])
         lines.append(f'<line x1="{at:.1f}" x2="{at:.1f}" y1="0" y2="{height - bottom}" stroke="#555" '
