@@ -4,14 +4,13 @@ guarantees — byte-identical at any worker count and engine, resumable after ki
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from PIL import Image
+from support.build_cases import kill_at_first_shard
 from support.sources import image_bytes, tokenizer_dir
 
 import mmidx
@@ -105,16 +104,8 @@ def test_the_built_dataset_holds_each_good_row_in_csv_order_and_counts_each_bad_
 
 def test_kill_9_mid_build_with_2_workers_then_rerun_gives_the_files_of_a_1_worker_build(serial, photos, tmp_path):
     output = tmp_path / "photos"
-    process = subprocess.Popen(_run(photos, output, 2, delay=0.25), env=_env(), start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finished = kill_at_first_shard(_run(photos, output, 2, delay=0.25), output)
     shards = Path(f"{output}.shards")
-    deadline = time.monotonic() + 60
-    while not list(shards.glob("?????/report.json")) and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert process.poll() is None, f"the build ended (exit {process.returncode}) before it could be killed"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    finished = len(list(shards.glob("?????/report.json")))
     assert 1 <= finished < 8 and not file_path(os.fspath(output), "idx").exists()
     rerun = subprocess.run(_run(photos, output, 2), env=_env(), capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr

@@ -70,7 +70,11 @@ def same_dataset_files(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 def kill_after_first_shard(argv: list[str], output: str | os.PathLike) -> int:
     """Run ``mmidx ARGV`` (a build of ``output``) in a process of its own, kill it and its workers with SIGKILL
     as soon as its first shard is published, and return how many shards were finished by then."""
-    command = [sys.executable, "-m", "mmidx.cli", *argv]
+    return kill_at_first_shard([sys.executable, "-m", "mmidx.cli", *argv], output)
+
+
+def kill_at_first_shard(command: list[str], output: str | os.PathLike) -> int:
+    """:func:`kill_after_first_shard` for any ``command`` that builds ``output`` (a user's script of mmidx.write)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
     shards = Path(f"{os.fspath(output)}.shards")
