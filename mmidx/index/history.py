@@ -20,7 +20,7 @@ from typing import Any
 
 from mmidx.config import DataConfig
 from mmidx.errors import MMIDXError
-from mmidx.index.schedule import Phase
+from mmidx.index.schedule import Phase, taken_over
 
 HISTORY_FILE = "mixture_history.json"
 
@@ -66,17 +66,10 @@ class MixtureHistory:
         return MixtureHistory((*kept, (at_pack, config)))
 
     def phases(self) -> list[Phase]:
-        """The one schedule of the run: each config's phases, the last open one of each but the last config
-        ending at the pack where the next took over (phases already passed there are skipped as the
-        stream reaches them)."""
-        phases = []
-        for number, (_, config) in enumerate(self.takeovers):
-            end = self.takeovers[number + 1][0] if number + 1 < len(self.takeovers) else None
-            for weights, packs, tokens in config.phase_weights():
-                if end is not None:
-                    packs = end if packs is None else min(packs, end)
-                phases.append(Phase(tuple(weights), packs, tokens))
-        return phases
+        """The one schedule of the run (:func:`mmidx.index.schedule.taken_over`): each config's phases, the
+        phases of each but the last config ending at the latest at the pack where the next took over."""
+        return taken_over([(k, [Phase(tuple(w), packs, tokens) for w, packs, tokens in config.phase_weights()])
+                           for k, config in self.takeovers])
 
     def describe(self) -> list[dict[str, Any]]:
         """Plain data for the cache key: each takeover's pack and config description."""
