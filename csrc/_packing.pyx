@@ -499,6 +499,20 @@ cdef class Packer:
                 self.fed[m] += 1
         return bad
 
+    def restart_lookahead(self, int64_t group):
+        """Forget group ``group``'s queued items that no pack has taken (a schedule's new phase decides
+        anew which of the group's items the stream holds): returns the rank of the first of them (of
+        the next item to queue), from which ``lookahead`` continues; the group is no longer ended."""
+        if not 0 <= group < self.num_groups or self.slot[group] < 0:
+            raise ValueError(f"group {group} is not a mandatory group")
+        cdef int64_t m = self.slot[group]
+        cdef Queue* q = &self.queues[m]
+        if q.head < q.tail:
+            self.fed[m] = q.rank[q.head]
+        q.head = q.tail = 0
+        self.ended[m] = 0
+        return self.fed[m]
+
     def end_lookahead(self, int64_t group):
         """Group ``group`` (mandatory) has no items beyond those given to ``lookahead``."""
         if not 0 <= group < self.num_groups or self.slot[group] < 0:
@@ -506,12 +520,15 @@ cdef class Packer:
         self.ended[self.slot[group]] = 1
 
     def feed(self, const int64_t[::1] counts, const int32_t[::1] groups, const int64_t[::1] keys,
-             int64_t start, int64_t begin):
+             int64_t start, int64_t begin, int64_t stop_packs=-1, int64_t stop_tokens=-1):
         """Pack items ``begin:`` of a chunk whose item 0 is stream position ``start``.
 
         Returns (next, needed): ``next`` is where to resume in the chunk (its length when done);
         ``needed`` is -1, or the mandatory group whose lookahead ran out (give it more, then call
         again from ``next``), or -2 - position for an item whose group or count is invalid.
+        ``stop_packs`` / ``stop_tokens`` (-1: none) stop the feed before the first item that comes
+        after the packing (a resumed pack start included) that closed that many packs or packed that
+        many tokens (a schedule's phase ends there): ``next`` is that item.
         """
         cdef int64_t n = counts.shape[0], i, g, m, count, rank = 0, needed = -1, stop = n, bad = -1
         cdef Queue* q
@@ -532,6 +549,10 @@ cdef class Packer:
                     stop = begin
             if needed < 0:
                 for i in range(begin, n):
+                    if ((stop_packs >= 0 and self.num_packs >= stop_packs)
+                            or (stop_tokens >= 0 and self.tokens >= stop_tokens)):
+                        stop = i
+                        break
                     g = groups[i]
                     count = counts[i]
                     if g < 0 or g >= self.num_groups or count < 0:

@@ -1,11 +1,15 @@
 """Mixture schedules: phases carry every group's place in its epoch, phase ends are chunk-size independent,
 a mid-run edit leaves the consumed packs alone, and each phase delivers its weights."""
 
+import itertools
+
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmidx.config import DataConfig
+from mmidx.index.cache import ArraySink
+from mmidx.index.pack_index import write_pack_index
 from mmidx.index.pack_stream import PackStream
 from mmidx.index.schedule import Phase, PhasedBlend, taken_over
 from mmidx.index.stream import ViewTable
@@ -14,10 +18,11 @@ BUDGETS = {"max_num_tokens": 60, "expected_num_tokens": 50, "max_num_tokens_per_
            "prefer_buffer_before": 30, "max_buffer_size": 4}
 
 
-def run(table, phases, num_samples, seed=0, chunk_size=1 << 20, budgets=None, **options):
+def run(table, phases, num_samples, seed=0, chunk_size=1 << 20, mandatory=None, budgets=None, **options):
     """(pack_offsets, samples, stream) of a scheduled PackStream, packs gathered from every chunk."""
-    stream = PackStream(table, [1.0] * table.num_groups, num_samples, seed, mandatory=[False] * table.num_groups,
-                        chunk_size=chunk_size, phases=phases, **(budgets or BUDGETS), **options)
+    stream = PackStream(table, [1.0] * table.num_groups, num_samples, seed,
+                        mandatory=mandatory or [False] * table.num_groups, chunk_size=chunk_size, phases=phases,
+                        **(budgets or BUDGETS), **options)
     chunks = list(stream)
     sizes = np.cumsum([0] + [len(c.samples) for c in chunks[:-1]])
     offsets = np.concatenate([[0]] + [c.pack_ends + base for c, base in zip(chunks, sizes, strict=True)])
@@ -113,11 +118,12 @@ def test_mid_run_edits_leave_the_packs_before_each_change_alone_and_walk_each_ep
     edits = data.draw(st.integers(1, 3))
     at = sorted(data.draw(st.lists(st.integers(1, 40), min_size=edits, max_size=edits, unique=True)))
     takeovers = [(k, data.draw(schedules(table.num_groups, min_phases=2))) for k in [0, *at]]
+    mandatory = data.draw(st.lists(st.booleans(), min_size=table.num_groups, max_size=table.num_groups))
     num_samples = 300
-    full = run(table, taken_over(takeovers), num_samples)
+    full = run(table, taken_over(takeovers), num_samples, 5, 64, mandatory)
     assert_each_epoch_walked_once(table, full[1], full[2].group_counts)
     for number, k in enumerate(at, 1):  # the run as it was before edit ``number``: its packs before k hold
-        before = run(table, taken_over(takeovers[:number]), num_samples)
+        before = run(table, taken_over(takeovers[:number]), num_samples, 5, 64, mandatory)
         k = min(k, len(before[0]) - 1, len(full[0]) - 1)
         np.testing.assert_array_equal(full[0][:k + 1], before[0][:k + 1])
         np.testing.assert_array_equal(full[1][:before[0][k]], before[1][:before[0][k]])
@@ -193,8 +199,100 @@ def test_a_single_open_phase_is_the_plain_blend_pack_for_pack():
     np.testing.assert_array_equal(np.concatenate([c.samples for c in chunks]), ours[1])
 
 
-def test_mandatory_groups_with_several_phases_are_refused_in_one_line():
-    table = ViewTable.of([np.arange(3), np.arange(3)], [np.ones(2, int), np.ones(2, int)])
-    with pytest.raises(ValueError, match="is_mandatory groups cannot be combined with a schedule"):
-        PackStream(table, [1.0, 1.0], 10, 0, mandatory=[True, False], **BUDGETS,
-                   phases=[Phase((1.0, 1.0), until_packs=2), Phase((1.0, 0.0))])
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_mandatory_groups_in_a_schedule_walk_each_epoch_once_at_any_chunk_size(data):
+    """A mandatory group runs ahead of the stream within a phase; at a phase change its lookahead starts
+    anew after the items packs already took: its items stay its epochs' samples in order, none twice or
+    missed, and the packs do not depend on the chunk size."""
+    table = data.draw(tables())
+    phases = data.draw(schedules(table.num_groups, min_phases=2))
+    mandatory = data.draw(st.lists(st.booleans(), min_size=table.num_groups, max_size=table.num_groups))
+    num_samples = data.draw(st.integers(0, 400))
+    policy = {"policy": data.draw(st.sampled_from(["bagel", "tight"])), "window": data.draw(st.integers(1, 12))}
+    offsets, samples, stream = run(table, phases, num_samples, 5, 1 << 20, mandatory, **policy)
+    for chunk_size in (1, 7):
+        other = run(table, phases, num_samples, 5, chunk_size, mandatory, **policy)
+        np.testing.assert_array_equal(other[0], offsets)
+        np.testing.assert_array_equal(other[1], samples)
+        assert other[2].group_counts == stream.group_counts
+    assert sum(stream.group_counts) == len(samples) >= num_samples  # plus items taken ahead of a phase's end
+    assert_each_epoch_walked_once(table, samples, stream.group_counts)
+    assert stream.stats["num_packs"] == len(offsets) - 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_each_pack_of_a_schedule_starts_with_the_mandatory_groups_items(data):
+    """Items of 1-10 tokens always fit (no deferral, no solo pack): every pack starts with one item of each
+    mandatory group, in group order, until the group's items in the phase in force when the pack opened
+    (the phase continued to the stream's end) run out."""
+    table = data.draw(tables())
+    table = ViewTable.of([np.arange(n + 1) for n in np.diff(table.group_base)],
+                         [table.view_tokens[a:b] % 10 + 1 for a, b in itertools.pairwise(table.group_base)])
+    weights = [data.draw(st.lists(st.sampled_from([0.2, 1.0, 3.0]), min_size=table.num_groups,
+                                  max_size=table.num_groups)) for _ in range(3)]
+    at = sorted(data.draw(st.lists(st.integers(1, 60), min_size=2, max_size=2, unique=True)))
+    phases = [Phase(tuple(weights[0]), at[0]), Phase(tuple(weights[1]), until_tokens=at[1] * 50),
+              Phase(tuple(weights[2]))]
+    mandatory = data.draw(st.lists(st.booleans(), min_size=table.num_groups, max_size=table.num_groups).filter(any))
+    offsets, samples, stream = run(table, phases, 1000, 5, 64, mandatory)
+    group_of = np.searchsorted(table.group_base, samples, side="right") - 1
+    # with the bagel policy the pack open when a phase's limit is reached was opened in that phase
+    edges = [0] + [log["start_pack"] + 1 for log in stream.phase_log[1:]] + [len(offsets) - 1]
+    heads = []  # each pack's leading items of mandatory groups in increasing group order
+    for first, last in itertools.pairwise(offsets):
+        head = []
+        for group in group_of[first:last]:
+            if not mandatory[group] or (head and group <= head[-1]):
+                break
+            head.append(group)
+        heads.append(head)
+    for group in np.flatnonzero(mandatory):
+        led = np.array([group in head for head in heads], dtype=bool)
+        for first, last in itertools.pairwise(edges):  # in each phase the packs it leads are a prefix
+            runs = led[first:last]
+            if len(runs) and not runs.all():
+                assert not runs[np.argmin(runs):].any(), (group, first, last, runs)
+    assert_each_epoch_walked_once(table, samples, stream.group_counts)
+
+
+def test_a_mandatory_group_of_weight_0_in_a_phase_leads_no_pack_there():
+    rng = np.random.default_rng(2)
+    table = ViewTable.of([np.arange(n + 1) for n in (20, 50)], [rng.integers(1, 11, n) for n in (20, 50)])
+    phases = [Phase((1.0, 4.0), until_packs=30), Phase((0.0, 1.0), until_packs=60), Phase((1.0, 4.0))]
+    offsets, samples, stream = run(table, phases, 900, 5, 100, [True, False])
+    group_of = np.searchsorted(table.group_base, samples, side="right") - 1
+    starts = [log["start_pack"] for log in stream.phase_log]
+    assert starts == [0, 30, 60]
+    leads = group_of[offsets[:-1]] == 0  # pack 30 (60) opened when pack 29 (59) closed: in phase 0 (1)
+    assert leads[:31].all() and not leads[31:61].any() and leads[61:-10].all()
+    assert not (group_of[offsets[32]:offsets[60]] == 0).any()  # nor any other item of it, once the samples
+    # packed in phase 0 (the open pack, the buffer) are out
+    assert_each_epoch_walked_once(table, samples, stream.group_counts)
+
+
+def test_items_a_mandatory_group_took_ahead_of_a_phase_that_ended_are_packed_once_and_counted():
+    """A rare mandatory group runs ahead of the stream (one item a pack); the next phase drops it: the
+    items packs took are delivered (once), so the index holds more items than the stream's 250, and
+    the pack offsets' dtype holds them (uint8 would wrap at 255)."""
+    config = DataConfig.from_dict({
+        "groups": {"rare": {"datasets": ["unused"], "is_mandatory": True}, "common": {"datasets": ["unused2"]}},
+        "packing": {"max_num_tokens": 60, "expected_num_tokens": 50, "max_num_tokens_per_sample": 60,
+                    "prefer_buffer_before": 30, "max_buffer_size": 4},
+        "schedule": [{"until": {"packs": 30}, "weights": {"rare": 0.1, "common": 1.0}},
+                     {"weights": {"common": 1.0}}]})
+    rng = np.random.default_rng(0)
+    table = ViewTable.of([np.arange(31), np.arange(41)], [rng.integers(10, 21, 30), rng.integers(10, 21, 40)])
+    sink = ArraySink(None)
+    stats = write_pack_index(sink, table, config, 250)
+    arrays = sink.finish()
+    offsets, samples = arrays["pack_offsets"].astype(np.int64), arrays["samples"].astype(np.int64)
+    assert offsets[-1] == len(samples) == sum(stats["groups"].values()) > 255
+    rare = samples[samples < 30]
+    assert stats["groups"] == {"rare": len(rare), "common": len(samples) - len(rare)}
+    assert [m["items"]["rare"] for m in stats["mixture"]] == [9, 0] and len(rare) == 23  # 14 taken ahead
+    assert_each_epoch_walked_once(table, samples, list(stats["groups"].values()))
+    group_of = (samples >= 30).astype(int)
+    # phase 0 continued to the stream's end would hold 23 of its items: the first 23 packs lead with them
+    assert group_of[offsets[:30]].tolist() == [0] * 23 + [1] * 7

@@ -279,7 +279,10 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
                         prefer_buffer_before=packing.prefer_buffer_before, max_buffer_size=packing.max_buffer_size,
                         chunk_size=chunk_size, phases=None if plain else phases, policy=packing.policy,
                         window=packing.window)
-    sink.declare("pack_offsets", _unsigned(num_samples))
+    # with several phases, packs may also hold mandatory items taken ahead of a phase that then ended (each
+    # mandatory group delivers at most num_samples items: PackStream)
+    mandatory = sum(g.is_mandatory for g in config.groups) if len(phases) > 1 else 0
+    sink.declare("pack_offsets", _unsigned(num_samples * (1 + mandatory)))
     sink.declare("samples", _unsigned(int(table.group_base[-1]) - 1))
     keep_views = table.max_views > 1
     if keep_views:
