@@ -147,7 +147,13 @@ class PackStream:
             self._skip[group] = self._given[group] = self.packer.restart_lookahead(group)
             self._over.discard(group)
             self._ahead[group] = main.copy()
-            if main.current.weights[group] == 0:  # the phase holds none of its items
+        self._end_absent(main)
+
+    def _end_absent(self, main: PhasedBlend) -> None:
+        """End the lookahead of the mandatory groups of weight 0 in ``main``'s phase (it holds none of their
+        items: reading ahead to the stream's end would find none)."""
+        for group in self._ahead:
+            if main.current.weights[group] == 0:
                 self.packer.end_lookahead(group)
                 self._over.add(group)
 
@@ -159,6 +165,7 @@ class PackStream:
         self._given = dict.fromkeys(self._ahead, 0)  # per mandatory group: items given to lookahead
         self._over: set[int] = set()  # mandatory groups whose lookahead holds every item of the phase
         self._log_phase(main)
+        self._end_absent(main)
         while main.position < self.num_samples:
             start, phase, before = main.position, main.current, main.copy()
             groups, counts, keys = self._chunk(main, min(self.chunk_size, self.num_samples - start))
