@@ -176,10 +176,11 @@ class PackStream:
                 groups, counts = groups[:fed], counts[:fed]
                 main.take(fed)
             self._count(groups, counts)
-            if main.phase + 1 < len(self.phases) and main.current.reached(packer.num_packs, packer.tokens):
-                while main.phase + 1 < len(self.phases) and main.current.reached(packer.num_packs, packer.tokens):
-                    main.next_phase()
-                    self._log_phase(main)
+            number = main.phase
+            while main.phase + 1 < len(self.phases) and main.current.reached(packer.num_packs, packer.tokens):
+                main.next_phase()  # (several, where limits passed already)
+                self._log_phase(main)
+            if main.phase != number:
                 self._restart_lookahead(main)
             yield self._drain(main.position)
         for group in self._ahead:  # an empty stream never reached the lookahead
