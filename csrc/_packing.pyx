@@ -144,6 +144,7 @@ cdef class Packer:
     cdef int64_t* tail
     cdef int64_t* seen  # per slot: items of the group the stream has reached
     cdef int64_t* fed  # per slot: items of the group given to lookahead
+    cdef int64_t* popped  # per slot: rank after the last queued item a pack took
     cdef uint8_t* ended  # per slot: lookahead has every item of the group
     cdef Buffer buffer
     cdef int64_t* items  # keys of the drained-not-yet packs, then of the open pack
@@ -194,12 +195,13 @@ cdef class Packer:
         self.tail = _grow(NULL, m)
         self.seen = _grow(NULL, m)
         self.fed = _grow(NULL, m)
+        self.popped = _grow(NULL, m)
         self.ended = <uint8_t*> malloc(m)
         if self.ended == NULL:
             raise MemoryError()
         for g in range(self.num_mandatory):
             self.head[g] = self.tail[g] = -1
-            self.seen[g] = self.fed[g] = 0
+            self.seen[g] = self.fed[g] = self.popped[g] = 0
             self.ended[g] = 0
         b.count = _grow(NULL, self.capacity)
         b.position = _grow(NULL, self.capacity)
@@ -239,6 +241,7 @@ cdef class Packer:
         free(self.tail)
         free(self.seen)
         free(self.fed)
+        free(self.popped)
         free(self.ended)
         free(self.buffer.count)
         free(self.buffer.position)
@@ -351,6 +354,7 @@ cdef class Packer:
             if q.head < q.tail:
                 if self.pack_sum + q.count[q.head] <= self.max_num_tokens:
                     self._place(q.count[q.head], q.key[q.head])
+                    self.popped[m] = q.rank[q.head] + 1
                     q.head += 1
                 continue
             if not self.ended[m]:
@@ -500,16 +504,15 @@ cdef class Packer:
         return bad
 
     def restart_lookahead(self, int64_t group):
-        """Forget group ``group``'s queued items that no pack has taken (a schedule's new phase decides
-        anew which of the group's items the stream holds): returns the rank of the first of them (of
-        the next item to queue), from which ``lookahead`` continues; the group is no longer ended."""
+        """Forget what group ``group``'s lookahead holds beyond the items the stream has reached and the
+        packs have taken (a schedule's new phase decides anew which of the group's items the stream
+        holds): returns the rank of the first item neither reached nor taken, from which ``lookahead``
+        continues (the same however far lookahead had read); the group is no longer ended."""
         if not 0 <= group < self.num_groups or self.slot[group] < 0:
             raise ValueError(f"group {group} is not a mandatory group")
         cdef int64_t m = self.slot[group]
-        cdef Queue* q = &self.queues[m]
-        if q.head < q.tail:
-            self.fed[m] = q.rank[q.head]
-        q.head = q.tail = 0
+        self.queues[m].head = self.queues[m].tail = 0
+        self.fed[m] = max(self.seen[m], self.popped[m])
         self.ended[m] = 0
         return self.fed[m]
 

@@ -209,16 +209,19 @@ def test_mandatory_groups_in_a_schedule_walk_each_epoch_once_at_any_chunk_size(d
     phases = data.draw(schedules(table.num_groups, min_phases=2))
     mandatory = data.draw(st.lists(st.booleans(), min_size=table.num_groups, max_size=table.num_groups))
     num_samples = data.draw(st.integers(0, 400))
-    policy = {"policy": data.draw(st.sampled_from(["bagel", "tight"])), "window": data.draw(st.integers(1, 12))}
+    policy = {"policy": data.draw(st.sampled_from(["bagel", "tight"])), "window": data.draw(st.integers(1, 12)),
+              "budgets": {**BUDGETS, "max_num_tokens_per_sample": data.draw(st.sampled_from([60, 40]))}}
     offsets, samples, stream = run(table, phases, num_samples, 5, 1 << 20, mandatory, **policy)
-    for chunk_size in (1, 7):
+    for chunk_size in (1, 7):  # the counts too: where a lookahead continues after a phase change is the same
         other = run(table, phases, num_samples, 5, chunk_size, mandatory, **policy)
         np.testing.assert_array_equal(other[0], offsets)
         np.testing.assert_array_equal(other[1], samples)
         assert other[2].group_counts == stream.group_counts
+    assert stream.stats["num_packs"] == len(offsets) - 1
+    if policy["budgets"]["max_num_tokens_per_sample"] < 45:  # some samples excluded: the counts hold them
+        return
     assert sum(stream.group_counts) == len(samples) >= num_samples  # plus items taken ahead of a phase's end
     assert_each_epoch_walked_once(table, samples, stream.group_counts)
-    assert stream.stats["num_packs"] == len(offsets) - 1
 
 
 @settings(max_examples=30, deadline=None)
