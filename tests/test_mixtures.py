@@ -260,6 +260,20 @@ def test_each_pack_of_a_schedule_starts_with_the_mandatory_groups_items(data):
     assert_each_epoch_walked_once(table, samples, stream.group_counts)
 
 
+def test_a_mandatory_groups_count_after_a_phase_change_does_not_depend_on_how_far_lookahead_read():
+    """Lookahead read past the last item a pack took, over items excluded as too long: the new phase
+    continues after the items reached or taken, not after those read, so the count is the same at any chunk
+    size (it once was not: the packs were, the count of the group's items delivered was not)."""
+    rng = np.random.default_rng(2)
+    table = ViewTable.of([np.arange(21), np.arange(11)], [rng.integers(10, 30, 20), rng.integers(1, 80, 10)])
+    phases = [Phase((1.0, 0.1), until_packs=5), Phase((1.0, 0.0))]
+    budgets = {**BUDGETS, "max_num_tokens_per_sample": 40}
+    runs = [run(table, phases, 300, 0, chunk_size, [False, True], budgets) for chunk_size in (1 << 20, 1, 5)]
+    assert len({tuple(r[2].group_counts) for r in runs}) == 1
+    for other in runs[1:]:
+        np.testing.assert_array_equal(other[1], runs[0][1])
+
+
 def test_a_mandatory_group_of_weight_0_in_a_phase_leads_no_pack_there():
     rng = np.random.default_rng(2)
     table = ViewTable.of([np.arange(n + 1) for n in (20, 50)], [rng.integers(1, 11, n) for n in (20, 50)])
