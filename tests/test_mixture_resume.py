@@ -101,7 +101,7 @@ def test_an_edit_at_a_checkpoint_resumes_at_another_world_size_as_the_recorded_h
     assert "not a mixture history" in capsys.readouterr().err
 
 
-def test_a_group_added_after_the_others_at_a_checkpoint_leaves_the_packs_consumed_alone(groups):
+def test_a_group_added_after_the_others_at_a_checkpoint_leaves_the_packs_consumed_alone(groups, tmp_path):
     """A group added at pack 40 had weight 0 before: its samples are numbered after the others' and no group's
     permutation depends on the groups after it, so the first 40 packs are the old config's, sample for
     sample; the default stream length stays the first config's."""
@@ -118,6 +118,11 @@ def test_a_group_added_after_the_others_at_a_checkpoint_leaves_the_packs_consume
     inserted = DataConfig.from_dict({"groups": {k: groups[k] for k in ("edit", "vlm", "t2i")}, **packing})
     with pytest.raises(HistoryError, match=r"changes the groups .* add new ones after them"):
         MixtureHistory.of(old).take_over(inserted, 40)
+    history.save(tmp_path / "history.json")  # a history file edited by hand is checked as well
+    text = (tmp_path / "history.json").read_text()
+    (tmp_path / "history.json").write_text(text.replace('"seed": 3', '"seed": 4', 1))
+    with pytest.raises(HistoryError, match=r"history.json: the edited config changes seed, which made the 40 packs"):
+        MixtureHistory.load(tmp_path / "history.json")
 
 
 def test_the_issue_schedule_parses_and_round_trips(groups, tmp_path):

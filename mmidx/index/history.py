@@ -39,6 +39,8 @@ class MixtureHistory:
         packs = [k for k, _ in self.takeovers]
         if not packs or packs[0] != 0 or any(b <= a for a, b in itertools.pairwise(packs)):
             raise HistoryError(f"a mixture history starts at pack 0 and its takeovers grow, got packs {packs}")
+        for (_, old), (k, new) in itertools.pairwise(self.takeovers):  # a history file edited by hand, too
+            check_edit(old, new, k)
 
     @classmethod
     def of(cls, config: DataConfig) -> MixtureHistory:
@@ -62,8 +64,7 @@ class MixtureHistory:
         in_force = kept[-1][1]
         if in_force == config:
             return MixtureHistory(kept)
-        check_edit(in_force, config, at_pack)
-        return MixtureHistory((*kept, (at_pack, config)))
+        return MixtureHistory((*kept, (at_pack, config)))  # checks the edit
 
     def phases(self) -> list[Phase]:
         """The one schedule of the run (:func:`mmidx.index.schedule.taken_over`): each config's phases, the
@@ -93,6 +94,8 @@ class MixtureHistory:
         try:
             data = json.loads(Path(path).read_text())
             return cls(tuple((int(t["from_pack"]), DataConfig.from_dict(t["config"])) for t in data["takeovers"]))
+        except HistoryError as error:  # a history whose later config changes packs an earlier one made
+            raise HistoryError(f"{path}: {error}") from None
         except (OSError, KeyError, TypeError, ValueError) as error:
             raise HistoryError(f"{path}: not a mixture history ({error}); it is written by the loader "
                                "(trainer_loader(history=...)) or MixtureHistory.save") from None
