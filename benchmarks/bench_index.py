@@ -4,6 +4,7 @@
     python benchmarks/bench_index.py --quick    # a smoke run in seconds
     python benchmarks/bench_index.py --scale    # the pack index at 10^7 and 10^8 samples (--billion: 10^9 too)
     python benchmarks/bench_index.py --scale --schedule --sizes 100000000   # plain vs a 3-phase schedule
+    python benchmarks/bench_index.py --scale --schedule --mandatory          # and with a mandatory group
 
 The README's figures are the first command's. Every mmidx result is checked equal to Megatron's. The protocol
 is benchmarks/common.py's: each row runs Megatron and mmidx in turn, the first side rotating, for ``--rounds``
@@ -119,10 +120,12 @@ def _installed(name: str) -> bool:
     return True
 
 
-def scale_run(num_samples: int, folder: str, whole: bool, schedule: bool = False) -> dict[str, float]:
+def scale_run(num_samples: int, folder: str, whole: bool, schedule: bool = False,
+              mandatory: bool = False) -> dict[str, float]:
     """One pack-index build in this (fresh, single-core) process: wall time, peak RSS, cache size,
     and items(k) on the result; ``whole`` times the in-memory whole-array pipeline instead; ``schedule``
-    builds the 3-phase schedule of ``scale_schedule``."""
+    builds the 3-phase schedule of ``scale_schedule``, ``mandatory`` with its edit group ``is_mandatory``
+    (its lookahead restarts at each phase, and ends in the phase without it)."""
     from mmidx.config import DataConfig, GroupConfig
     from mmidx.index.cache import cached_build
     from mmidx.index.pack_index import PackIndex, write_pack_index
@@ -134,7 +137,7 @@ def scale_run(num_samples: int, folder: str, whole: bool, schedule: bool = False
         offsets.append(np.concatenate([[0], np.cumsum(per_sample)]))
         tokens.append(np.maximum(rng.normal(mean, 0.3 * mean, per_sample.sum()), 1).astype(np.int64))
     table = ViewTable.of(offsets, tokens)
-    config = DataConfig(groups=tuple(GroupConfig(name, (name,), weight)
+    config = DataConfig(groups=tuple(GroupConfig(name, (name,), weight, is_mandatory=mandatory and name == "edit")
                                      for (name, *_), weight in zip(SCALE_GROUPS, SCALE_WEIGHTS, strict=True)),
                         schedule=scale_schedule(num_samples) if schedule else ())
     del offsets, tokens
@@ -148,7 +151,7 @@ def scale_run(num_samples: int, folder: str, whole: bool, schedule: bool = False
         pack_samples(counts, groups, mandatory=[False] * 3)
         return {"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu, "rss": _peak_rss(),
                 "before": before}
-    arrays, stats, path, _ = cached_build(folder, {"bench": num_samples, "schedule": schedule},
+    arrays, stats, path, _ = cached_build(folder, {"bench": num_samples, "schedule": schedule, "mandatory": mandatory},
                                           lambda sink: write_pack_index(sink, table, config, num_samples))
     # Before items() maps pages of the cache in (file-backed pages of the page cache, which count as RSS).
     seconds, cpu, peak = time.perf_counter() - start, time.process_time() - cpu, _peak_rss()
@@ -183,36 +186,38 @@ def _peak_rss() -> float:
     return _status("VmHWM")
 
 
-def scale_table(sizes: list[int], schedule: bool = False) -> None:
+def scale_table(sizes: list[int], schedule: bool = False, mandatory: bool = False) -> None:
     """Each build in a fresh process pinned to one core, so peak RSS and time are its own. ``schedule``:
     the plain streamed build against the 3-phase schedule instead (no whole-array row), their ratios under
-    the table."""
+    the table; ``mandatory``: and the schedule with a mandatory group."""
     print("| samples | build | wall (s) | CPU (s) | peak RSS (GB) (before the build) | cache (B/sample) | packs "
           "| items(k), median (µs) |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     ratios = []
     for num_samples in sizes:
-        runs = [("plain", False), ("schedule", False)] if schedule else \
+        runs = [("plain", False), ("schedule", False)] + [("mandatory", False)] * mandatory if schedule else \
             [("plain", False)] + [("plain", True)] * (num_samples <= 10**7)
         results = {}
         for kind, whole in runs:
             with tempfile.TemporaryDirectory() as folder:
                 child = [sys.executable, __file__, "--scale-run", str(num_samples), folder] + ["--whole"] * whole
-                child += ["--schedule"] * (kind == "schedule")
+                child += ["--schedule"] * (kind in ("schedule", "mandatory")) + ["--mandatory"] * (kind == "mandatory")
                 result = json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout)
             results[kind] = result
             name = ("whole-array, in memory (reference)" if whole else
-                    "streamed, cached, 3-phase schedule" if kind == "schedule" else "streamed, cached")
+                    "streamed, cached, 3-phase schedule" if kind == "schedule" else
+                    "streamed, cached, 3-phase schedule, edit mandatory" if kind == "mandatory" else "streamed, cached")
             cache = f"{result['bytes'] / num_samples:.2f}" if not whole else "–"
             packs = f"{result['packs']:,}" if not whole else "–"
             items = f"{result['items_us']:.1f} ({result['items_pack']:.1f} a pack)" if not whole else "–"
             memory = f"{result['rss'] / 1e9:.2f} ({result['before'] / 1e9:.2f})"
             times = f"{result['seconds']:.1f} | {result['cpu']:.1f}"
             print(f"| {num_samples:.0e} | {name} | {times} | {memory} | {cache} | {packs} | {items} |", flush=True)
-        if schedule:
-            plain, phased = results["plain"], results["schedule"]
-            ratios.append(f"{num_samples:.0e}: schedule / plain = {phased['seconds'] / plain['seconds']:.2f}× wall, "
-                          f"{phased['cpu'] / plain['cpu']:.2f}× CPU, {phased['rss'] / plain['rss']:.2f}× peak RSS")
+        for kind in ("schedule", "mandatory"):
+            if kind in results:
+                plain, phased = results["plain"], results[kind]
+                ratios.append(f"{num_samples:.0e}: {kind} / plain = {phased['seconds'] / plain['seconds']:.2f}× wall, "
+                              f"{phased['cpu'] / plain['cpu']:.2f}× CPU, {phased['rss'] / plain['rss']:.2f}× peak RSS")
     for line in ratios:
         print(f"\n{line}")
 
@@ -258,16 +263,19 @@ def main() -> None:
     parser.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--schedule", action="store_true",
                         help="with --scale: the plain streamed build against a 3-phase schedule")
+    parser.add_argument("--mandatory", action="store_true",
+                        help="with --scale --schedule: also the schedule with the edit group is_mandatory")
     parser.add_argument("--sizes", type=int, nargs="+", help="with --scale: these sample counts instead")
     args = parser.parse_args()
     if args.scale_run:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        print(json.dumps(scale_run(int(args.scale_run[0]), args.scale_run[1], args.whole, args.schedule)))
+        print(json.dumps(scale_run(int(args.scale_run[0]), args.scale_run[1], args.whole, args.schedule,
+                                   args.mandatory)))
         return
     if args.scale:
         print(f"Machine: {machine('numpy', 'Cython')}; each build in its own process on one core\n")
         with Watch() as watch:
-            scale_table(args.sizes or [10**7, 10**8] + [10**9] * args.billion, args.schedule)
+            scale_table(args.sizes or [10**7, 10**8] + [10**9] * args.billion, args.schedule, args.mandatory)
         print(f"\n{watch.describe()}")
         return
     if args.quick:

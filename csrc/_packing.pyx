@@ -153,6 +153,7 @@ cdef class Packer:
     cdef int64_t* tail
     cdef int64_t* seen  # per slot: items of the group the stream has reached
     cdef int64_t* fed  # per slot: items of the group given to lookahead
+    cdef int64_t* popped  # per slot: rank after the last queued item a pack took
     cdef uint8_t* ended  # per slot: lookahead has every item of the group
     cdef Buffer buffer
     cdef int64_t* items  # keys of the drained-not-yet packs, then of the open pack
@@ -203,12 +204,13 @@ cdef class Packer:
         self.tail = _grow(NULL, m)
         self.seen = _grow(NULL, m)
         self.fed = _grow(NULL, m)
+        self.popped = _grow(NULL, m)
         self.ended = <uint8_t*> malloc(m)
         if self.ended == NULL:
             raise MemoryError()
         for g in range(self.num_mandatory):
             self.head[g] = self.tail[g] = -1
-            self.seen[g] = self.fed[g] = 0
+            self.seen[g] = self.fed[g] = self.popped[g] = 0
             self.ended[g] = 0
         b.count = _grow(NULL, self.capacity)
         b.position = _grow(NULL, self.capacity)
@@ -265,6 +267,7 @@ cdef class Packer:
         free(self.tail)
         free(self.seen)
         free(self.fed)
+        free(self.popped)
         free(self.ended)
         free(self.buffer.count)
         free(self.buffer.position)
@@ -395,6 +398,7 @@ cdef class Packer:
             if q.head < q.tail:
                 if self.pack_sum + q.count[q.head] <= self.max_num_tokens:
                     self._place(q.count[q.head], q.key[q.head])
+                    self.popped[m] = q.rank[q.head] + 1
                     q.head += 1
                 continue
             if not self.ended[m]:
@@ -543,6 +547,19 @@ cdef class Packer:
                 self.fed[m] += 1
         return bad
 
+    def restart_lookahead(self, int64_t group):
+        """Forget what group ``group``'s lookahead holds beyond the items the stream has reached and the
+        packs have taken (a schedule's new phase decides anew which of the group's items the stream
+        holds): returns the rank of the first item neither reached nor taken, from which ``lookahead``
+        continues (the same however far lookahead had read); the group is no longer ended."""
+        if not 0 <= group < self.num_groups or self.slot[group] < 0:
+            raise ValueError(f"group {group} is not a mandatory group")
+        cdef int64_t m = self.slot[group]
+        self.queues[m].head = self.queues[m].tail = 0
+        self.fed[m] = max(self.seen[m], self.popped[m])
+        self.ended[m] = 0
+        return self.fed[m]
+
     def end_lookahead(self, int64_t group):
         """Group ``group`` (mandatory) has no items beyond those given to ``lookahead``."""
         if not 0 <= group < self.num_groups or self.slot[group] < 0:
@@ -550,12 +567,15 @@ cdef class Packer:
         self.ended[self.slot[group]] = 1
 
     def feed(self, const int64_t[::1] counts, const int32_t[::1] groups, const int64_t[::1] keys,
-             int64_t start, int64_t begin):
+             int64_t start, int64_t begin, int64_t stop_packs=-1, int64_t stop_tokens=-1):
         """Pack items ``begin:`` of a chunk whose item 0 is stream position ``start``.
 
         Returns (next, needed): ``next`` is where to resume in the chunk (its length when done);
         ``needed`` is -1, or the mandatory group whose lookahead ran out (give it more, then call
         again from ``next``), or -2 - position for an item whose group or count is invalid.
+        ``stop_packs`` / ``stop_tokens`` (-1: none) stop the feed before the first item that comes
+        after the packing (a resumed pack start included) that closed that many packs or packed that
+        many tokens (a schedule's phase ends there): ``next`` is that item.
         """
         cdef int64_t n = counts.shape[0], i, g, m, count, rank = 0, needed = -1, stop = n, bad = -1
         cdef Queue* q
@@ -576,6 +596,10 @@ cdef class Packer:
                     stop = begin
             if needed < 0:
                 for i in range(begin, n):
+                    if ((stop_packs >= 0 and self.num_packs >= stop_packs)
+                            or (stop_tokens >= 0 and self.tokens >= stop_tokens)):
+                        stop = i
+                        break
                     g = groups[i]
                     count = counts[i]
                     if g < 0 or g >= self.num_groups or count < 0:

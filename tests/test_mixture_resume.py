@@ -24,9 +24,7 @@ PACKING = {"max_num_tokens": 400, "expected_num_tokens": 300, "max_num_tokens_pe
 
 @pytest.fixture(scope="module")
 def groups(tmp_path_factory):
-    groups = build_groups(tmp_path_factory.mktemp("mixture"))
-    groups["t2i"]["is_mandatory"] = False  # a schedule of several phases has no mandatory groups
-    return groups
+    return build_groups(tmp_path_factory.mktemp("mixture"))  # t2i is mandatory
 
 
 def write(path, groups, **more):
@@ -101,6 +99,30 @@ def test_an_edit_at_a_checkpoint_resumes_at_another_world_size_as_the_recorded_h
         loader(write(tmp_path / "dropped.yaml", dropped), history, 0, 2, status)
     assert main(["index", "--history", str(tmp_path / "data.yaml")]) == 1  # not a history: one line
     assert "not a mixture history" in capsys.readouterr().err
+
+
+def test_a_group_added_after_the_others_at_a_checkpoint_leaves_the_packs_consumed_alone(groups, tmp_path):
+    """A group added at pack 40 had weight 0 before: its samples are numbered after the others' and no group's
+    permutation depends on the groups after it, so the first 40 packs are the old config's, sample for
+    sample; the default stream length stays the first config's."""
+    packing = {"packing": PACKING, "geometry": GEOMETRY, "seed": 3}
+    old = DataConfig.from_dict({"groups": {k: groups[k] for k in ("edit", "t2i")}, **packing})
+    new = DataConfig.from_dict({"groups": {k: groups[k] for k in ("edit", "t2i", "vlm")}, **packing})
+    history = MixtureHistory.of(old).take_over(new, 40)
+    assert [k for k, _ in history.takeovers] == [0, 40]
+    unedited = build_pack_index(old, num_samples=3000, progress=False)
+    index = build_pack_index(history, num_samples=3000, progress=False)
+    assert [index.items(k) for k in range(40)] == [unedited.items(k) for k in range(40)]
+    assert any(item.group == 2 for k in range(40, len(index)) for item in index.items(k))  # it took effect
+    assert build_pack_index(history, progress=False).stats["samples"] == 3 + 4  # edit's and t2i's samples
+    inserted = DataConfig.from_dict({"groups": {k: groups[k] for k in ("edit", "vlm", "t2i")}, **packing})
+    with pytest.raises(HistoryError, match=r"changes the groups .* add new ones after them"):
+        MixtureHistory.of(old).take_over(inserted, 40)
+    history.save(tmp_path / "history.json")  # a history file edited by hand is checked as well
+    text = (tmp_path / "history.json").read_text()
+    (tmp_path / "history.json").write_text(text.replace('"seed": 3', '"seed": 4', 1))
+    with pytest.raises(HistoryError, match=r"history.json: the edited config changes seed, which made the 40 packs"):
+        MixtureHistory.load(tmp_path / "history.json")
 
 
 def test_the_issue_schedule_parses_and_round_trips(groups, tmp_path):

@@ -20,7 +20,7 @@ from typing import Any
 
 from mmidx.config import DataConfig
 from mmidx.errors import MMIDXError
-from mmidx.index.schedule import Phase
+from mmidx.index.schedule import Phase, taken_over
 
 HISTORY_FILE = "mixture_history.json"
 
@@ -39,6 +39,8 @@ class MixtureHistory:
         packs = [k for k, _ in self.takeovers]
         if not packs or packs[0] != 0 or any(b <= a for a, b in itertools.pairwise(packs)):
             raise HistoryError(f"a mixture history starts at pack 0 and its takeovers grow, got packs {packs}")
+        for (_, old), (k, new) in itertools.pairwise(self.takeovers):  # a history file edited by hand, too
+            check_edit(old, new, k)
 
     @classmethod
     def of(cls, config: DataConfig) -> MixtureHistory:
@@ -62,21 +64,16 @@ class MixtureHistory:
         in_force = kept[-1][1]
         if in_force == config:
             return MixtureHistory(kept)
-        check_edit(in_force, config, at_pack)
-        return MixtureHistory((*kept, (at_pack, config)))
+        return MixtureHistory((*kept, (at_pack, config)))  # checks the edit
 
     def phases(self) -> list[Phase]:
-        """The one schedule of the run: each config's phases, the last open one of each but the last config
-        ending at the pack where the next took over (phases already passed there are skipped as the
-        stream reaches them)."""
-        phases = []
-        for number, (_, config) in enumerate(self.takeovers):
-            end = self.takeovers[number + 1][0] if number + 1 < len(self.takeovers) else None
-            for weights, packs, tokens in config.phase_weights():
-                if end is not None:
-                    packs = end if packs is None else min(packs, end)
-                phases.append(Phase(tuple(weights), packs, tokens))
-        return phases
+        """The one schedule of the run (:func:`mmidx.index.schedule.taken_over`): each config's phases, the
+        phases of each but the last config ending at the latest at the pack where the next took over. A
+        group added by a later config has weight 0 in the phases before it took over."""
+        width = len(self.config.groups)
+        return taken_over([(k, [Phase((*w, *[0.0] * (width - len(w))), packs, tokens)
+                                for w, packs, tokens in config.phase_weights()])
+                           for k, config in self.takeovers])
 
     def describe(self) -> list[dict[str, Any]]:
         """Plain data for the cache key: each takeover's pack and config description."""
@@ -97,26 +94,33 @@ class MixtureHistory:
         try:
             data = json.loads(Path(path).read_text())
             return cls(tuple((int(t["from_pack"]), DataConfig.from_dict(t["config"])) for t in data["takeovers"]))
+        except HistoryError as error:  # a history whose later config changes packs an earlier one made
+            raise HistoryError(f"{path}: {error}") from None
         except (OSError, KeyError, TypeError, ValueError) as error:
             raise HistoryError(f"{path}: not a mixture history ({error}); it is written by the loader "
                                "(trainer_loader(history=...)) or MixtureHistory.save") from None
 
 
-def _mixture_free(config: DataConfig) -> DataConfig:
-    """``config`` without what a resume may change: the weights, the schedule, dropout, duplicate policy."""
-    groups = tuple(replace(g, weight=1.0) for g in config.groups)
+def _mixture_free(config: DataConfig, num_groups: int | None = None) -> DataConfig:
+    """``config`` (its first ``num_groups`` groups) without what a resume may change: the weights, the
+    schedule, dropout, duplicate policy."""
+    groups = tuple(replace(g, weight=1.0) for g in config.groups[:num_groups])
     return replace(config, groups=groups, schedule=(), dropout=type(config.dropout)(), allow_duplicates=False)
 
 
 def check_edit(old: DataConfig, new: DataConfig, at_pack: int) -> None:
-    """Refuse (``HistoryError``, one line) a ``new`` config that would change packs consumed under ``old``."""
-    before, after = _mixture_free(old), _mixture_free(new)
-    if before == after:
+    """Refuse (``HistoryError``, one line) a ``new`` config that would change packs consumed under ``old``.
+    New groups after the old ones are an edit like weights: a group's samples, numbers and permutations
+    do not depend on the groups after it, and it had weight 0 before it was added."""
+    before, after = _mixture_free(old), _mixture_free(new, len(old.groups))
+    names = [g.name for g in old.groups], [g.name for g in new.groups]
+    if before == after and names[1][:len(names[0])] == names[0]:
         return
     consumed = f"the {at_pack:,} packs already consumed"
-    if [g.name for g in old.groups] != [g.name for g in new.groups]:
-        what = f"the groups ({[g.name for g in old.groups]} → {[g.name for g in new.groups]})"
-        fix = "keep every group, in order (give a group weight 0 in a schedule phase to drop it)"
+    if names[1][:len(names[0])] != names[0]:
+        what = f"the groups ({names[0]} → {names[1]})"
+        fix = ("keep every group, in order, and add new ones after them (give a group weight 0 in a schedule "
+               "phase to drop it)")
     else:
         changed = [f"group {a.name!r}" for a, b in zip(before.groups, after.groups, strict=True) if a != b]
         changed += [key for key in ("packing", "geometry", "seed") if getattr(before, key) != getattr(after, key)]

@@ -187,10 +187,12 @@ def build_pack_index(config: DataConfig | MixtureHistory, *, num_samples: int | 
     configs in force from the packs where each took over: :mod:`mmidx.index.history`).
 
     ``num_samples``: stream length (samples drawn across all groups and epochs); default: the
-    total number of samples of all groups, i.e. about one epoch. Cached arrays are reused only if
-    the config, the size and every dataset are unchanged. The stream is packed ``chunk_size``
-    samples at a time (memory is bounded by it); ``progress`` shows a bar on stderr for builds
-    longer than 2 s and a line when a cache entry is reused (``PackIndex.reused`` says it too).
+    total number of samples of all groups, i.e. about one epoch (of a history: of its first config's
+    groups, so that a group added at a resume leaves the stream's length, and so the packs consumed,
+    alone). Cached arrays are reused only if the config, the size and every dataset are unchanged. The
+    stream is packed ``chunk_size`` samples at a time (memory is bounded by it); ``progress`` shows a bar
+    on stderr for builds longer than 2 s and a line when a cache entry is reused (``PackIndex.reused``
+    says it too).
     """
     history = config if isinstance(config, MixtureHistory) else MixtureHistory.of(config)
     config = history.config
@@ -203,7 +205,9 @@ def build_pack_index(config: DataConfig | MixtureHistory, *, num_samples: int | 
     if min(group_sizes) == 0:
         empty = {g.name: g.datasets for g, n in zip(config.groups, group_sizes, strict=True) if n == 0}
         raise ValueError(f"groups {empty} have no samples")
-    num_samples = sum(group_sizes) if num_samples is None else int(num_samples)
+    if num_samples is None:  # a history keeps the stream its run started with (groups added later: more epochs)
+        num_samples = sum(group_sizes[:len(history.takeovers[0][1].groups)])
+    num_samples = int(num_samples)
     if num_samples < 0:
         raise ValueError(f"num_samples must be non-negative, got {num_samples}")
     dataset_starts = np.concatenate([[0], np.cumsum([n for group in sizes for n in group])]).astype(np.int64)
@@ -279,7 +283,10 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
                         prefer_buffer_before=packing.prefer_buffer_before, max_buffer_size=packing.max_buffer_size,
                         chunk_size=chunk_size, phases=None if plain else phases, policy=packing.policy,
                         window=packing.window)
-    sink.declare("pack_offsets", _unsigned(num_samples))
+    # with several phases, packs may also hold mandatory items taken ahead of a phase that then ended (each
+    # mandatory group delivers at most num_samples items: PackStream)
+    mandatory = sum(g.is_mandatory for g in config.groups) if len(phases) > 1 else 0
+    sink.declare("pack_offsets", _unsigned(num_samples * (1 + mandatory)))
     sink.declare("samples", _unsigned(int(table.group_base[-1]) - 1))
     keep_views = table.max_views > 1
     if keep_views:

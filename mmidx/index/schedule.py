@@ -15,6 +15,7 @@ with the stream item after the one whose packing reached the limit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,22 @@ class Phase:
         """Whether a run that has closed ``packs`` packs of ``tokens`` tokens is past this phase."""
         return ((self.until_packs is not None and packs >= self.until_packs)
                 or (self.until_tokens is not None and tokens >= self.until_tokens))
+
+
+def taken_over(takeovers: Sequence[tuple[int, Sequence[Phase]]]) -> list[Phase]:
+    """The one schedule of a run whose schedules took over at packs ``k_0 = 0 < k_1 < ...`` (a mid-run edit
+    is a takeover at the packs consumed): each schedule's phases, every phase of all but the last schedule
+    ending at the latest at the pack where the next took over (phases whose limit has passed by then are
+    skipped as the stream reaches them). Packs before ``k_i`` are those of the schedules before it alone."""
+    phases = []
+    for number, (_, schedule) in enumerate(takeovers):
+        end = takeovers[number + 1][0] if number + 1 < len(takeovers) else None
+        for phase in schedule:
+            if end is not None:
+                phase = Phase(phase.weights, end if phase.until_packs is None else min(phase.until_packs, end),
+                              phase.until_tokens)
+            phases.append(phase)
+    return phases
 
 
 class PhasedBlend:
