@@ -278,7 +278,7 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
                         max_num_tokens_per_sample=packing.max_num_tokens_per_sample,
                         prefer_buffer_before=packing.prefer_buffer_before, max_buffer_size=packing.max_buffer_size,
                         chunk_size=chunk_size, phases=None if plain else phases, policy=packing.policy,
-                        window=packing.window)
+                        window=packing.window, cost_slack=packing.cost_slack)
     sink.declare("pack_offsets", _unsigned(num_samples))
     sink.declare("samples", _unsigned(int(table.group_base[-1]) - 1))
     keep_views = table.max_views > 1
