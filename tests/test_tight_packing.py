@@ -12,16 +12,23 @@ from mmidx.config import DataConfig
 from mmidx.index.cost import LLMGeometry, pack_costs
 from mmidx.index.packer import _packer, pack_samples
 
+# A geometry whose attention term dominates at a few dozen tokens (19·n + 2·n²), so the cost cap binds in
+# small random problems; Qwen2-7B's (32,512·n + n²) binds only on long samples.
+TINY = LLMGeometry(hidden_size=4, num_layers=1, ffn_size=1, num_heads=1, num_kv_heads=1)
 
-def tight(problem, window):
+# Cost slacks to draw: off, 0 (binds on small problems even with Qwen2-7B's weights), the default.
+SLACKS = [None, 0.0, 0.065]
+
+
+def tight(problem, window, cost_slack=None):
     *rest, budgets = problem
-    return (*rest, {**budgets, "policy": "tight", "window": window})
+    return (*rest, {**budgets, "policy": "tight", "window": window, "cost_slack": cost_slack})
 
 
 @settings(max_examples=40, deadline=None)
-@given(problems(), st.sampled_from([1, 2, 5, 16, 1000]), st.integers(1, 40))
-def test_tight_streamed_packs_equal_the_whole_array_packs_at_any_chunk_size(problem, chunk_size, window):
-    problem = tight(problem, window)
+@given(problems(), st.sampled_from([1, 2, 5, 16, 1000]), st.integers(1, 40), st.sampled_from(SLACKS))
+def test_tight_streamed_packs_equal_the_whole_array_packs_at_any_chunk_size(problem, chunk_size, window, slack):
+    problem = tight(problem, window, slack)
     reference = whole_array(*problem)
     ours = streamed(*problem, chunk_size)
     for a, b in zip(ours[:3], reference[:3], strict=True):
@@ -41,7 +48,9 @@ def test_tight_places_every_item_once_under_the_cap_mandatory_first(data):
     mandatory = data.draw(st.lists(st.booleans(), min_size=num_groups, max_size=num_groups))
     window = data.draw(st.integers(1, 64))
     packed = pack_samples(counts, groups, mandatory=mandatory, max_num_tokens=cap, expected_num_tokens=cap,
-                          max_num_tokens_per_sample=per_sample, policy="tight", window=window)
+                          max_num_tokens_per_sample=per_sample, policy="tight", window=window,
+                          cost_slack=data.draw(st.sampled_from(SLACKS)),
+                          geometry=data.draw(st.sampled_from([None, TINY])))
     placed = np.concatenate([packed.pack_items, packed.excluded]).astype(np.int64)
     np.testing.assert_array_equal(np.sort(placed), np.arange(n))  # exactly once, or excluded
     np.testing.assert_array_equal(np.sort(packed.excluded), np.flatnonzero(counts > per_sample))
@@ -58,11 +67,12 @@ def test_tight_places_every_item_once_under_the_cap_mandatory_first(data):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 50), max_size=600), st.integers(1, 64))
-def test_an_item_is_placed_within_the_window_of_its_stream_position(counts, window):
+@given(st.lists(st.integers(0, 50), max_size=600), st.integers(1, 64), st.sampled_from(SLACKS))
+def test_an_item_is_placed_within_the_window_of_its_stream_position(counts, window, slack):
     counts = np.array(counts, dtype=np.int64)
     packed = pack_samples(counts, np.zeros(len(counts), np.int32), mandatory=[False], max_num_tokens=60,
-                          expected_num_tokens=60, max_num_tokens_per_sample=60, policy="tight", window=window)
+                          expected_num_tokens=60, max_num_tokens_per_sample=60, policy="tight", window=window,
+                          cost_slack=slack, geometry=TINY)
     rank = np.empty(len(counts), np.int64)
     rank[packed.pack_items] = np.arange(len(counts))
     assert np.all(np.abs(rank - np.arange(len(counts))) < window)
@@ -105,10 +115,6 @@ def test_pack_costs_are_linear_work_plus_attention_squared():
     with pytest.raises(ValueError, match="pack_offsets"):
         pack_costs([0, 5], [1, 2])
 
-
-# A geometry whose attention term dominates at a few dozen tokens (19·n + 2·n²), so the cost cap binds in
-# small random problems; Qwen2-7B's (32,512·n + n²) binds only on long samples.
-TINY = LLMGeometry(hidden_size=4, num_layers=1, ffn_size=1, num_heads=1, num_kv_heads=1)
 
 
 def reference_cost_capped(counts, window, cap, slack, geometry):
