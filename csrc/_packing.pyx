@@ -8,11 +8,13 @@ rare mandatory group may run ahead of the stream; when its queue is empty before
 ``feed`` stops and says which group needs more lookahead, and picks up where it stopped. Memory
 is the buffer, the queues and the packs not yet drained (``drain``), never the whole stream.
 
-The deferral buffer is a treap keyed by (token count ascending, stream position descending), so
-"the largest buffered item that fits in ``room`` tokens" (earliest arrival among equal counts) is
-one O(log B) descent; its node priorities are a hash of the stream position, so its shape, like
-everything else here, is a pure function of the inputs. Buffered items of each mandatory group are
-also chained in stream order, so the group's earliest one is at hand. Total O(n log B).
+The deferral buffer keeps its items in bins by token count, each bin a list in stream order, and a
+bitmap of the non-empty bins in three levels of 64-bit words: "the largest buffered item that fits in
+``room`` tokens" (earliest arrival among equal counts) is the head of the highest non-empty bin at or
+below ``room``, found with a few word operations; inserting and removing an item are O(1). (Budgets
+over ``MAX_BINS`` tokens share a bin among 2^shift counts, and that bin's list is scanned.) Buffered
+items of each mandatory group, and all buffered items, are also chained in stream order, so the
+group's earliest one and the window's earliest one are at hand.
 
 The tight policy's cost cap (optional) works in exact integers: a sample of n tokens costs
 ``cost_linear·n + cost_attention·n²`` (``mmidx.index.cost.LLMGeometry.cost_weights``, the cost model in
@@ -24,7 +26,7 @@ everything else and the packs stay the same at any chunk size.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.math cimport sqrt
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memmove
 
 import numpy as np
@@ -39,14 +41,18 @@ cdef struct Queue:
     int64_t capacity
 
 
+cdef enum:
+    LEVELS = 3  # bins of a count's bitmap: 64^3 at most, so MAX_BINS fits
+    MAX_BINS = 1 << 16  # larger budgets share a bin among 2^shift counts
+
+
 cdef struct Buffer:
     int64_t* count
     int64_t* position
     int64_t* key
     int64_t* deferred_at  # packs emitted when the item entered the buffer
-    uint64_t* priority
-    int64_t* left
-    int64_t* right
+    int64_t* prev  # within the item's bin, in stream order; unused nodes chain through ``next``
+    int64_t* next
     int64_t* slot  # mandatory slot of the item's group, or -1
     int64_t* before  # chain of a mandatory group's buffered items, in stream order
     int64_t* after
@@ -54,77 +60,80 @@ cdef struct Buffer:
     int64_t* later
     int64_t first  # the earliest buffered item, or -1
     int64_t last
-    int64_t root
-    int64_t free_list  # unused nodes, chained through ``left``
+    int64_t* bin_head  # per bin of counts: its earliest item, or -1
+    int64_t* bin_tail
+    uint64_t* bits[LEVELS]  # bits[0]: which bins hold items; bits[l + 1]: which words of bits[l] are non-zero
+    int64_t num_levels
+    int64_t shift  # an item of count c sits in bin c >> shift
+    int64_t max_count  # the largest count an item can have (max_num_tokens_per_sample)
+    int64_t free_list
     int64_t size
 
 
-cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
-    """splitmix64's finaliser: well-spread treap priorities from stream positions."""
-    x += 0x9E3779B97F4A7C15ULL
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL
-    return x ^ (x >> 31)
+cdef extern from *:
+    """
+    static inline int mmidx_msb64(unsigned long long x) { return 63 - __builtin_clzll(x); }
+    """
+    int _msb "mmidx_msb64"(uint64_t x) noexcept nogil
 
 
-cdef inline bint _before(Buffer* b, int64_t node, int64_t count, int64_t position) noexcept nogil:
-    """Whether ``node`` sorts before the key (count, position)."""
-    return b.count[node] < count or (b.count[node] == count and b.position[node] > position)
+cdef int64_t _highest_at_most(Buffer* b, int64_t level, int64_t i) noexcept nogil:
+    """The highest set bit of ``bits[level]`` at index <= i, or -1 (one word per level, climbing
+    only past empty words)."""
+    cdef int64_t word
+    cdef uint64_t bits
+    if i < 0:
+        return -1
+    word = i >> 6
+    bits = b.bits[level][word] & (0xFFFFFFFFFFFFFFFFULL >> (63 - (i & 63)))
+    if bits:
+        return (word << 6) | _msb(bits)
+    if level + 1 == b.num_levels:  # the top level is one word
+        return -1
+    word = _highest_at_most(b, level + 1, word - 1)
+    if word < 0:
+        return -1
+    return (word << 6) | _msb(b.bits[level][word])
 
 
-cdef void _split(Buffer* b, int64_t node, int64_t count, int64_t position,
-                 int64_t* low, int64_t* high) noexcept nogil:
-    """Split the subtree at ``node`` into keys before (count, position) and the rest."""
-    if node < 0:
-        low[0] = -1
-        high[0] = -1
-    elif _before(b, node, count, position):
-        _split(b, b.right[node], count, position, &b.right[node], high)
-        low[0] = node
-    else:
-        _split(b, b.left[node], count, position, low, &b.left[node])
-        high[0] = node
-
-
-cdef int64_t _merge(Buffer* b, int64_t low, int64_t high) noexcept nogil:
-    """Join two subtrees whose keys are all ordered low < high."""
-    if low < 0:
-        return high
-    if high < 0:
-        return low
-    if b.priority[low] > b.priority[high]:
-        b.right[low] = _merge(b, b.right[low], high)
-        return low
-    b.left[high] = _merge(b, low, b.left[high])
-    return high
-
-
-cdef int64_t _erase(Buffer* b, int64_t node, int64_t count, int64_t position) noexcept nogil:
-    """Remove the key (count, position) from the subtree at ``node``; returns the new subtree."""
-    cdef int64_t joined
-    if b.position[node] == position:
-        joined = _merge(b, b.left[node], b.right[node])
-        b.left[node] = b.free_list
-        b.free_list = node
-        b.size -= 1
-        return joined
-    if _before(b, node, count, position):
-        b.right[node] = _erase(b, b.right[node], count, position)
-    else:
-        b.left[node] = _erase(b, b.left[node], count, position)
-    return node
+cdef void _mark(Buffer* b, int64_t i, bint full) noexcept nogil:
+    """Set (``full``) or clear bin i's bit, and the bits above it that change with it."""
+    cdef int64_t level
+    cdef uint64_t was
+    for level in range(b.num_levels):
+        was = b.bits[level][i >> 6]
+        if full:
+            b.bits[level][i >> 6] = was | (1ULL << (i & 63))
+            if was:
+                return
+        else:
+            b.bits[level][i >> 6] = was & ~(1ULL << (i & 63))
+            if b.bits[level][i >> 6]:
+                return
+        i >>= 6
 
 
 cdef int64_t _largest_fitting(Buffer* b, int64_t room) noexcept nogil:
-    """The node of the largest count <= room (earliest arrival among equals), or -1."""
-    cdef int64_t node = b.root, best = -1
-    while node >= 0:
-        if b.count[node] <= room:
-            best = node
-            node = b.right[node]
-        else:
-            node = b.left[node]
-    return best
+    """The node of the largest count <= room (earliest arrival among equals), or -1: the highest
+    non-empty bin at or below room's, scanned for its largest fitting count (a bin holds one count
+    unless ``shift`` > 0, so the scan stops at its first item)."""
+    cdef int64_t i, node, best
+    if room < 0 or b.size == 0:
+        return -1
+    i = _highest_at_most(b, 0, min(room, b.max_count) >> b.shift)
+    while i >= 0:
+        best = -1
+        node = b.bin_head[i]
+        if b.shift == 0:
+            return node
+        while node >= 0:
+            if b.count[node] <= room and (best < 0 or b.count[node] > b.count[best]):
+                best = node
+            node = b.next[node]
+        if best >= 0:
+            return best
+        i = _highest_at_most(b, 0, i - 1)  # only room's own bin can hold nothing that fits
+    return -1
 
 
 cdef int64_t* _grow(int64_t* array, int64_t capacity) except NULL:
@@ -173,7 +182,7 @@ cdef class Packer:
                   int64_t max_num_tokens_per_sample, int64_t prefer_buffer_before, int64_t max_buffer_size,
                   int64_t stream_length, bint tight=False, int64_t window=0, int64_t cost_linear=0,
                   int64_t cost_attention=0, int64_t cost_slack=-1):
-        cdef int64_t g, m, node
+        cdef int64_t g, m, node, bins, words
         cdef Buffer* b = &self.buffer
         # the tight policy's cost cap: on with a slack >= 0 (basis points) and positive integer weights
         self.cost_aware = tight and cost_slack >= 0
@@ -224,9 +233,8 @@ cdef class Packer:
         b.position = _grow(NULL, self.capacity)
         b.key = _grow(NULL, self.capacity)
         b.deferred_at = _grow(NULL, self.capacity)
-        b.priority = <uint64_t*> _grow(NULL, self.capacity)
-        b.left = _grow(NULL, self.capacity)
-        b.right = _grow(NULL, self.capacity)
+        b.prev = _grow(NULL, self.capacity)
+        b.next = _grow(NULL, self.capacity)
         b.slot = _grow(NULL, self.capacity)
         b.before = _grow(NULL, self.capacity)
         b.after = _grow(NULL, self.capacity)
@@ -234,10 +242,28 @@ cdef class Packer:
         b.later = _grow(NULL, self.capacity)
         b.first = b.last = -1
         for node in range(self.capacity):
-            b.left[node] = node + 1 if node + 1 < self.capacity else -1
-        b.root = -1
+            b.next[node] = node + 1 if node + 1 < self.capacity else -1
         b.free_list = 0
         b.size = 0
+        b.max_count = max(max_num_tokens_per_sample, 0)  # larger items are excluded, never buffered
+        b.shift = 0
+        while (b.max_count >> b.shift) >= MAX_BINS:
+            b.shift += 1
+        bins = (b.max_count >> b.shift) + 1
+        b.bin_head = _grow(NULL, bins)
+        b.bin_tail = _grow(NULL, bins)
+        for node in range(bins):
+            b.bin_head[node] = b.bin_tail[node] = -1
+        b.num_levels = 0
+        while True:
+            words = (bins + 63) // 64
+            b.bits[b.num_levels] = <uint64_t*> calloc(words, sizeof(uint64_t))
+            if b.bits[b.num_levels] == NULL:
+                raise MemoryError()
+            b.num_levels += 1
+            if words == 1:
+                break
+            bins = words
         self.items = _grow(NULL, 1)
         self.pack_ends = _grow(NULL, 1)
         self.pack_tokens = _grow(NULL, 1)
@@ -263,9 +289,12 @@ cdef class Packer:
         free(self.buffer.position)
         free(self.buffer.key)
         free(self.buffer.deferred_at)
-        free(self.buffer.priority)
-        free(self.buffer.left)
-        free(self.buffer.right)
+        free(self.buffer.prev)
+        free(self.buffer.next)
+        free(self.buffer.bin_head)
+        free(self.buffer.bin_tail)
+        for m in range(LEVELS):
+            free(self.buffer.bits[m])
         free(self.buffer.slot)
         free(self.buffer.before)
         free(self.buffer.after)
@@ -340,20 +369,23 @@ cdef class Packer:
 
     cdef void _buffer_insert(self, int64_t count, int64_t position, int64_t key, int64_t m) noexcept nogil:
         cdef Buffer* b = &self.buffer
-        cdef int64_t node = b.free_list, low, high
-        b.free_list = b.left[node]
+        cdef int64_t node = b.free_list, i = count >> b.shift
+        b.free_list = b.next[node]
         b.count[node] = count
         b.position[node] = position
         b.key[node] = key
         b.deferred_at[node] = self.num_packs
-        b.priority[node] = _mix(<uint64_t> position)
-        b.left[node] = -1
-        b.right[node] = -1
         b.slot[node] = m
-        _split(b, b.root, count, position, &low, &high)
-        b.root = _merge(b, _merge(b, low, node), high)
+        b.prev[node] = b.bin_tail[i]  # items enter the buffer in stream order: append to the bin
+        b.next[node] = -1
+        if b.bin_tail[i] >= 0:
+            b.next[b.bin_tail[i]] = node
+        else:
+            b.bin_head[i] = node
+            _mark(b, i, True)
+        b.bin_tail[i] = node
         b.size += 1
-        b.earlier[node] = b.last  # items enter the buffer in stream order
+        b.earlier[node] = b.last
         b.later[node] = -1
         if b.last >= 0:
             b.later[b.last] = node
@@ -372,7 +404,7 @@ cdef class Packer:
     cdef void _take_from_buffer(self, int64_t node) noexcept nogil:
         """Place a buffered item into the open pack and drop it from the buffer."""
         cdef Buffer* b = &self.buffer
-        cdef int64_t m = b.slot[node]
+        cdef int64_t m = b.slot[node], i = b.count[node] >> b.shift
         self.max_deferral = max(self.max_deferral, self.num_packs - b.deferred_at[node])
         if m >= 0:
             if b.before[node] >= 0:
@@ -391,8 +423,20 @@ cdef class Packer:
             b.earlier[b.later[node]] = b.earlier[node]
         else:
             b.last = b.earlier[node]
+        if b.prev[node] >= 0:
+            b.next[b.prev[node]] = b.next[node]
+        else:
+            b.bin_head[i] = b.next[node]
+        if b.next[node] >= 0:
+            b.prev[b.next[node]] = b.prev[node]
+        else:
+            b.bin_tail[i] = b.prev[node]
+        if b.bin_head[i] < 0:
+            _mark(b, i, False)
+        b.next[node] = b.free_list
+        b.free_list = node
+        b.size -= 1
         self._place(b.count[node], b.key[node])
-        b.root = _erase(b, b.root, b.count[node], b.position[node])
 
     cdef void _close(self) noexcept nogil:
         """Emit the open pack, if it holds anything."""

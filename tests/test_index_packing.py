@@ -278,3 +278,28 @@ def test_packs_equal_a_naive_reference_of_the_rules(problem):
     assert packs(result) == expected
     assert result.excluded.tolist() == excluded
     assert {k: result.stats[k] for k in stats} == stats
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_counts_that_share_a_buffer_bin_still_equal_the_reference(data):
+    """Budgets past the kernel's 2^16 bins put 2^shift neighbouring counts in one bin of the deferral
+    buffer (here 4: counts within a few tokens of 2^17), which is then scanned: the largest fitting item,
+    earliest among equal counts, is still the one taken."""
+    base = 1 << 17
+    n = data.draw(st.integers(0, 80))
+    near = st.integers(base - 6, base + 6)
+    counts = np.array(data.draw(st.lists(near | st.integers(0, 9), min_size=n, max_size=n)), dtype=np.int64)
+    groups = np.array(data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)), dtype=np.int32)
+    mandatory = data.draw(st.lists(st.booleans(), min_size=2, max_size=2))
+    max_num_tokens = data.draw(st.integers(base + 6, 3 * base + 20))
+    budgets = {"max_num_tokens": max_num_tokens,
+               "expected_num_tokens": data.draw(st.integers(1, max_num_tokens)),
+               "max_num_tokens_per_sample": base + data.draw(st.integers(-3, 6)),
+               "prefer_buffer_before": data.draw(st.integers(0, max_num_tokens)),
+               "max_buffer_size": data.draw(st.integers(0, 8))}
+    result = pack_samples(counts, groups, mandatory=mandatory, **budgets)
+    expected, excluded, stats = reference_packs(counts, groups, mandatory, **budgets)
+    assert packs(result) == expected
+    assert result.excluded.tolist() == excluded
+    assert {k: result.stats[k] for k in stats} == stats
