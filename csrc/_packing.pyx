@@ -353,19 +353,21 @@ cdef class Packer:
 
     cdef void _fill_under_cost_cap(self) noexcept nogil:
         """Best fit under both budgets: the largest window item that fits the room left in tokens and in
-        cost, again and again; counts the pack in ``cost_capped_packs`` if tokens alone would take more."""
+        cost, again and again; counts the pack in ``cost_capped_packs`` if tokens alone would take more.
+        (The square root is only taken when the cost, not the tokens, limits the room.)"""
         cdef int64_t node, room
+        cdef bint by_cost
         while self.pack_sum < self.max_num_tokens and self.buffer.size > 0:
             room = self.max_num_tokens - self.pack_sum
-            if self.cost_cap >= 0:
-                room = min(room, self._tokens_within(self.cost_cap - self.pack_cost))
+            by_cost = self.cost_cap >= 0 and self.pack_cost + self._cost(room) > self.cost_cap
+            if by_cost:
+                room = self._tokens_within(self.cost_cap - self.pack_cost)
             node = _largest_fitting(&self.buffer, room)
             if node < 0:
-                break
+                if by_cost and _largest_fitting(&self.buffer, self.max_num_tokens - self.pack_sum) >= 0:
+                    self.cost_capped_packs += 1
+                return
             self._take_from_buffer(node)
-        if self.pack_sum < self.max_num_tokens and self.buffer.size > 0 and _largest_fitting(
-                &self.buffer, self.max_num_tokens - self.pack_sum) >= 0:
-            self.cost_capped_packs += 1
 
     cdef void _buffer_insert(self, int64_t count, int64_t position, int64_t key, int64_t m) noexcept nogil:
         cdef Buffer* b = &self.buffer
