@@ -11,7 +11,7 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
         image_transform_args: {image_stride: 16, max_image_size: 1024, min_image_size: 512}
         vit_image_transform_args: {image_stride: 14, max_image_size: 518, min_image_size: 224}
     packing: {expected_num_tokens: 32768, max_num_tokens: 36864}     # optional, BAGEL's defaults
-    # packing: {policy: tight, window: 128}   # fill toward max_num_tokens (docs/guide/packing.md)
+    # packing: {policy: tight, window: 128, cost_slack: 0.065}   # fill toward max_num_tokens, packs that cost alike
     dropout: {text: 0.1, vit: 0.3, vae: 0.3}                          # optional
     geometry: {max_latent_size: 64}         # optional, BAGEL's; 1,024-px VAE images need a 64-wide latent grid
     seed: 0                                                           # optional
