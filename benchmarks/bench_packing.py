@@ -1,5 +1,6 @@
-"""Packing for GPU time: fill, step balance and GPU efficiency of the bagel and tight policies, contiguous
-and balanced steps, at world 8 and 64 with G = 8·W and G = W; TRL's ``pack_dataset(strategy="bfd")`` on the
+"""Packing for GPU time: fill, step balance and GPU efficiency of the bagel and tight policies (tight with its
+default cost cap, and with tokens only: ``cost_slack=None``), contiguous and balanced steps, at world 8 and 64
+with G = 8·W and G = W; TRL's ``pack_dataset(strategy="bfd")`` on the
 same lengths as the in-run peer (fill and speed); the pack-index build time, tight ÷ bagel.
 
     python benchmarks/bench_packing.py                      # 10^6 samples a mix, build at 10^6
@@ -28,6 +29,8 @@ from common import Watch, interleave, machine, ratio
 MIXES = {"scale": ([1100, 5000, 1500], [0.5, 0.2, 0.3]), "text": ([600, 2000], [0.7, 0.3]),
          "video": ([12000, 1500, 800], [0.4, 0.3, 0.3])}
 CAP = 36864
+VARIANTS = {"bagel": {"policy": "bagel"}, "tight, tokens only": {"policy": "tight", "cost_slack": None},
+            "tight": {"policy": "tight"}}  # tight: the default cost cap (packing.cost_slack)
 
 
 def lengths(mix: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -57,8 +60,8 @@ def table(samples: int, with_trl: bool) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for mix in MIXES:
         counts, groups = lengths(mix, samples)
-        for policy in ("bagel", "tight"):
-            packed = pack_samples(counts, groups, mandatory=[False] * len(MIXES[mix][0]), policy=policy)
+        for policy, options in VARIANTS.items():
+            packed = pack_samples(counts, groups, mandatory=[False] * len(MIXES[mix][0]), **options)
             fill = packed.pack_tokens[:-1].mean() / CAP
             costs = pack_costs(packed.pack_offsets, counts[packed.pack_items])
             for w in (8, 64):
@@ -73,8 +76,8 @@ def table(samples: int, with_trl: bool) -> None:
 
 def speed(samples: int, with_trl: bool, rounds: int) -> None:
     counts, groups = lengths("scale", samples)
-    sides = {policy: (lambda _, p=policy: pack_samples(counts, groups, mandatory=[False] * 3, policy=p))
-             for policy in ("bagel", "tight")}
+    sides = {policy: (lambda _, o=options: pack_samples(counts, groups, mandatory=[False] * 3, **o))
+             for policy, options in VARIANTS.items()}
     if with_trl:
         sides["trl_bfd"] = lambda _: trl_bfd(counts)
     turns = interleave(sides, [None], rounds)

@@ -15,9 +15,17 @@ below ``room``, found with a few word operations; inserting and removing an item
 over ``MAX_BINS`` tokens share a bin among 2^shift counts, and that bin's list is scanned.) Buffered
 items of each mandatory group, and all buffered items, are also chained in stream order, so the
 group's earliest one and the window's earliest one are at hand.
+
+The tight policy's cost cap (optional) works in exact integers: a sample of n tokens costs
+``cost_linear·n + cost_attention·n²`` (``mmidx.index.cost.LLMGeometry.cost_weights``, the cost model in
+small integers), and a pack may cost at most ``(1 + cost_slack / 10,000)`` times a full pack of the stream's
+recent average sample: ``cost_linear·max + cost_attention·max·Σn²/Σn``, the sums leaky over the items that
+entered the window (each step keeps all but 1/4096 of them), so the cap is carried in the ``Packer`` like
+everything else and the packs stay the same at any chunk size.
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.math cimport sqrt
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memmove
 
@@ -164,15 +172,26 @@ cdef class Packer:
     cdef int64_t* excluded
     cdef int64_t num_buffered_excluded, excluded_capacity
     cdef int64_t open_start, pack_sum, mandatory_next, window, seed_below
-    cdef bint opening, tight
-    cdef readonly int64_t num_packs, num_items, num_excluded, deferred, max_deferral, solo_packs
+    cdef bint opening
+    cdef int64_t cost_linear, cost_attention, cost_slack, pack_cost, cost_cap
+    cdef int64_t stream_tokens, stream_square_tokens  # leaky sums of n and n² over items entering the window
+    cdef readonly bint tight, cost_aware
+    cdef readonly int64_t num_packs, num_items, num_excluded, deferred, max_deferral, solo_packs, cost_capped_packs
     cdef readonly int64_t tokens, last_pack_tokens
 
     def __cinit__(self, const uint8_t[::1] mandatory, int64_t max_num_tokens, int64_t expected_num_tokens,
                   int64_t max_num_tokens_per_sample, int64_t prefer_buffer_before, int64_t max_buffer_size,
-                  int64_t stream_length, bint tight=False, int64_t window=0):
+                  int64_t stream_length, bint tight=False, int64_t window=0, int64_t cost_linear=0,
+                  int64_t cost_attention=0, int64_t cost_slack=-1):
         cdef int64_t g, m, node, bins, words
         cdef Buffer* b = &self.buffer
+        # the tight policy's cost cap: on with a slack >= 0 (basis points) and positive integer weights
+        self.cost_aware = tight and cost_slack >= 0
+        if self.cost_aware and (cost_linear < 0 or cost_attention < 1):
+            raise ValueError("the cost cap needs cost weights linear >= 0 and attention >= 1")
+        self.cost_linear = cost_linear if self.cost_aware else 0
+        self.cost_attention = cost_attention if self.cost_aware else 0
+        self.cost_slack = cost_slack
         self.max_num_tokens = max_num_tokens
         self.expected_num_tokens = expected_num_tokens
         self.max_num_tokens_per_sample = max_num_tokens_per_sample
@@ -297,6 +316,61 @@ cdef class Packer:
         self.num_buffered_items += 1
         self.num_items += 1
         self.pack_sum += count
+        self.pack_cost += self._cost(count)  # 0 without the cost cap
+
+    cdef inline int64_t _cost(self, int64_t count) noexcept nogil:
+        """A sample's modelled cost in the cost weights' integer units."""
+        return self.cost_linear * count + self.cost_attention * count * count
+
+    cdef int64_t _tokens_within(self, int64_t budget) noexcept nogil:
+        """The largest count (at most ``max_num_tokens``) whose cost fits ``budget``, or -1. The square
+        root only guesses; the integer steps after it make the answer exact."""
+        cdef double linear = self.cost_linear, attention = self.cost_attention
+        cdef int64_t n
+        if budget < 0:
+            return -1
+        n = <int64_t> min(<double> self.max_num_tokens,
+                          (sqrt(linear * linear + 4.0 * attention * budget) - linear) / (2.0 * attention))
+        n = max(n, 0)
+        while n > 0 and self._cost(n) > budget:
+            n -= 1
+        while n < self.max_num_tokens and self._cost(n + 1) <= budget:
+            n += 1
+        return n
+
+    cdef void _set_cost_cap(self) noexcept nogil:
+        """The open pack's cost cap: (1 + slack) × the cost of ``max_num_tokens`` tokens of samples whose
+        Σn²/Σn is the stream's recent one (no cap before any item, or with only empty ones)."""
+        cdef int64_t full
+        if self.stream_tokens <= 0:
+            self.cost_cap = -1
+            return
+        # one rounding (a product of a quotient, nothing to fuse), then integers: the same on every machine
+        full = self.cost_linear * self.max_num_tokens + <int64_t> (
+            <double> (self.cost_attention * self.max_num_tokens)
+            * (<double> self.stream_square_tokens / <double> self.stream_tokens))
+        self.cost_cap = full + full // 10000 * self.cost_slack + full % 10000 * self.cost_slack // 10000
+
+    cdef bint _over_cost_cap(self, int64_t count) noexcept nogil:
+        return self.cost_aware and self.cost_cap >= 0 and self.pack_cost + self._cost(count) > self.cost_cap
+
+    cdef void _fill_under_cost_cap(self) noexcept nogil:
+        """Best fit under both budgets: the largest window item that fits the room left in tokens and in
+        cost, again and again; counts the pack in ``cost_capped_packs`` if tokens alone would take more.
+        (The square root is only taken when the cost, not the tokens, limits the room.)"""
+        cdef int64_t node, room
+        cdef bint by_cost
+        while self.pack_sum < self.max_num_tokens and self.buffer.size > 0:
+            room = self.max_num_tokens - self.pack_sum
+            by_cost = self.cost_cap >= 0 and self.pack_cost + self._cost(room) > self.cost_cap
+            if by_cost:
+                room = self._tokens_within(self.cost_cap - self.pack_cost)
+            node = _largest_fitting(&self.buffer, room)
+            if node < 0:
+                if by_cost and _largest_fitting(&self.buffer, self.max_num_tokens - self.pack_sum) >= 0:
+                    self.cost_capped_packs += 1
+                return
+            self._take_from_buffer(node)
 
     cdef void _buffer_insert(self, int64_t count, int64_t position, int64_t key, int64_t m) noexcept nogil:
         cdef Buffer* b = &self.buffer
@@ -380,6 +454,7 @@ cdef class Packer:
             self.last_pack_tokens = self.pack_sum
             self.open_start = self.num_buffered_items
             self.pack_sum = 0
+            self.pack_cost = 0
 
     cdef int64_t _place_mandatory(self) noexcept nogil:
         """One item of each mandatory group, in group order: the group's earliest unplaced one (a
@@ -456,21 +531,31 @@ cdef class Packer:
     cdef int64_t _tight_pack(self) noexcept nogil:
         """The tight policy's pack: mandatory items, then the window's earliest items in stream order
         while the pack holds under half of ``max_num_tokens`` (the blend's order), then best fit: the
-        largest window item that fits the room left, again and again, until none fits. Returns -1, or
-        the slot that needs lookahead (then ``opening`` stays set to resume)."""
+        largest window item that fits the room left, again and again, until none fits. With the cost
+        cap, an item fits only if the pack's cost stays under the cap too (except the first seed: the
+        window's earliest item always goes in, which bounds how far an item moves). Returns -1, or the
+        slot that needs lookahead (then ``opening`` stays set to resume: the cap is the same then, as no
+        item entered the window since)."""
         cdef int64_t needed, node
+        cdef bint seeded = False
         cdef Buffer* b = &self.buffer
         self.opening = True
+        if self.cost_aware:
+            self._set_cost_cap()
         needed = self._place_mandatory()
         if needed >= 0:
             return needed
         self.mandatory_next = 0
         while b.first >= 0 and self.pack_sum < self.seed_below:
             node = b.first
-            if self.pack_sum + b.count[node] > self.max_num_tokens:
+            if self.pack_sum + b.count[node] > self.max_num_tokens or (seeded and self._over_cost_cap(b.count[node])):
                 break
             self._take_from_buffer(node)
-        self._fill_from_buffer(self.max_num_tokens)
+            seeded = True
+        if self.cost_aware:
+            self._fill_under_cost_cap()
+        else:
+            self._fill_from_buffer(self.max_num_tokens)
         self._close()
         self.opening = False
         return -1
@@ -622,6 +707,9 @@ cdef class Packer:
                         else:
                             continue  # an earlier pack took it as its mandatory item
                     if self.tight:  # every item enters the window; packs close while it is full
+                        if self.cost_aware:  # leaky sums: each item keeps all but 1/4096 of them
+                            self.stream_tokens += count - (self.stream_tokens >> 12)
+                            self.stream_square_tokens += count * count - (self.stream_square_tokens >> 12)
                         self._buffer_insert(count, start + i, keys[i], m)
                         needed = self._tight_packs()
                         if needed >= 0:

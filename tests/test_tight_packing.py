@@ -1,5 +1,6 @@
 """The tight packing policy keeps every guarantee of the bagel one (hypothesis), fills toward the cap, stays
-near the stream's order and blend; the cost model matches a direct computation."""
+near the stream's order and blend; its cost cap equals a plain reference at any chunk size; the cost model
+matches a direct computation."""
 
 import numpy as np
 import pytest
@@ -7,19 +8,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.streams import mix, problems, streamed, whole_array
 
+from mmidx.config import DataConfig
 from mmidx.index.cost import LLMGeometry, pack_costs
-from mmidx.index.packer import pack_samples
+from mmidx.index.packer import _packer, pack_samples
+
+# A geometry whose attention term dominates at a few dozen tokens (19·n + 2·n²), so the cost cap binds in
+# small random problems; Qwen2-7B's (32,512·n + n²) binds only on long samples.
+TINY = LLMGeometry(hidden_size=4, num_layers=1, ffn_size=1, num_heads=1, num_kv_heads=1)
+
+# Cost slacks to draw: off, 0 (binds on small problems even with Qwen2-7B's weights), the default.
+SLACKS = [None, 0.0, 0.065]
 
 
-def tight(problem, window):
+def tight(problem, window, cost_slack=None):
     *rest, budgets = problem
-    return (*rest, {**budgets, "policy": "tight", "window": window})
+    return (*rest, {**budgets, "policy": "tight", "window": window, "cost_slack": cost_slack})
 
 
 @settings(max_examples=40, deadline=None)
-@given(problems(), st.sampled_from([1, 2, 5, 16, 1000]), st.integers(1, 40))
-def test_tight_streamed_packs_equal_the_whole_array_packs_at_any_chunk_size(problem, chunk_size, window):
-    problem = tight(problem, window)
+@given(problems(), st.sampled_from([1, 2, 5, 16, 1000]), st.integers(1, 40), st.sampled_from(SLACKS))
+def test_tight_streamed_packs_equal_the_whole_array_packs_at_any_chunk_size(problem, chunk_size, window, slack):
+    problem = tight(problem, window, slack)
     reference = whole_array(*problem)
     ours = streamed(*problem, chunk_size)
     for a, b in zip(ours[:3], reference[:3], strict=True):
@@ -39,7 +48,9 @@ def test_tight_places_every_item_once_under_the_cap_mandatory_first(data):
     mandatory = data.draw(st.lists(st.booleans(), min_size=num_groups, max_size=num_groups))
     window = data.draw(st.integers(1, 64))
     packed = pack_samples(counts, groups, mandatory=mandatory, max_num_tokens=cap, expected_num_tokens=cap,
-                          max_num_tokens_per_sample=per_sample, policy="tight", window=window)
+                          max_num_tokens_per_sample=per_sample, policy="tight", window=window,
+                          cost_slack=data.draw(st.sampled_from(SLACKS)),
+                          geometry=data.draw(st.sampled_from([None, TINY])))
     placed = np.concatenate([packed.pack_items, packed.excluded]).astype(np.int64)
     np.testing.assert_array_equal(np.sort(placed), np.arange(n))  # exactly once, or excluded
     np.testing.assert_array_equal(np.sort(packed.excluded), np.flatnonzero(counts > per_sample))
@@ -56,11 +67,12 @@ def test_tight_places_every_item_once_under_the_cap_mandatory_first(data):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 50), max_size=600), st.integers(1, 64))
-def test_an_item_is_placed_within_the_window_of_its_stream_position(counts, window):
+@given(st.lists(st.integers(0, 50), max_size=600), st.integers(1, 64), st.sampled_from(SLACKS))
+def test_an_item_is_placed_within_the_window_of_its_stream_position(counts, window, slack):
     counts = np.array(counts, dtype=np.int64)
     packed = pack_samples(counts, np.zeros(len(counts), np.int32), mandatory=[False], max_num_tokens=60,
-                          expected_num_tokens=60, max_num_tokens_per_sample=60, policy="tight", window=window)
+                          expected_num_tokens=60, max_num_tokens_per_sample=60, policy="tight", window=window,
+                          cost_slack=slack, geometry=TINY)
     rank = np.empty(len(counts), np.int64)
     rank[packed.pack_items] = np.arange(len(counts))
     assert np.all(np.abs(rank - np.arange(len(counts))) < window)
@@ -102,3 +114,104 @@ def test_pack_costs_are_linear_work_plus_attention_squared():
     np.testing.assert_allclose(costs, expected)
     with pytest.raises(ValueError, match="pack_offsets"):
         pack_costs([0, 5], [1, 2])
+
+
+
+def reference_cost_capped(counts, window, cap, slack, geometry):
+    """The tight policy with its cost cap written out plainly (no mandatory groups, nothing excluded): the
+    window a list in stream order, each choice a scan. Returns (packs, cost-capped packs)."""
+    linear, attention = geometry.cost_weights
+    points = round(slack * 10000)
+
+    def cost(n):
+        return linear * n + attention * n * n
+
+    window_items, packs, capped = [], [], 0
+    sum_n = sum_n2 = 0  # leaky sums over the items that entered the window: each keeps all but 1/4096
+
+    def close_one():
+        nonlocal capped
+        limit = None
+        if sum_n > 0:
+            full = linear * cap + int(float(attention * cap) * (float(sum_n2) / float(sum_n)))  # C's doubles
+            limit = full + full // 10000 * points + full % 10000 * points // 10000
+        pack, tokens, spent = [], 0, 0
+
+        def fits(p, exempt=False):
+            return tokens + counts[p] <= cap and (exempt or limit is None or spent + cost(counts[p]) <= limit)
+
+        while window_items and tokens < cap // 2 and fits(window_items[0], exempt=not pack):  # seeds
+            p = window_items.pop(0)
+            pack.append(p)
+            tokens, spent = tokens + counts[p], spent + cost(counts[p])
+        while tokens < cap:  # best fit: the largest count that fits both, the earliest among equals
+            fitting = [p for p in window_items if fits(p)]
+            if not fitting:
+                break
+            p = max(fitting, key=lambda q: (counts[q], -q))
+            window_items.remove(p)
+            pack.append(p)
+            tokens, spent = tokens + counts[p], spent + cost(counts[p])
+        capped += tokens < cap and any(tokens + counts[p] <= cap for p in window_items)
+        packs.append(pack)
+
+    for position, n in enumerate(counts):
+        sum_n += n - (sum_n >> 12)
+        sum_n2 += n * n - (sum_n2 >> 12)
+        window_items.append(position)
+        while len(window_items) >= window:
+            close_one()
+    while window_items:
+        close_one()
+    return packs, capped
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=300), st.integers(1, 40), st.integers(40, 80),
+       st.sampled_from([0.0, 0.01, 0.065, 0.3]), st.sampled_from([TINY, LLMGeometry()]), st.integers(1, 50),
+       st.sampled_from([1, 1 << 15]))  # 1 << 15: neighbouring counts share a bin of the window
+def test_the_cost_cap_equals_a_plain_reference_at_any_chunk_size(counts, window, cap, slack, geometry, chunk, scale):
+    counts, cap = [c * scale + c % 3 for c in counts], cap * scale
+    reference, capped = reference_cost_capped(counts, window, cap, slack, geometry)
+    counts = np.array(counts, dtype=np.int64)
+    groups = np.zeros(len(counts), np.int32)
+    packed = pack_samples(counts, groups, mandatory=[False], max_num_tokens=cap, expected_num_tokens=cap,
+                          max_num_tokens_per_sample=cap, policy="tight", window=window, cost_slack=slack,
+                          geometry=geometry)
+    assert [packed.pack(k).tolist() for k in range(len(packed))] == reference
+    assert packed.stats["cost_capped_packs"] == capped
+    # the kernel fed a chunk at a time carries the cap's leaky sums across chunks: the same packs
+    packer = _packer(np.array([False]), cap, cap, cap, 0, 0, len(counts), tight=True, window=window,
+                     cost_slack=slack, geometry=geometry)
+    positions = np.arange(len(counts), dtype=np.int64)
+    for start in range(0, len(counts), chunk):
+        end = min(start + chunk, len(counts))
+        assert packer.feed(counts[start:end], groups[start:end], positions[start:end], start, 0) == (end - start, -1)
+    packer.finish()
+    items, ends, _, _ = packer.drain()
+    assert [items[a:b].tolist() for a, b in zip(np.r_[0, ends][:-1], ends, strict=True)] == reference
+
+
+def test_the_cost_cap_binds_on_long_samples_and_none_turns_it_off():
+    counts, groups = mix("scale", 20_000)
+    capped, plain = (pack_samples(counts, groups, mandatory=[False] * 3, policy="tight", cost_slack=s)
+                     for s in (0.065, None))
+    costs = [pack_costs(p.pack_offsets, counts[p.pack_items]) for p in (capped, plain)]
+    assert capped.stats["cost_capped_packs"] > 0 and "cost_capped_packs" not in plain.stats
+    # the dearest packs cost less, at a small loss of fill
+    assert np.quantile(costs[0], 0.99) < np.quantile(costs[1], 0.99)
+    assert 0.995 <= capped.pack_tokens[:-1].mean() / 36864 < plain.pack_tokens[:-1].mean() / 36864
+
+
+def test_cost_slack_in_the_data_yaml_is_checked_and_null_turns_the_cap_off(tmp_path):
+    path = tmp_path / "data.yaml"
+    path.write_text("groups: {g: {datasets: [x]}}\npacking: {policy: tight, cost_slack: null}")
+    assert DataConfig.from_yaml(path).packing.cost_slack is None
+    path.write_text("groups: {g: {datasets: [x]}}\npacking: {policy: tight}")
+    assert DataConfig.from_yaml(path).packing.cost_slack == 0.065
+    for value, message in (("lots", "packing.cost_slack must be a number"), ("2", "fraction in \\[0, 1\\]")):
+        path.write_text(f"groups: {{g: {{datasets: [x]}}}}\npacking: {{policy: tight, cost_slack: {value}}}")
+        with pytest.raises(ValueError, match=message):
+            DataConfig.from_yaml(path)
+    with pytest.raises(ValueError, match="cost_slack"):
+        pack_samples(np.ones(3, np.int64), np.zeros(3, np.int32), mandatory=[False], policy="tight", cost_slack=-1)

@@ -11,7 +11,7 @@ the loader) mirrors BAGEL's ``data/configs/*.yaml`` with dataset names replaced 
         image_transform_args: {image_stride: 16, max_image_size: 1024, min_image_size: 512}
         vit_image_transform_args: {image_stride: 14, max_image_size: 518, min_image_size: 224}
     packing: {expected_num_tokens: 32768, max_num_tokens: 36864}     # optional, BAGEL's defaults
-    # packing: {policy: tight, window: 128}   # fill toward max_num_tokens (docs/guide/packing.md)
+    # packing: {policy: tight, window: 128, cost_slack: 0.065}   # fill toward max_num_tokens, packs that cost alike
     dropout: {text: 0.1, vit: 0.3, vae: 0.3}                          # optional
     geometry: {max_latent_size: 64}         # optional, BAGEL's; 1,024-px VAE images need a 64-wide latent grid
     seed: 0                                                           # optional
@@ -104,6 +104,11 @@ class GroupConfig:
         return self.vit_image_transform or self.image_transform
 
 
+# The tight policy's default cost cap: a pack costs at most 6.5% more than a full pack of the stream's recent
+# average sample (measured on the scale, text and video mixes: docs/guide/packing.md).
+DEFAULT_COST_SLACK = 0.065
+
+
 @dataclass(frozen=True)
 class PackingConfig:
     """Token budgets of a pack (BAGEL's ``PackedDataset`` arguments, same defaults)."""
@@ -115,12 +120,16 @@ class PackingConfig:
     max_buffer_size: int = 50
     policy: str = "bagel"  # or "tight": fill toward max_num_tokens (docs/guide/packing.md)
     window: int = 128  # the tight policy's window of stream items
+    cost_slack: float | None = DEFAULT_COST_SLACK  # the tight policy's cost cap (None: tokens only)
 
     def __post_init__(self) -> None:
         if self.policy not in ("bagel", "tight"):
             raise ValueError(f"packing.policy must be 'bagel' or 'tight', got {self.policy!r}")
         if self.window < 1:
             raise ValueError(f"packing.window must be at least 1 item, got {self.window}")
+        if self.cost_slack is not None and not 0 <= self.cost_slack <= 1:
+            raise ValueError(f"packing.cost_slack must be a fraction in [0, 1] (0.065: a pack may cost 6.5% more "
+                             f"than a full pack of the stream's average sample) or null, got {self.cost_slack}")
         if not 0 < self.expected_num_tokens <= self.max_num_tokens:
             raise ValueError(f"need 0 < expected_num_tokens ({self.expected_num_tokens}) <= max_num_tokens "
                              f"({self.max_num_tokens})")
@@ -285,8 +294,8 @@ class DataConfig:
         for key in ("schedule", "allow_duplicates"):  # absent when unused: earlier cache keys stay valid
             if not described[key]:
                 del described[key]
-        if self.packing.policy == "bagel":  # bagel ignores the window: today's cache keys stay valid
-            del described["packing"]["policy"], described["packing"]["window"]
+        if self.packing.policy == "bagel":  # bagel ignores the window and cost: today's cache keys stay valid
+            del described["packing"]["policy"], described["packing"]["window"], described["packing"]["cost_slack"]
         return described
 
     def fingerprint(self) -> str:

@@ -51,9 +51,12 @@ def checked_mapping(where: str, values: Any, known: tuple[str, ...]) -> dict[str
 
 
 def checked_section(name: str, cls: Any, values: Any) -> Any:
-    """One of the data.yaml's packing / dropout / geometry mappings as ``cls``, every key and type checked."""
+    """One of the data.yaml's packing / dropout / geometry mappings as ``cls``, every key and type checked
+    (a key typed ``X | None`` also takes YAML's null)."""
     types = {f.name: f.type for f in fields(cls)}
     values = checked_mapping(name, values, tuple(types))
     for key, value in values.items():
-        check_type(f"{name}.{key}", value, {"int": int, "float": float, "bool": bool, "str": str}[types[key]])
+        kind, optional = types[key].removesuffix(" | None"), types[key].endswith(" | None")
+        if not (optional and value is None):
+            check_type(f"{name}.{key}", value, {"int": int, "float": float, "bool": bool, "str": str}[kind])
     return cls(**values)

@@ -15,6 +15,7 @@ packs against it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,16 +38,31 @@ class LLMGeometry:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError("hidden_size must divide into num_heads heads, and num_heads into num_kv_heads groups")
 
+    def _flops(self) -> tuple[int, int]:
+        """(linear FLOPs per token, attention FLOPs per n²), exact integers: the formula of the module."""
+        h, layers = self.hidden_size, self.num_layers
+        kv = self.num_kv_heads * (h // self.num_heads)
+        return 2 * layers * (2 * h * h + 2 * h * kv + 3 * h * self.ffn_size), 4 * layers * h
+
     @property
     def linear_flops_per_token(self) -> float:
         """Forward FLOPs of the projections and the MLP for one token."""
-        h, kv = self.hidden_size, self.num_kv_heads * (self.hidden_size // self.num_heads)
-        return 2.0 * self.num_layers * (2 * h * h + 2 * h * kv + 3 * h * self.ffn_size)
+        return float(self._flops()[0])
 
     @property
     def attention_flops_per_square_token(self) -> float:
         """Forward FLOPs of attention per n² of a segment of n tokens."""
-        return 4.0 * self.num_layers * self.hidden_size
+        return float(self._flops()[1])
+
+    @property
+    def cost_weights(self) -> tuple[int, int]:
+        """(linear, attention): the two FLOPs coefficients divided by their greatest common divisor, so a
+        sample of n tokens costs ``linear·n + attention·n²`` in small exact integers (Qwen2-7B: 32,512 and 1).
+        The tight packer's cost cap compares costs in these units, the same model as :func:`pack_costs`
+        without floating point, so its packs are the same on every machine."""
+        linear, attention = self._flops()
+        divisor = math.gcd(linear, attention)
+        return linear // divisor, attention // divisor
 
 
 def pack_costs(pack_offsets: np.ndarray, segment_tokens: np.ndarray,

@@ -282,7 +282,7 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
                         max_num_tokens_per_sample=packing.max_num_tokens_per_sample,
                         prefer_buffer_before=packing.prefer_buffer_before, max_buffer_size=packing.max_buffer_size,
                         chunk_size=chunk_size, phases=None if plain else phases, policy=packing.policy,
-                        window=packing.window)
+                        window=packing.window, cost_slack=packing.cost_slack)
     # with several phases, packs may also hold mandatory items taken ahead of a phase that then ended (each
     # mandatory group delivers at most num_samples items: PackStream)
     mandatory = sum(g.is_mandatory for g in config.groups) if len(phases) > 1 else 0

@@ -33,7 +33,7 @@ import numpy as np
 
 from mmidx import _stream
 from mmidx.index.blend import _normalize
-from mmidx.index.packer import _check_budgets, _check_kernel, _check_policy, _packer, packing_stats
+from mmidx.index.packer import DEFAULT_COST_SLACK, _check_budgets, _check_kernel, _check_policy, _packer, packing_stats
 from mmidx.index.schedule import Phase, PhasedBlend
 from mmidx.index.stream import ViewTable, _group_keys
 
@@ -68,7 +68,7 @@ class PackStream:
                  mandatory: np.ndarray | list[bool], max_num_tokens: int, expected_num_tokens: int,
                  max_num_tokens_per_sample: int, prefer_buffer_before: int, max_buffer_size: int,
                  chunk_size: int = 1 << 20, phases: list[Phase] | None = None, policy: str = "bagel",
-                 window: int = 128):
+                 window: int = 128, cost_slack: float | None = DEFAULT_COST_SLACK):
         self.table = table
         self.phases = [Phase(tuple(_normalize(weights)))] if phases is None else list(phases)
         if len(self.phases[0].weights) != table.num_groups or len(mandatory) != table.num_groups:
@@ -86,7 +86,7 @@ class PackStream:
         self.budgets = (max_num_tokens, expected_num_tokens)
         self.packer = _packer(self.mandatory, max_num_tokens, expected_num_tokens, max_num_tokens_per_sample,
                               prefer_buffer_before, max_buffer_size, self.num_samples,
-                              tight=_check_policy(policy, window), window=window)
+                              tight=_check_policy(policy, window, cost_slack), window=window, cost_slack=cost_slack)
         self.stats: dict[str, Any] = {}
         self.group_counts: list[int] = []  # items of each group delivered, once iterated
         self.phase_log: list[dict[str, Any]] = []

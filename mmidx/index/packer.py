@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from mmidx import _packing
+from mmidx.config import DEFAULT_COST_SLACK
+from mmidx.index.cost import LLMGeometry
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ def pack_samples(
     max_buffer_size: int = 50,
     policy: str = "bagel",
     window: int = 128,
+    cost_slack: float | None = DEFAULT_COST_SLACK,
+    geometry: LLMGeometry | None = None,
 ) -> PackingResult:
     """Pack a stream of whole samples into packs of about ``expected_num_tokens`` (BAGEL budgets
     by default), deterministically and without losing any sample.
@@ -81,10 +85,19 @@ def pack_samples(
     leaves the window before ``window`` more stream items arrive: placed at rank r of the packs'
     concatenation, |r - p| < ``window`` for stream position p (without mandatory groups or
     exclusions, which move items by their count). At the end the window is packed the same way.
+
+    With ``cost_slack`` (tight only; ``None`` turns it off) the tight packer caps each pack's modelled
+    compute as well as its tokens, so packs that run side by side in a data-parallel step cost alike: a
+    sample of n tokens costs ``linear·n + attention·n²`` (``geometry``'s cost model, Qwen2-7B by default,
+    see ``mmidx.index.cost``), and an item fits only if the pack's cost stays within ``1 + cost_slack``
+    times that of a full pack (``max_num_tokens``) of the stream's recent average sample (its Σn²/Σn over
+    about the last 4,096 items to enter the window). Packs full of long samples so close a little short
+    of the cap in tokens; ``stats['cost_capped_packs']`` counts those the cost cap closed while an item
+    still fitted the tokens left. The window's earliest item always goes in (the window bound holds).
     """
     _check_budgets(max_num_tokens, expected_num_tokens, max_num_tokens_per_sample, prefer_buffer_before,
                    max_buffer_size)
-    tight = _check_policy(policy, window)
+    tight = _check_policy(policy, window, cost_slack)
     counts = np.asarray(token_counts)
     group_ids = np.asarray(groups)
     if counts.size and not np.issubdtype(counts.dtype, np.integer):
@@ -100,7 +113,8 @@ def pack_samples(
     group_ids = np.ascontiguousarray(group_ids, dtype=np.int32)
 
     packer = _packer(mandatory, max_num_tokens, expected_num_tokens, max_num_tokens_per_sample,
-                     prefer_buffer_before, max_buffer_size, len(counts), tight=tight, window=window)
+                     prefer_buffer_before, max_buffer_size, len(counts), tight=tight, window=window,
+                     cost_slack=cost_slack, geometry=geometry)
     # The whole stream is at hand: every mandatory item is lookahead from the start.
     positions = np.arange(len(counts), dtype=np.int64)
     _check_kernel(packer.lookahead(counts, group_ids, positions, mandatory.view(np.uint8)), "token_counts", counts)
@@ -141,17 +155,33 @@ def _check_budgets(max_num_tokens: int, expected_num_tokens: int, max_num_tokens
 POLICIES = ("bagel", "tight")
 
 
-def _check_policy(policy: str, window: int) -> bool:
-    """Validate a packing policy and its window; True for ``tight``."""
+# The cost cap's integer arithmetic holds for packs of up to 2^24 tokens (Σn² over 4,096 items stays in int64).
+MAX_COST_CAPPED_TOKENS = 1 << 24
+
+
+def _check_policy(policy: str, window: int, cost_slack: float | None = None) -> bool:
+    """Validate a packing policy, its window and cost slack; True for ``tight``."""
     if policy not in POLICIES:
         raise ValueError(f"packing policy must be one of {POLICIES}, got {policy!r}")
     if window < 1:
         raise ValueError(f"the tight policy's window must be at least 1 item, got {window}")
+    if cost_slack is not None and not 0 <= cost_slack <= 1:
+        raise ValueError(f"the tight policy's cost_slack must be a fraction in [0, 1] (e.g. 0.065 for 6.5%) or "
+                         f"None to cap tokens only, got {cost_slack}")
     return policy == "tight"
 
 
-def _packer(mandatory: np.ndarray, *budgets: int, tight: bool = False, window: int = 128) -> _packing.Packer:
-    return _packing.Packer(np.ascontiguousarray(mandatory, dtype=bool).view(np.uint8), *budgets, tight, window)
+def _packer(mandatory: np.ndarray, *budgets: int, tight: bool = False, window: int = 128,
+            cost_slack: float | None = DEFAULT_COST_SLACK, geometry: LLMGeometry | None = None) -> _packing.Packer:
+    """The kernel's packer; with ``tight`` and a ``cost_slack``, the cost cap in the geometry's integer weights
+    (the slack in basis points)."""
+    linear, attention = (geometry or LLMGeometry()).cost_weights
+    capped = tight and cost_slack is not None
+    if capped and budgets[0] > MAX_COST_CAPPED_TOKENS:
+        raise ValueError(f"the cost cap handles max_num_tokens up to {MAX_COST_CAPPED_TOKENS:,}, got {budgets[0]:,}; "
+                         "set cost_slack to None (packing: {cost_slack: null}) for larger packs")
+    return _packing.Packer(np.ascontiguousarray(mandatory, dtype=bool).view(np.uint8), *budgets, tight, window,
+                           linear, attention, round(cost_slack * 10000) if capped else -1)
 
 
 def _check_kernel(bad: int, name: str, counts: np.ndarray) -> None:
@@ -163,6 +193,7 @@ def packing_stats(packer: _packing.Packer, max_num_tokens: int, expected_num_tok
     """The packer's counters: packs, items, exclusions, deferrals, solo packs and fill."""
     num_packs = packer.num_packs
     mean_tokens = packer.tokens / num_packs if num_packs else 0.0
+    cost = {"cost_capped_packs": packer.cost_capped_packs} if packer.cost_aware else {}
     return {
         "num_packs": num_packs,
         "num_items": packer.num_items,
@@ -173,4 +204,5 @@ def packing_stats(packer: _packing.Packer, max_num_tokens: int, expected_num_tok
         "partial_last_pack": bool(num_packs and packer.last_pack_tokens < expected_num_tokens),
         "fill_vs_max": mean_tokens / max_num_tokens,
         "fill_vs_expected": mean_tokens / expected_num_tokens,
+        **cost,
     }
