@@ -44,9 +44,12 @@ def lengths(mix: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 def trl_bfd(counts: np.ndarray) -> np.ndarray:
     """Pack tokens of TRL's ``pack_dataset(strategy="bfd")`` over sequences of ``counts`` lengths."""
+    import datasets
     import pyarrow as pa
     from datasets import Dataset
     from trl.data_utils import pack_dataset
+
+    datasets.disable_progress_bars()
 
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     ids = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.zeros(offsets[-1], np.int32)))
