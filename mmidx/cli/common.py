@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +24,32 @@ def dataset_prefix(value: str) -> str:
         if value.endswith(suffix) and not os.path.exists(value + SUFFIXES["idx"]):
             return value.removesuffix(suffix)
     return value
+
+
+def output_prefix(value: str) -> str:
+    """An output dataset prefix (as :func:`dataset_prefix` reads it), or a usage error when it names a folder
+    (``out/``: its files would be hidden, ``out/.idx``...)."""
+    from mmidx.format import PrefixError
+    from mmidx.format import output_prefix as checked
+
+    try:
+        return checked(dataset_prefix(value))
+    except PrefixError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def named_output(args: argparse.Namespace, positional: str | None, old_form: str) -> str:
+    """The output a command names with ``-o/--output``; the deprecated form that gave it as an argument
+    (``positional``, spelled ``old_form`` in the line that says so) still works, with one warning on stderr."""
+    if args.output is not None and positional is not None:
+        args.usage_error(f"give the output once, as --output {args.output} (not also as {positional!r})")
+    if args.output is not None:
+        return args.output
+    if positional is None:
+        args.usage_error("give the output as -o/--output")
+    print(f"mmidx {args.command}: warning: {old_form} is deprecated and will be removed; name the output with "
+          f"-o/--output {positional}", file=sys.stderr)
+    return positional
 
 
 def _dataset_prefixes(paths: Sequence[str]) -> list[str]:
