@@ -110,6 +110,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or action.default is False or action.default == () or "(default: " in (
                 action.help or ""):
             return action.help or ""
+        if isinstance(action.default, int) and not isinstance(action.default, bool) and action.default >= 10_000:
+            return default_note(action.help or "", f"{action.default:,}")  # as the commands print counts: 20,000
         return super()._get_help_string(action) or ""
 
 
