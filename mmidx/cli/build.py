@@ -21,23 +21,19 @@ from mmidx.cli.common import (
 )
 from mmidx.cli.url_options import add_url_arguments, max_skip_rate, url_source_options
 
-# Both ways to call build, as its usage line: argparse's would list every option, and neither way is its "required".
-BUILD_USAGE = """%(prog)s --source SOURCE --input PATH [PATH ...] --output PREFIX --tokenizer TOKENIZER [options]
-   or: %(prog)s --config BAGEL_YAML --dataset-info INFO_YAML --output-dir FOLDER --tokenizer TOKENIZER [options]"""
-
 # What each --source reads, in the help itself (a wheel install has no docs folder); a test keeps every source here.
 INPUT_SCHEMAS = """input schemas (--source: files; what one row holds):
 
-  t2i        .parquet; image (encoded bytes) + captions (a JSON object of strings: {"0": "a cat"})
-  edit       .parquet; image_list (n >= 2 images) + instruction_list (n - 1 lists of instructions)
-  vlm        .jsonl; LLaVA conversations + image (a name or a list) or video, relative to --image-root
-  chat       .jsonl; conversations, and the keys of --extra-keys or --chat-config
-  text       .jsonl; a text field (--text-key)
-  prompts    .txt (a prompt a line), .jsonl, .json; a prompt (--prompt-key) or caption
-  wds        .tar, .tar.gz, .tgz; KEY.jpg (or another image) + KEY.txt and/or KEY.json (--caption-key)
-  video_gen  .jsonl; video (a file, or a folder of frames ending in /) + caption + condition_frames
-  hf         a save_to_disk folder, .parquet, .arrow; an image column + caption column(s), or conversations
-  urls       .parquet, .csv, .tsv, .jsonl (each also .gz); a URL column + a caption column
+  t2i        .parquet: image (encoded bytes), captions ({"0": "a cat", ...})
+  edit       .parquet: image_list (n >= 2 images), instruction_list (n-1 lists)
+  vlm        .jsonl: LLaVA conversations + image(s) or video, under --image-root
+  chat       .jsonl: conversations, and keys of --extra-keys or --chat-config
+  text       .jsonl: a text field (--text-key)
+  prompts    .txt (one a line), .jsonl, .json: prompt (--prompt-key) or caption
+  wds        .tar, .tar.gz, .tgz: KEY.jpg (any image) + KEY.txt and/or KEY.json
+  video_gen  .jsonl: video (file or frames folder/), caption, condition_frames
+  hf         .parquet, .arrow, save_to_disk: image + captions, or conversations
+  urls       .parquet, .csv, .tsv, .jsonl (each also .gz): URL + caption columns
 
 Images with a captions file, or any other layout: a Python function over your inputs, built by mmidx.write
 (help(mmidx.write))."""
@@ -111,7 +107,7 @@ def _register_build(commands: Commands) -> None:
                       "Build an mmidx dataset from raw sources (t2i/edit parquet, VLM/chat/text JSONL, RL prompt "
                       "files, WebDataset tars, Hugging Face datasets, URL tables downloaded while building), or every "
                       "group of a BAGEL data config. Each source's input schema: at the end of this help.")
-    sub.usage, sub.epilog = BUILD_USAGE, f"{INPUT_SCHEMAS}\n\n{EXIT_STATUSES}"
+    sub.epilog = f"{INPUT_SCHEMAS}\n\n{EXIT_STATUSES}"
     what = sub.add_argument_group("what to build", "--source, --input and --output; or --config, --dataset-info "
                                                    "and --output-dir")
     what.add_argument("--source", choices=SOURCE_NAMES, metavar="SOURCE",
