@@ -27,7 +27,7 @@ COMMAND_PAGES = {
     "index": "guide/packing", "show": "guide/inspecting", "bench": "guide/inspecting", "view": "guide/inspecting",
     "demo": "getting-started",
 }
-_MENTION = re.compile(r"python -m pydoc ([\w.]+)|\bmmidx ([a-z]+)\b")
+_MENTION = re.compile(r"python -m pydoc (\w+(?:\.\w+)*)|\bmmidx ([a-z]+)\b")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
