@@ -215,3 +215,27 @@ def test_merge_counts_datasets_in_the_right_number(tmp_path, capsys):
     assert main(["merge", str(tmp_path / "two"), str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     two = capsys.readouterr().out
     assert "OK: merged 2 datasets\n" in two and "from 2 datasets in" in two
+
+
+def test_shows_table_keeps_every_column_inside_the_picture_and_loses_no_split():
+    from types import SimpleNamespace
+
+    from mmidx.toolkit.show import _font, sample_table, split_runs
+
+    assert split_runs(["full"] * 11 + ["causal", "causal", "noise"], [731] * 11 + [13, 87, 1026]) == [
+        "full:731 x11", "causal:13", "causal:87", "noise:1026"]
+    modes, lengths = ["full"] * 3 + ["causal"] * 30, [1371, 731, 731, *range(10, 40)]
+    long = {"dataset_name": "a_very_long_group_name_of_unified_edit", "dataset": "/data/a_dataset_with_a_long_name",
+            "sample": 123456, "view": 3}
+    batch = SimpleNamespace(attn_modes=[modes, ["noise"]], split_lens=[lengths, [1026]], sample_lens=[9000, 1026],
+                            batch_data_indexes=[long, {"dataset_name": "t2i", "dataset": "/data/t2i", "sample": 0,
+                                                       "view": 0}])
+    font, width = _font(12), 600
+    lines = sample_table(batch, font, width)
+    for line in lines:
+        for x, text in line:
+            assert x >= 6 and x + font.getlength(text) <= width - 6, text  # nothing runs off the right edge
+    splits_x = lines[1][-1][0]
+    shown = " ".join(text for line in lines[1:] for x, text in line if x == splits_x).split()
+    assert shown[:3] == ["full:1371", "full:731", "x2"] and "causal:39" in shown and "noise:1026" in shown
+    assert len(lines) > 3  # the first sample's splits wrapped onto lines of their own
