@@ -41,7 +41,8 @@ from mmidx.index.stream import ViewTable
 from mmidx.index.subsets import selected_views, used_samples
 from mmidx.read.dataset import MMIDXDataset
 
-INDEX_VERSION = 2
+# 3: a schedule of one phase blends by that phase's weights (2 took the groups' weight keys instead)
+INDEX_VERSION = 3
 
 
 def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
@@ -276,7 +277,7 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
     if phases is None:
         phases = [Phase(tuple(w), p, t) for w, p, t in config.phase_weights()]
     plain = len(phases) == 1 and min(phases[0].weights) > 0  # today's one blend: weights checked as before
-    stream = PackStream(table, [g.weight for g in config.groups], num_samples, config.seed,
+    stream = PackStream(table, list(phases[0].weights), num_samples, config.seed,
                         mandatory=[g.is_mandatory for g in config.groups], max_num_tokens=packing.max_num_tokens,
                         expected_num_tokens=packing.expected_num_tokens,
                         max_num_tokens_per_sample=packing.max_num_tokens_per_sample,
