@@ -35,6 +35,7 @@ from mmidx.images.transform import ImageTransform, num_image_tokens
 from mmidx.index.cache import ArraySink, cached_build
 from mmidx.index.cost import LLMGeometry, pack_costs
 from mmidx.index.history import MixtureHistory
+from mmidx.index.identity import StreamIdentity
 from mmidx.index.pack_stream import PackStream
 from mmidx.index.schedule import Phase
 from mmidx.index.stream import ViewTable
@@ -137,6 +138,7 @@ class PackIndex:
     path: Path | None = None
     reused: bool = False
     selections: list[list[np.ndarray | None]] | None = None  # per group and dataset: used samples (None: all)
+    identity: StreamIdentity | None = None  # the stream's, for loader states (None: an index built by hand)
 
     def __post_init__(self) -> None:
         sizes = [len(g.datasets) for g in self.config.groups]
@@ -227,7 +229,8 @@ def build_pack_index(config: DataConfig | MixtureHistory, *, num_samples: int | 
     if progress and reused:  # a build says so with its progress bar
         print(f"mmidx: pack index reused from {folder}", file=sys.stderr)
     used = selections if any(s is not None for group in selections for s in group) else None
-    return PackIndex(config, arrays, stats, dataset_starts, folder, reused, used)
+    identity = StreamIdentity(history, num_samples, tuple(tuple(group) for group in checksums), INDEX_VERSION)
+    return PackIndex(config, arrays, stats, dataset_starts, folder, reused, used, identity)
 
 
 def _check_duplicates(config: DataConfig, checksums: list[list[str]]) -> None:
