@@ -14,8 +14,11 @@ import yaml
 from support.packing import GEOMETRY, SPECIAL, build_groups
 from support.packs import position
 
+from mmidx.config import DataConfig
+from mmidx.index.pack_index import build_pack_index, pack_index_costs
 from mmidx.pack.batch import PackedBatch
 from mmidx.train.bagel import LOADER_STATE_NAME, trainer_loader
+from mmidx.train.shares import GlobalBatchError
 from mmidx.train.state import LoaderStateError
 
 # Bagel.forward's parameters (modeling/bagel/bagel.py): everything the trainer passes as **data
@@ -142,6 +145,36 @@ def test_cuda_with_a_device_index_is_to_on_that_cuda_device(monkeypatch):
     batch.cuda(1)
     batch.cuda()
     assert calls == [torch.device("cuda", 1), torch.device("cuda")]
+
+
+def test_the_yamls_packing_policy_is_kept_and_the_trainers_budgets_replace_the_yamls(config_file, tmp_path):
+    tight = tmp_path / "tight.yaml"
+    data = yaml.safe_load(config_file.read_text())
+    data["packing"] = {"policy": "tight", "window": 32, "cost_slack": 0.02, "max_num_tokens": 9999,
+                       "max_num_tokens_per_sample": 9000, "expected_num_tokens": 5000}
+    tight.write_text(yaml.safe_dump(data))
+    index = loader_of(tight).dataset.packs
+    packing = index.config.packing
+    assert (packing.policy, packing.window, packing.cost_slack) == ("tight", 32, 0.02)
+    assert {key: getattr(packing, key) for key in PACKING} == PACKING  # the trainer's, not the YAML's 9999
+    by_hand = DataConfig.from_dict({**data, "packing": {**data["packing"], **PACKING}, "seed": 7})
+    expected = build_pack_index(by_hand, num_samples=200, progress=False)
+    packs = [index.items(k) for k in range(len(index))]
+    assert packs == [expected.items(k) for k in range(len(expected))]
+    bagel = build_pack_index(DataConfig.from_dict({**data, "packing": PACKING, "seed": 7}), num_samples=200,
+                             progress=False)
+    assert packs != [bagel.items(k) for k in range(len(bagel))]  # what the policy dropped would have trained
+
+
+def test_a_global_batch_over_the_world_size_deals_balanced_steps_and_one_it_cannot_share_is_refused(config_file):
+    loader = loader_of(config_file, local_rank=1, world_size=2, global_batch_size=4)
+    costs = pack_index_costs(loader.dataset.packs)
+    assert loader.pack_costs is not None and list(loader.pack_costs) == list(costs)
+    dealt = list(loader.sampler())
+    assert dealt[:2] == sorted(range(4), key=lambda k: (-costs[k], k))[1::2]  # rank 1: the 2nd and 4th dearest
+    assert loader_of(config_file, world_size=2).pack_costs is None  # BAGEL's loop: one pack per rank, no deal
+    with pytest.raises(GlobalBatchError, match="global_batch_size 8 must be a multiple of the world size 3"):
+        loader_of(config_file, world_size=3, global_batch_size=8)
 
 
 def test_a_data_status_of_another_seed_is_refused_unless_strict_is_off_and_an_older_one_is_warned(config_file):
