@@ -202,7 +202,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from mmidx.errors import MMIDXError
+from mmidx.errors import MMIDXError, option
 
 FORMAT_NAME = "mmidx"
 FORMAT_VERSION = 1
@@ -324,16 +324,19 @@ def report_path(prefix: str | os.PathLike) -> Path:
     return Path(os.fspath(prefix) + REPORT_SUFFIX)
 
 
-def output_prefix(prefix: str | os.PathLike, option: str = "--output") -> str:
+def output_prefix(prefix: str | os.PathLike, parameter: str = "output") -> str:
     """``prefix`` as a string, or a :class:`PrefixError` when its last part is no name (``out/``, ``out/.``, a URI
     ending in ``/``): a dataset's files are the prefix plus a suffix, so ``out/`` would write hidden files
-    (``out/.idx``, ``out/.bin``) that ``ls`` does not show. ``option`` names the argument in the message."""
+    (``out/.idx``, ``out/.bin``) that ``ls`` does not show. ``parameter`` is the setting the message names
+    (``--output`` on the command line, ``output=`` in Python)."""
     text = os.fspath(prefix)
     path = (text.partition("?")[0] if "://" in text else text).replace(os.sep, "/")
     if path.rpartition("/")[2] in ("", ".", ".."):
+        meant = f"{path.rstrip('/') or '.'}/NAME"
+        named = option(parameter, meant)
         raise PrefixError(f"{text!r} names a folder, not a dataset: a dataset's files are its prefix plus a "
                           f"suffix (PREFIX.idx, PREFIX.bin...), so this one would write hidden files such as "
-                          f"{path}.idx; did you mean {option} {path.rstrip('/') or '.'}/NAME?")
+                          f"{path}.idx; did you mean {f'{named} {meant}' if named.startswith('--') else named}?")
     return text
 
 

@@ -57,7 +57,7 @@ def test_merge_refuses_to_replace_another_dataset_and_leaves_it_and_its_report_a
     assert cli.main([part.format(ds=ds) for part in argv]) == 1
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error == (f"mmidx merge: {ds / 't2i'} holds a dataset built from other inputs or options (see "
-                     f"{ds / 't2i'}.report.json); pass --force (force=True) to replace it, or choose another output")
+                     f"{ds / 't2i'}.report.json); pass --force to replace it, or choose another output")
     assert _files(ds / "t2i") == before
 
 
@@ -101,7 +101,7 @@ def test_build_refuses_a_dataset_that_no_report_describes_unless_forced(tmp_path
     assert cli.main(build_command("text", tmp_path / "out")) == 1
     assert capsys.readouterr().err.strip() == (
         f"mmidx build: {tmp_path / 'out'} holds a dataset that is not the result of this build (no report beside it "
-        "says so); pass --force (force=True) to replace it, or choose another output")
+        "says so); pass --force to replace it, or choose another output")
     assert _files(tmp_path / "out") == before
     assert cli.main(build_command("text", tmp_path / "out", "--force")) == 0
     assert MMIDXDataset(tmp_path / "out").kind == "text" and report_path(tmp_path / "out").exists()
@@ -136,12 +136,13 @@ def test_an_output_prefix_that_names_a_folder_is_refused_saying_what_to_give(tmp
 def test_the_python_writers_refuse_a_prefix_that_names_a_folder(tmp_path):
     small_dataset(tmp_path / "in" / "ds")
     folder = str(tmp_path / "out") + "/"
-    with pytest.raises(PrefixError, match="did you mean --output"):
+    meant = f"{tmp_path / 'out'}/NAME"
+    with pytest.raises(PrefixError, match=f"did you mean output='{meant}'"):
         mmidx.write(_sample, range(3), folder, tokenizer=tokenizer_dir(), progress=False)
-    with pytest.raises(PrefixError, match="did you mean --output"):
+    with pytest.raises(PrefixError, match=f"did you mean output='{meant}'"):
         merge_into(folder, [tmp_path / "in" / "ds"])
-    with pytest.raises(PrefixError, match="did you mean the prefix"):
+    with pytest.raises(PrefixError, match=f"did you mean prefix='{meant}'"):
         merge_datasets([tmp_path / "in" / "ds"], folder)
-    with pytest.raises(PrefixError, match="did you mean the prefix"):
+    with pytest.raises(PrefixError, match=f"did you mean prefix='{meant}'"):
         DatasetBuilder(folder, vocab_size=100)
     assert not (tmp_path / "out").exists()

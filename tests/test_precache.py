@@ -421,7 +421,7 @@ def test_a_finished_stream_of_other_options_is_replaced_only_with_force(data, ca
     assert main([*argv, "bf16"]) == 1
     assert capsys.readouterr().err.strip() == (
         f"mmidx precache: {prefix}.enc.kept.json: encoding 'kept' was computed with other options (dtype 'fp32' vs "
-        "'bf16'); pass --force (force=True) to replace it, or choose another --name")
+        "'bf16'); pass --force to replace it, or choose another --name")
     assert {role: fmt.encoding_path(prefix, "kept", role).read_bytes() for role in fmt.ENCODING_ROLES} == stream
     assert main([*argv, "bf16", "--force"]) == 0
     assert json.loads(fmt.encoding_path(prefix, "kept", "json").read_text())["dtype"] == "bf16"

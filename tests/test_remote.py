@@ -1,6 +1,7 @@
 """Datasets in object storage (moto's S3 server on 127.0.0.1): the same batches and samples as from
 local files, reads fetched ahead by the known order (requests counted), one line per bad URI."""
 
+import shutil
 import socket
 
 import numpy as np
@@ -189,12 +190,15 @@ def test_a_build_to_s3_replaces_another_builds_dataset_there_only_with_force(s3,
     from support.sources import build, write_jsonl
 
     from mmidx.ingest import BuildError
+    from mmidx.ingest.remote import scratch_prefix
 
     uri = "s3://mmidx/occupied/docs"
     first = write_jsonl(tmp_path / "first.jsonl", [{"text": f"first {i}"} for i in range(4)])
     second = write_jsonl(tmp_path / "second.jsonl", [{"text": f"second {i}"} for i in range(6)])
     build("text", [first], uri)
-    with pytest.raises(BuildError, match=f"{uri} holds a dataset built from other inputs or options; pass --force"):
+    shutil.rmtree(scratch_prefix(uri).parent)  # the second build runs on another machine: no local scratch
+    with pytest.raises(BuildError, match=f"{uri} holds a dataset built from other inputs or options; pass "
+                                         "force=True to replace it"):
         build("text", [second], uri)
     assert len(MMIDXDataset(uri)) == 4  # untouched
     remote, report = build("text", [second], uri, force=True)
@@ -215,7 +219,7 @@ def test_fetch_replaces_another_dataset_of_the_same_name_only_with_force(s3, tmp
     assert main(["fetch", uri, "-o", str(tmp_path / "copy")]) == 1
     assert capsys.readouterr().err.strip() == (
         f"mmidx fetch: {tmp_path / 'copy' / 'vlm'} holds another dataset than {uri} (its metadata differs); pass "
-        "--force (force=True) to replace it, or fetch into another folder")
+        "--force to replace it, or fetch into another folder")
     assert {path.name: path.read_bytes() for path in (tmp_path / "copy").iterdir()} == before
     assert main(["fetch", uri, "-o", str(tmp_path / "copy"), "--force"]) == 0
     assert not report_path(tmp_path / "copy" / "vlm").exists()  # it described the dataset replaced

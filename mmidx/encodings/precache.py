@@ -43,7 +43,7 @@ from mmidx.encodings.encode import (
     load_encoder,
     plan_units,
 )
-from mmidx.errors import MMIDXError
+from mmidx.errors import MMIDXError, option
 from mmidx.format import FormatError
 from mmidx.images.transform import ImageTransform
 from mmidx.ingest.remote import scratch_prefix
@@ -158,8 +158,8 @@ def _refuse_other_stream(dataset: MMIDXDataset, job: Job, transform_args: dict[s
     differ = [f"{key} {meta.get(key)!r} vs {value!r}" for key, value in ours.items() if meta.get(key) != value]
     if differ:
         raise StreamExistsError(f"{stream_location(dataset.prefix, job.name, 'json')}: encoding {job.name!r} was "
-                                f"computed with other options ({'; '.join(differ)}); pass --force (force=True) to "
-                                "replace it, or choose another --name")
+                                f"computed with other options ({'; '.join(differ)}); pass {option('force', True)} "
+                                f"to replace it, or choose another {option('name')}")
 
 
 def precache_dataset(prefix: str, job: Job, transform: ImageTransform | None, *, device: str = "cpu",

@@ -26,7 +26,7 @@ from mmidx import format as fmt
 from mmidx.fetch.ledger import merge_ledgers
 from mmidx.ingest.output import claim_output
 from mmidx.ingest.plan import PLAN_NAME, BuildError, finished_shard, meta_sha256, shard_dir, shard_prefix
-from mmidx.ingest.report import BuildReport, add_counts, judge, new_counts, report_path
+from mmidx.ingest.report import BuildReport, add_counts, counted, judge, new_counts, report_path
 from mmidx.ingest.writer import _DatasetWriter
 from mmidx.io.files import digest, read_json, write_json
 from mmidx.io.lock import output_lock
@@ -153,7 +153,7 @@ def _merge_datasets(output: str, inputs: list[str], started: float, force: bool)
               "views": counts.get("views", len(dataset)), "images": counts.get("images", 0)}
     totals["seconds"]["wall"] = time.perf_counter() - started
     data = {**totals, "output": output, "key": key, "meta_sha256": meta_sha256(output), "merged_from": inputs,
-            "units": len(inputs), "reused_units": len(inputs), "ok": True, "message": f"merged {len(inputs)} datasets"}
+            "datasets": len(inputs), "ok": True, "message": f"merged {counted(len(inputs), 'dataset')}"}
     write_json(report_path(output), data, exclusive=True)  # under the output's lock: no other writer is alive
     return BuildReport(data)
 

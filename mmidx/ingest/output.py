@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmidx import format as fmt
+from mmidx.errors import option
 from mmidx.ingest.plan import BuildError, meta_sha256
 from mmidx.io.files import read_json
 
@@ -49,4 +50,4 @@ def claim_output(output: str, key: str, recorded: dict[str, Any], *, force: bool
         if all(fmt.canonical_json(meta.get(name)) == fmt.canonical_json(value) for name, value in recorded.items()):
             return None  # this command's own result, written before a kill stopped it writing the report
         why = f"{output} holds a dataset that is not the result of this {command} (no report beside it says so)"
-    raise BuildError(f"{why}; pass --force (force=True) to replace it, or choose another output")
+    raise BuildError(f"{why}; pass {option('force', True)} to replace it, or choose another output")

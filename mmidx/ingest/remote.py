@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mmidx import format as fmt
+from mmidx.errors import option
 from mmidx.ingest.plan import BuildError, BuildOptions
 from mmidx.ingest.report import BuildReport, report_path
 from mmidx.io.files import read_json
@@ -85,9 +86,9 @@ def _refuse_other_dataset(output: str, scratch: Path) -> None:
         theirs = None  # not metadata a build wrote
     ours = (read_json(fmt.file_path(scratch, "meta")) or {}).get("build")
     if fmt.canonical_json(theirs) != fmt.canonical_json(ours):
-        raise BuildError(f"{output} holds a dataset built from other inputs or options; pass --force (force=True) "
+        raise BuildError(f"{output} holds a dataset built from other inputs or options; pass {option('force', True)} "
                          "to replace it, or choose another output (this build is kept in local scratch: a rerun "
-                         "with --force only uploads it)")
+                         f"with {option('force', True)} only uploads it)")
 
 
 def build_remote(options: BuildOptions,

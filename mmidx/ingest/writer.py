@@ -124,7 +124,7 @@ class _DatasetWriter:
     def __init__(self, prefix: str | os.PathLike, kind: str, token_dtype: np.dtype):
         if kind not in ("multimodal", "text"):
             raise ValueError(f"kind must be 'multimodal' or 'text', not {kind!r}")
-        self.prefix = fmt.output_prefix(prefix, "the prefix")
+        self.prefix = fmt.output_prefix(prefix, "prefix")
         self.kind = kind
         self.token_dtype = np.dtype(token_dtype)
         if self.token_dtype not in fmt.CODE_OF_DTYPE:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import pyarrow.fs as pafs
 
 from mmidx import format as fmt
+from mmidx.errors import option
 from mmidx.format import FormatError
 from mmidx.io.files import read_json
 
@@ -300,7 +301,7 @@ def fetch_dataset(prefix: str, folder: str | os.PathLike, *, force: bool = False
             meta["meta_sha256"]:
         if not force:
             raise StorageError(f"{local} holds another dataset than {redact(prefix)} (its metadata differs); pass "
-                               "--force (force=True) to replace it, or fetch into another folder")
+                               f"{option('force', True)} to replace it, or fetch into another folder")
         for path in (fmt.report_path(local), fmt.file_path(local, "idx"), fmt.file_path(local, "meta")):
             path.unlink(missing_ok=True)  # it stops opening, and loses its report, before any file is replaced
     Path(folder).mkdir(parents=True, exist_ok=True)
