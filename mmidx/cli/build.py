@@ -212,7 +212,8 @@ def _register_merge(commands: Commands) -> None:
     sub = add_command(commands, "merge", cmd_merge,
                       "Merge the shards of a build split with --num-nodes (each node's --output prefix, or its "
                       "PREFIX.shards folder), named in any order, into its dataset; or concatenate whole datasets "
-                      "of one kind and tokenizer.")
+                      "of one kind and tokenizer. --output names the dataset written; one already there is replaced "
+                      "only with --force, unless it is this merge's result.")
     sub.add_argument("input", nargs="+", type=one_dataset, metavar="PREFIX_OR_SHARDS",
                      help="the prefixes (or shard folders) each node of one build wrote, or dataset prefixes")
     sub.add_argument("-o", "--output", type=output_prefix, metavar=PREFIX,

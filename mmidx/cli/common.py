@@ -125,7 +125,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
                       for action in actions if action.option_strings and action.required]
             if any(action.option_strings and not action.required for action in actions):
                 parts.append("[options]")
-            parts += [self._format_args(action, action.dest) for action in actions if not action.option_strings]
+            parts += [self._format_args(action, action.dest) for action in actions
+                      if not action.option_strings and action.help != argparse.SUPPRESS]  # not a deprecated form
             usage = " ".join(parts)
         super().add_usage(usage, actions, groups, prefix)
 

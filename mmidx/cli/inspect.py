@@ -128,7 +128,7 @@ def _register_fetch(commands: Commands) -> None:
                       "Copy a dataset from object storage (s3://bucket/prefix) into a local folder and verify it.")
     sub.add_argument("uri", metavar="URI", help="the dataset's prefix in object storage")
     sub.add_argument("-o", "--output", metavar="FOLDER", help="local folder; the copy keeps the prefix's last name")
-    sub.add_argument("folder", nargs="?", metavar="FOLDER", help="deprecated: the folder, named with --output now")
+    sub.add_argument("folder", nargs="?", help=argparse.SUPPRESS)  # deprecated: the folder, named with --output now
     sub.add_argument("--force", action="store_true",
                      help="replace another dataset of the same name in the folder (a copy of the same dataset is "
                           "fetched again without it)")

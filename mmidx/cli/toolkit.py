@@ -106,7 +106,7 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("prefix", type=one_dataset, metavar=PREFIX, help=PREFIX_HELP)
     sub.add_argument("--to", required=True, choices=("parquet", "jsonl", "wds", "hf"), help="layout to write")
     sub.add_argument("-o", "--output", metavar="FOLDER", help="folder to write (created; must not hold files already)")
-    sub.add_argument("folder", nargs="?", metavar="FOLDER", help="deprecated: the folder, named with --output now")
+    sub.add_argument("folder", nargs="?", help=argparse.SUPPRESS)  # deprecated: the folder, named with --output now
     sub.set_defaults(late_positional="folder")  # the old form gave it after --to: mmidx export PREFIX --to X FOLDER
 
 
