@@ -5,41 +5,25 @@ bounded in connections and in time; the user's probes are new connections from 1
 
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from support.floods import closed_within, stall
+from support.floods import OTHER_LOOPBACK, closed_within, flooding, loopback_aliases, stall
 from support.view_data import build_planted_dataset
 
 from mmidx.toolkit.view.app import Viewer, serving
 from mmidx.toolkit.view.catalog import Catalog
 from mmidx.toolkit.view.guard import LOOPBACK, client_of
 
-FLOODS = Path(__file__).parent / "support" / "floods.py"
-OTHER_LOOPBACK = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
 PROBES = 10
 PROBE_SECONDS = 5.0  # each probe's bound: the flood keeps the machine busy, but must not shut the user out
-FLOOD_SECONDS = 90  # the most a flood process runs; it is stopped as soon as the probes are done
 
 
 @pytest.fixture(scope="module")
 def catalog(tmp_path_factory):
     return Catalog([str(build_planted_dataset(tmp_path_factory.mktemp("floods")))])
-
-
-def loopback_aliases() -> bool:
-    """Whether this machine's loopback has addresses besides 127.0.0.1 (Linux: all of 127.0.0.0/8)."""
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.2", 0))
-        except OSError:
-            return False
-    return True
 
 
 needs_aliases = pytest.mark.skipif(not loopback_aliases(), reason="127.0.0.2 cannot be bound: this machine's "
@@ -184,25 +168,6 @@ def test_stalled_connections_from_other_loopback_addresses_count_against_the_sam
                 sock.close()
 
 
-def flood(url: str, kind: str, *args: object) -> subprocess.Popen:
-    """A hostile local process (``support/floods.py``) flooding ``url``, once all its connections are open."""
-    process = subprocess.Popen([sys.executable, str(FLOODS), kind, str(address(url)[1]), str(FLOOD_SECONDS),
-                                *map(str, args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    if process.stdout.readline().strip() != "ready":
-        process.kill()
-        pytest.fail(f"the flood did not start: {process.communicate()[1][-2000:]}")
-    return process
-
-
-def stop(process: subprocess.Popen) -> dict[str, int]:
-    """Stop a flood; its counts: connections ``opened`` (reopenings included) and responses ``answered``."""
-    out, err = process.communicate("", timeout=60)
-    words = out.split()
-    assert process.returncode == 0 and words[0] == "opened", err[-2000:]
-    return {"opened": int(words[1]), "answered": int(words[3])}
-
-
 def probes(url: str) -> list[tuple[int | str, float]]:
     """``PROBES`` requests from 127.0.0.1, each on a new connection, for the overview and for sample pages:
     their statuses (or errors) and seconds."""
@@ -227,11 +192,8 @@ def test_n1_1024_stalled_connections_from_127_0_0_2_to_5_leave_the_users_request
     """N1: they made every request from anyone a 503 while they lasted (uvicorn's limit of 1,024 connections)."""
     with serving(catalog) as url:
         assert answered_200(url, "") and answered_200(url, "dataset/planted/sample/1")  # computed once before
-        process = flood(url, "stall", 256, *OTHER_LOOPBACK)
-        try:
+        with flooding(url, "stall", 256, *OTHER_LOOPBACK) as counts:
             results = probes(url)
-        finally:
-            counts = stop(process)
     assert answered_in_time(results) >= PROBES - 1, results
     assert counts["opened"] >= 4 * 256
 
@@ -240,10 +202,7 @@ def test_n2_256_connections_of_pipelined_requests_from_127_0_0_1_leave_the_users
     """N2: they made the viewer reset every new connection from 127.0.0.1 (all 10 of the user's probes)."""
     with serving(catalog) as url:
         assert answered_200(url, "") and answered_200(url, "dataset/planted/sample/1")
-        process = flood(url, "pipeline", 256, 8, "/")
-        try:
+        with flooding(url, "pipeline", 256, 8, "/") as counts:
             results = probes(url)
-        finally:
-            counts = stop(process)
     assert answered_in_time(results) >= PROBES - 1, results
     assert counts["opened"] >= 256 and counts["answered"] >= 256  # the flood was served as well, not shut out

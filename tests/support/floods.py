@@ -1,6 +1,7 @@
 """Hostile local clients of a viewer: stalled connections and pipelined floods, bounded in count and in time.
 
-In this process: :func:`stall` opens stalled connections, :func:`closed_within` counts those the server closed.
+In this process: :func:`stall` opens stalled connections, :func:`closed_within` counts those the server closed,
+:func:`flooding` runs a flood in another process while a ``with`` block runs.
 
 As a process of its own (``python tests/support/floods.py …``), one hostile local program that runs for
 ``SECONDS``, or until a line or the end of its standard input, printing ``ready`` once each of its connections
@@ -22,11 +23,51 @@ import os
 import resource
 import selectors
 import socket
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 HOST = "127.0.0.1"
+OTHER_LOOPBACK = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
+
+
+def loopback_aliases() -> bool:
+    """Whether this machine's loopback has addresses besides 127.0.0.1 (Linux: all of 127.0.0.0/8)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.2", 0))
+        except OSError:
+            return False
+    return True
+
+
+@contextmanager
+def flooding(url: str, kind: str, *args: object, seconds: float = 90) -> Iterator[dict[str, int]]:
+    """A flood of ``url`` (``kind`` and ``args`` as on the command line) in a process of its own while the block
+    runs, every one of its connections opened once when the block starts, stopped when it ends (or after
+    ``seconds``). The dict it yields gets the flood's counts, ``opened`` and ``answered``, when the block ends."""
+    port = url.split("//")[1].strip("/").rsplit(":", 1)[1]
+    process = subprocess.Popen([sys.executable, __file__, kind, port, str(seconds), *map(str, args)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    counts: dict[str, int] = {}
+    try:
+        if process.stdout.readline().strip() != "ready":
+            process.kill()
+            raise RuntimeError(f"the flood did not start: {process.communicate()[1][-2000:]}")
+        yield counts
+    finally:
+        try:
+            out, err = process.communicate("", timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+        words = out.split()
+        if process.returncode != 0 or words[:1] != ["opened"]:
+            raise RuntimeError(f"the flood failed: {err[-2000:]}")
+        counts.update(opened=int(words[1]), answered=int(words[3]))
 
 
 def stall(url: str, count: int, source: str = "") -> list[socket.socket]:
