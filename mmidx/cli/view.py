@@ -87,4 +87,5 @@ def register(commands: Any) -> None:
                         help="an idle keep-alive connection is closed after this time")
     group.add_argument("--connections-per-client", type=_positive(int), default=limits.PER_CLIENT, metavar="N",
                         help="connections one client may hold (every loopback address is one client): a new one "
-                             "closes an idle one, else the oldest stalled one, else the busiest")
+                             "closes an idle one, else the oldest stalled one (once stalled ones are over half), else "
+                             "the busiest")
