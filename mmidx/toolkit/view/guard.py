@@ -71,8 +71,9 @@ class HeadLimitedConnection(h11.Connection):
 
     h11 refuses a head over ``max_incomplete_event_size`` only while it is incomplete: one that arrives whole in
     a single read (or is already buffered behind a pipelined request) is parsed at any size. Here a head must end
-    within the first ``MAX_HEAD`` bytes of the buffer, or reading it is a protocol error (uvicorn answers 400).
-    The check reads h11's receive buffer, a private part of h11 (0.14-0.16) that the viewer's tests exercise."""
+    within the first ``max_head`` bytes of the buffer, or reading it is a protocol error (uvicorn answers 400).
+    The check reads h11's receive buffer, a private part of h11 (as of 0.16), so the viewer's tests of the limit
+    fail if h11 changes it."""
 
     def __init__(self, max_head: int = MAX_HEAD):
         super().__init__(h11.SERVER, max_incomplete_event_size=max_head)
@@ -88,9 +89,9 @@ class HeadLimitedConnection(h11.Connection):
 
 
 class Connections:
-    """One client's open connections by what each is doing, each group oldest first: ``idle`` (answered, waiting
-    for the next request), ``unstarted`` (waiting for a first request: new or stalled), ``busy`` (a request in
-    progress)."""
+    """One client's open connections by what each is doing, each group in the order they joined it: ``idle``
+    (answered, waiting for the next request), ``unstarted`` (waiting for a first request: new or stalled),
+    ``busy`` (a request in progress)."""
 
     def __init__(self) -> None:
         self.idle: dict[GuardedH11, None] = {}
@@ -130,13 +131,13 @@ class GuardedH11(H11Protocol):
     def victim(self, mine: Connections) -> GuardedH11:
         """The connection of this client that makes room for this new one, which always gets in.
 
-        In turn: the oldest idle keep-alive (it was answered; closing it costs no request); the oldest connection
-        that has not sent a request, once such connections are more than half of the client's (a stalled flood
-        pays with its own, and a browser's new connection, which sends its request at once, is the newest);
-        else the busy one answered the most requests (the oldest of a tie): a flood of pipelined requests pays
-        with its own connections, which have had their share, and never closes a new one waiting for its
-        request to be read. (When no other connection is unstarted or they are at most half, busy ones are
-        at least half of the others, so there is one.)"""
+        In turn: the keep-alive idle the longest (it was answered; closing it costs no request); the oldest
+        connection that has not sent a request, once such connections are more than half of the client's (a
+        stalled flood pays with its own, and a browser's new connection, which sends its request at once, is the
+        newest); else the busy one answered the most requests (of a tie, the one busy the longest): a flood of
+        pipelined requests pays with its own connections, which have had their share, and never closes a new
+        one waiting for its request to be read. (When no other connection is unstarted or they are at most
+        half, busy ones are at least half of the others, so there is one.)"""
         if mine.idle:
             return next(iter(mine.idle))
         oldest = next((other for other in mine.unstarted if other is not self), None)
