@@ -86,5 +86,6 @@ def register(commands: Any) -> None:
     group.add_argument("--keep-alive", type=_positive(float), default=limits.KEEP_ALIVE, metavar="SECONDS",
                         help="an idle keep-alive connection is closed after this time")
     group.add_argument("--connections-per-client", type=_positive(int), default=limits.PER_CLIENT, metavar="N",
-                        help="connections one client address may hold: a new one closes its oldest stalled or idle "
-                             "one")
+                        help="connections one client may hold (every loopback address is one client): a new one "
+                             "closes an idle one, else the oldest stalled one (once stalled ones are over half), else "
+                             "the busiest")
