@@ -6,10 +6,12 @@ split, the split's end otherwise), and to nothing after. So a row is: for each e
 "attend" (or "blocked" where that split is noise); a run of "attend" from the split's start to the limit; a run
 of "blocked" to the end of the row. Nothing is read: the mask is stored once, as a memset would store it.
 
-The runs are written with streaming (non-temporal) stores: a mask is far larger than the caches and is not read
-again while it is built, and ordinary stores would first read every destination line (a read-for-ownership),
-three passes of memory traffic over the mask where these make two. Values are given as the bit patterns of one
-element (1, 2, 4 or 8 bytes: any floating dtype's 0 and -inf), so float32, bfloat16 and the rest are one code.
+The runs are written with streaming (non-temporal) stores: a pack's masks are far larger than the caches and
+are not read while they are built, and ordinary stores (glibc's memset among them) first read every destination
+line (a read-for-ownership): two passes of memory traffic over the mask where these make one, which made
+``benchmarks/bench_masks.py``'s masks about twice as fast as a memset of their bytes. Values are given as the
+bit patterns of one element (1, 2, 4 or 8 bytes: a floating dtype's 0 and -inf), so float32, bfloat16 and the
+rest are one code.
 """
 
 from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
@@ -22,13 +24,17 @@ cdef extern from *:
     #include <emmintrin.h>
     #endif
     /* Store n bytes of the 8-byte pattern at dst: byte at address a gets pattern byte (a & 7), so a pattern
-       rotated to the buffer's alignment repeats its elements from any element-aligned dst. */
+       rotated to the buffer's alignment repeats its elements from any element-aligned dst. Whole 64-byte lines
+       are written with streaming stores, the partial lines at a run's ends with ordinary ones: a line only
+       partly written by streaming stores is flushed as a partial write, which costs more than it saves (16%
+       of a pack's masks, measured against streaming from 16-byte alignment). */
     static void mmidx_mask_run(uint8_t *dst, size_t n, uint64_t pattern) {
         const uint8_t *bytes = (const uint8_t *)&pattern;
+        for (; n && ((uintptr_t)dst & 7); n--, dst++) *dst = bytes[(uintptr_t)dst & 7];
     #if defined(__SSE2__)
-        if (n >= 64) {
+        if (n >= 128) {  /* at least one whole line after the alignment */
             __m128i value = _mm_set1_epi64x((long long)pattern);
-            while ((uintptr_t)dst & 15) { *dst = bytes[(uintptr_t)dst & 7]; dst++; n--; }
+            for (; (uintptr_t)dst & 63; n -= 8, dst += 8) memcpy(dst, &pattern, 8);
             for (; n >= 64; n -= 64, dst += 64) {
                 _mm_stream_si128((__m128i *)dst, value);
                 _mm_stream_si128((__m128i *)(dst + 16), value);
@@ -37,7 +43,6 @@ cdef extern from *:
             }
         }
     #endif
-        while (n && ((uintptr_t)dst & 7)) { *dst = bytes[(uintptr_t)dst & 7]; dst++; n--; }
         for (; n >= 8; n -= 8, dst += 8) memcpy(dst, &pattern, 8);
         for (; n; n--, dst++) *dst = bytes[(uintptr_t)dst & 7];
     }
