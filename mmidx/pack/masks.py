@@ -38,14 +38,14 @@ therefore a few runs of one value: over every earlier split of the sample, 0 (-i
 is noise); 0 from the row's split start to its ``row_limit``; -inf to the end of the row.
 
 On the CPU a Cython kernel (``csrc/_masks.pyx``) stores exactly those runs, row by row, with
-streaming stores, reading nothing: a mask costs what a memset of it costs. Most of what filling a
-fresh mask costs is paging in the memory, so a pack's masks are written into a buffer that is reused
-once none of them is alive (``mmidx.pack.buffers.mask_buffer``; ``benchmarks/bench_masks.py`` times
-the build against a memset of reused and of fresh memory). On other devices the predicate at each
-split's last row gives a small (splits × L_i) template, ``index_select`` copies the template row of
-every token's split into the (L_i, L_i) output, and each causal diagonal block gets its upper
-triangle blocked; no (L_i, L_i) temporary exists besides the output. Both are checked bit for bit
-against the rule (``tests/test_masks.py``).
+streaming stores, reading nothing: a mask costs about what storing its bytes costs. Most of what
+filling a fresh mask costs is paging in the memory, so a pack's masks are written into a buffer that
+is reused once none of them is alive (``mmidx.pack.buffers.mask_buffer``;
+``benchmarks/bench_masks.py`` times the build against storing the same bytes and filling fresh
+memory). On other devices the predicate at each split's last row gives a small (splits × L_i)
+template, ``index_select`` copies the template row of every token's split into the (L_i, L_i)
+output, and each causal diagonal block gets its upper triangle blocked; no (L_i, L_i) temporary
+exists besides the output. Both are checked bit for bit against the rule (``tests/test_masks.py``).
 
 Block classification (``block_mask``)
 -------------------------------------
