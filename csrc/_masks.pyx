@@ -15,6 +15,7 @@ rest are one code.
 """
 
 from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
+from libc.string cimport memcpy
 
 cdef extern from *:
     """
@@ -57,12 +58,16 @@ cdef extern from *:
 
 
 cdef uint64_t _rotated(uint64_t pattern, uintptr_t base) noexcept nogil:
-    """``pattern`` (element bytes repeated from byte 0) as seen from addresses whose byte 0 is ``base``: byte
-    ``(base + k) & 7`` of the result is byte ``k`` of ``pattern``."""
-    cdef unsigned shift = 8 * (base & 7)
-    if shift == 0:
-        return pattern
-    return (pattern << shift) | (pattern >> (64 - shift))
+    """``pattern`` (element bytes repeated, in memory order) as seen from addresses whose byte 0 is ``base``:
+    byte ``(base + k) & 7`` of the result is byte ``k`` of ``pattern``, on a machine of either byte order."""
+    cdef uint8_t source[8]
+    cdef uint8_t rotated[8]
+    cdef int k
+    memcpy(source, &pattern, 8)
+    for k in range(8):
+        rotated[(base + k) & 7] = source[k]
+    memcpy(&pattern, rotated, 8)
+    return pattern
 
 
 cdef inline void _run(uint8_t* row, int64_t first, int64_t stop, uint64_t value, int itemsize) noexcept nogil:
@@ -76,7 +81,7 @@ def fill_sample_mask(uint8_t[::1] out, const int64_t[::1] ends, const uint8_t[::
 
     The sample's non-empty splits end at ``ends`` (increasing, the last at L, the first split starting at 0) with
     ``causal``/``noise`` flags (0 or 1) per split; ``attend``/``blocked`` are one element's bytes repeated over
-    8 bytes. ValueError (nothing written) when the sizes, the flags or the splits are inconsistent."""
+    8 bytes, as the integer those bytes make in the machine's byte order. ValueError (nothing written) when the sizes, the flags or the splits are inconsistent."""
     cdef Py_ssize_t splits = ends.shape[0], j, m
     cdef int64_t length = ends[splits - 1] if splits else 0, q, start, split_start, limit, run_start
     cdef uint8_t* row

@@ -6,6 +6,7 @@ code gives the same masks there, and is skipped where no GPU is present (as in C
 """
 
 import random
+import sys
 import warnings
 
 import numpy as np
@@ -210,7 +211,7 @@ def test_the_run_kernel_writes_its_mask_and_nothing_else_at_any_alignment(sample
     causal = np.array([mode == "causal" for _, mode in sample], np.uint8)
     noise = np.array([mode == "noise" for _, mode in sample], np.uint8)
     attend, blocked = (int.from_bytes(torch.full((1,), value, dtype=dtype).view(torch.uint8).numpy().tobytes()
-                                      * (8 // dtype.itemsize), "little") for value in (0.0, float("-inf")))
+                                      * (8 // dtype.itemsize), sys.byteorder) for value in (0.0, float("-inf")))
     _masks.fill_sample_mask(out, ends, causal, noise, attend, blocked, dtype.itemsize)
     assert np.array_equal(out, expected)
     assert (memory[:offset] == 0xA5).all() and (memory[offset + len(expected):] == 0xA5).all()

@@ -37,15 +37,13 @@ q (``row_limit[q] = q + 1``): the strict upper triangle of the split's diagonal 
 therefore a few runs of one value: over every earlier split of the sample, 0 (-inf where that split
 is noise); 0 from the row's split start to its ``row_limit``; -inf to the end of the row.
 
-On the CPU a Cython kernel (``csrc/_masks.pyx``) stores exactly those runs, row by row, with
-streaming stores, reading nothing: a mask costs about what storing its bytes costs. Most of what
-filling a fresh mask costs is paging in the memory, so a pack's masks are written into a buffer that
-is reused once none of them is alive (``mmidx.pack.buffers.mask_buffer``;
-``benchmarks/bench_masks.py`` times the build against storing the same bytes and filling fresh
-memory). On other devices the predicate at each split's last row gives a small (splits × L_i)
-template, ``index_select`` copies the template row of every token's split into the (L_i, L_i)
-output, and each causal diagonal block gets its upper triangle blocked; no (L_i, L_i) temporary
-exists besides the output. Both are checked bit for bit against the rule (``tests/test_masks.py``).
+On the CPU a Cython kernel (``csrc/_masks.pyx``) stores exactly those runs, row by row, with streaming
+stores, reading nothing: a mask costs about what storing its bytes costs (``benchmarks/bench_masks.py``).
+Most of what filling fresh memory costs is paging it in, so a pack's masks are written into a buffer reused
+once none of them is alive (``mmidx.pack.buffers.mask_buffer``). On other devices the predicate at each
+split's last row gives a small (splits × L_i) template, ``index_select`` copies the template row of every
+token's split into the (L_i, L_i) output, and each causal diagonal block gets its upper triangle blocked;
+no (L_i, L_i) temporary exists besides the output. Both are checked bit for bit against the rule.
 
 Block classification (``block_mask``)
 -------------------------------------
@@ -78,6 +76,7 @@ Tensors given as ``split_lens``/``sample_lens`` are read to the host (on CUDA th
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -276,9 +275,9 @@ def _sample_splits(layout: _Layout) -> list[slice]:
 
 
 def _element_bits(value: float, dtype: torch.dtype) -> int:
-    """The bytes of ``value`` in ``dtype``, repeated over 8 bytes, as a little-endian integer."""
+    """The bytes of ``value`` in ``dtype``, repeated over 8 bytes, as an integer in the machine's byte order."""
     raw = torch.full((1,), value, dtype=dtype).view(torch.uint8).numpy().tobytes()
-    return int.from_bytes(raw * (8 // len(raw)), "little")
+    return int.from_bytes(raw * (8 // len(raw)), sys.byteorder)
 
 
 def _cpu_dense_masks(layout: _Layout, dtype: torch.dtype) -> list[torch.Tensor]:
