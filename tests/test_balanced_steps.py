@@ -127,6 +127,9 @@ def test_index_command_reports_both_policies_as_recomputed_from_the_packs(demo, 
         costs = pack_costs(np.concatenate([[0], np.cumsum([len(x) for x in lengths])]),
                            [n for x in lengths for n in x])
         assert len(lengths) >= 8
+        balanced, contiguous = direct_balance(costs, 4, 2, True), direct_balance(costs, 4, 2, False)
+        assert balanced != pytest.approx(contiguous)  # the two deals differ on these packs: each figure is checked
         assert report[policy]["fill_vs_max"] == pytest.approx(fill)
-        assert report[policy]["step_balance"] == pytest.approx(direct_balance(costs, 4, 2, True))
-        assert report[policy]["gpu_efficiency"] == pytest.approx(fill * direct_balance(costs, 4, 2, True))
+        assert report[policy]["step_balance"] == pytest.approx(balanced)
+        assert report[policy]["step_balance_contiguous"] == pytest.approx(contiguous)
+        assert report[policy]["gpu_efficiency"] == pytest.approx(fill * balanced)

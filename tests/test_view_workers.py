@@ -1,0 +1,88 @@
+"""The viewer's page work (mmidx.toolkit.view.workers): a late page's response is kept for its reload, within both
+bounds, the count (``MAX_KEPT``) and the bytes (``MAX_KEPT_BYTES``), each evicting the oldest on its own."""
+
+import asyncio
+import threading
+
+import pytest
+from starlette.requests import Request
+from starlette.responses import Response
+
+from mmidx.toolkit.view import workers as view_workers
+from mmidx.toolkit.view.workers import Workers
+
+BODY = 1000  # bytes of each page's response
+
+
+def request(path: str) -> Request:
+    return Request({"type": "http", "method": "GET", "path": path, "query_string": b"", "headers": [],
+                    "scheme": "http", "server": ("testserver", 80)})
+
+
+class Pages:
+    """Page work that counts its calls per path; a page asked ``late`` waits until its requester was answered 503."""
+
+    def __init__(self):
+        self.calls: dict[str, int] = {}
+        self.release = threading.Event()
+
+    def work(self, late: bool):
+        def page(req: Request) -> Response:
+            self.calls[req.url.path] = self.calls.get(req.url.path, 0) + 1
+            if late:
+                assert self.release.wait(30), "the test never released the page"
+            return Response(b"x" * BODY)
+        return page
+
+
+async def ask_late(workers: Workers, pages: Pages, path: str) -> None:
+    """Ask for ``path`` and be answered 503; the work then finishes and its response is kept."""
+    pages.release.clear()
+    response = await workers.answer(pages.work(late=True), request(path))
+    assert response.status_code == 503
+    pages.release.set()
+    await asyncio.wrap_future(workers.pool.submit(int))  # one thread: its work and done callback ran before this
+
+
+async def reloads(workers: Workers, pages: Pages, paths: list[str]) -> list[bool]:
+    """Each path asked again: whether its response came from what was kept (the work was not run again)."""
+    served = []
+    for path in paths:
+        before = pages.calls[path]
+        response = await workers.answer(pages.work(late=False), request(path))
+        assert response.status_code == 200 and len(response.body) == BODY
+        served.append(pages.calls[path] == before)
+    return served
+
+
+def kept_after_three_late_pages() -> list[bool]:
+    async def scenario():
+        workers, pages = Workers(workers=1, time_limit=0.3), Pages()
+        try:
+            for path in ("/a", "/b", "/c"):
+                await ask_late(workers, pages, path)
+            return await reloads(workers, pages, ["/c", "/b", "/a"])
+        finally:
+            workers.pool.shutdown(wait=True)
+    return asyncio.run(scenario())
+
+
+def test_late_pages_are_kept_for_their_reload_within_both_bounds():
+    assert kept_after_three_late_pages() == [True, True, True]
+
+
+def test_the_count_bound_alone_evicts_the_oldest_kept_response(monkeypatch):
+    monkeypatch.setattr(view_workers, "MAX_KEPT", 2)
+    assert 3 * BODY < view_workers.MAX_KEPT_BYTES  # the bytes bound keeps all three
+    assert kept_after_three_late_pages() == [True, True, False]
+
+
+def test_the_bytes_bound_alone_evicts_the_oldest_kept_response(monkeypatch):
+    monkeypatch.setattr(view_workers, "MAX_KEPT_BYTES", 2 * BODY + BODY // 2)
+    assert view_workers.MAX_KEPT >= 3  # the count bound keeps all three
+    assert kept_after_three_late_pages() == [True, True, False]
+
+
+@pytest.mark.parametrize("name, value", [("MAX_KEPT", 64), ("MAX_KEPT_BYTES", 64 * 2**20)])
+def test_the_kept_bounds_are_the_documented_ones(name, value):
+    assert getattr(view_workers, name) == value  # docs/guide/viewer-security.md names both
