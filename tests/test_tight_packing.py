@@ -63,7 +63,7 @@ def test_tight_places_every_item_once_under_the_cap_mandatory_first(data):
     unplaced = {g: list(np.flatnonzero((groups == g) & (counts <= per_sample))) for g in np.flatnonzero(mandatory)}
     for k in range(len(packed)):
         items, leading, tokens = packed.pack(k), [], 0
-        for g, queue in unplaced.items():
+        for queue in unplaced.values():
             if queue and tokens + counts[queue[0]] <= cap:
                 leading.append(queue[0])
                 tokens += counts[queue[0]]
