@@ -20,6 +20,7 @@ from bench_masks import ALL_KINDS, bagel_pack  # noqa: E402
 from gpu_suite import Item, bagel_step_tokens_per_s, markdown  # noqa: E402
 
 
+@pytest.mark.timeout(900)  # over half the default: its subprocess has 600 s, all used at a load of 20
 def test_the_quick_cpu_run_passes_every_item_and_writes_both_reports(tmp_path):
     out = tmp_path / "report"
     done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_suite.py"), str(out), "--device", "cpu", "--quick",
