@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import yaml
 from support import cli_server
 from support.sources import WORDS, image_bytes, qwen_dir, write_jsonl, write_mp4, write_parquet, write_t2i_parquet
@@ -405,6 +406,7 @@ def test_the_readmes_mixture_report_is_an_excerpt_of_the_guides_compared_output(
     assert output_drift(quoted, guide.code) is None
 
 
+@pytest.mark.timeout(1800)  # over half the default: every block of the docs, 657 s with its setup at a load of 20
 def test_every_bash_and_python_block_runs_as_written(demo, s3, cluster, tmp_path, monkeypatch):
     """Each block that is not marked runs unchanged, in order, in a folder holding the inputs it names
     (and, for the object-storage block, beside a local S3 server with the bucket it names; Ray Data's
