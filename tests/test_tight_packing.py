@@ -135,10 +135,12 @@ def test_the_window_bound_is_exact(window, slack):
     assert assert_window_rules([30] + [31] * (window - 1) + [30], window, slack) <= window - 2
 
 
-def test_the_windows_earliest_item_goes_in_over_the_cost_cap():
-    """After 200 one-token items the stream's average sample is small, so a 40-token item costs more than the
-    cap: as the window's earliest item it still opens the next pack (then later 40s lift the cap)."""
-    assert_window_rules([1] * 200 + [40] + [1] * 3 + [40] * 10, 2, 0.0)
+@pytest.mark.parametrize("big", [40, 60])
+def test_the_windows_earliest_item_goes_in_over_the_cost_cap(big):
+    """After 200 one-token items the stream's average sample is small, so a 40-token item (or one of exactly
+    max_num_tokens) costs more than the cap: as the window's earliest item it still opens the next pack (then
+    later big ones lift the cap)."""
+    assert_window_rules([1] * 200 + [big] + [1] * 3 + [big] * 10, 2, 0.0)
 
 
 def test_an_item_can_wait_more_than_window_places_behind_the_small_items_best_fit_takes():
