@@ -58,8 +58,12 @@ def test_tight_places_every_item_once_under_the_cap_mandatory_first(data):
         items = packed.pack(k)
         assert counts[items].sum() == packed.pack_tokens[k] <= cap
         assert len(items) > 0
-    # mandatory: a pack's leading items are one of each mandatory group, in group order, while the
-    # group still has unplaced items when the pack opens and its earliest one fits (as with bagel)
+    assert_mandatory_first(packed, counts, groups, mandatory, per_sample, cap)
+
+
+def assert_mandatory_first(packed, counts, groups, mandatory, per_sample, cap):
+    """A pack's leading items are one of each mandatory group, in group order, while the group still has
+    unplaced items when the pack opens and its earliest one fits (as with bagel)."""
     unplaced = {g: list(np.flatnonzero((groups == g) & (counts <= per_sample))) for g in np.flatnonzero(mandatory)}
     for k in range(len(packed)):
         items, leading, tokens = packed.pack(k), [], 0
@@ -71,6 +75,18 @@ def test_tight_places_every_item_once_under_the_cap_mandatory_first(data):
         placed = set(items)
         for g, queue in unplaced.items():
             unplaced[g] = [i for i in queue if i not in placed]
+
+
+@pytest.mark.parametrize("policy", ["bagel", "tight"])
+@pytest.mark.parametrize("slack", SLACKS)
+def test_a_mandatory_item_ahead_of_the_stream_that_fills_the_pack_exactly_leads_the_first_pack(policy, slack):
+    counts = np.array([10, 20, 30, 10, 20, 60, 10, 60, 20, 10], np.int64)
+    groups = np.array([0, 0, 0, 0, 0, 1, 0, 1, 0, 0], np.int32)  # group 1's items lie ahead of the stream
+    packed = pack_samples(counts, groups, mandatory=[False, True], max_num_tokens=60, expected_num_tokens=50,
+                          max_num_tokens_per_sample=60, prefer_buffer_before=30, max_buffer_size=4, policy=policy,
+                          window=3, cost_slack=slack, geometry=TINY)
+    assert packed.pack(0).tolist() == [5] and packed.pack(1).tolist() == [7]
+    assert_mandatory_first(packed, counts, groups, [False, True], 60, 60)
 
 
 def tight_one_at_a_time(counts, window, slack, cap=60):
