@@ -147,15 +147,15 @@ class StubIndex:
 def test_packing_efficiency_is_fill_times_the_balanced_step_balance_with_the_contiguous_one_beside(monkeypatch):
     costs = np.array([5.0, 1.0, 1.0, 1.0, 4.0, 4.0, 2.0, 2.0, 9.0])  # two global batches of 4 at world 2, one left
     asked = []
-    monkeypatch.setattr(gpu_time, "pack_index_costs", lambda index, geometry=None: asked.append(geometry) or costs)
-    geometry = LLMGeometry(hidden_size=8, num_layers=1, ffn_size=4, num_heads=2, num_kv_heads=1)
-    report = gpu_time.packing_efficiency(StubIndex(0.9), 2, 4, geometry)
+    monkeypatch.setattr(gpu_time, "pack_index_costs", lambda *arguments: asked.append(arguments) or costs)
+    geometry, index = LLMGeometry(hidden_size=8, num_layers=1, ffn_size=4, num_heads=2, num_kv_heads=1), StubIndex(0.9)
+    report = gpu_time.packing_efficiency(index, 2, 4, geometry)
     balanced, contiguous = direct_balance(costs[:8], 4, 2, True), direct_balance(costs[:8], 4, 2, False)
     assert balanced != pytest.approx(contiguous)
     assert report == {"fill_vs_max": 0.9, "step_balance": pytest.approx(balanced),
                       "step_balance_contiguous": pytest.approx(contiguous),
                       "gpu_efficiency": pytest.approx(0.9 * balanced)}
-    assert asked == [geometry]
+    assert asked == [(index, geometry)]
 
 
 def test_the_gpu_time_report_builds_both_policies_on_the_same_stream_and_refuses_a_batch_the_ranks_cannot_share(
@@ -169,9 +169,12 @@ def test_the_gpu_time_report_builds_both_policies_on_the_same_stream_and_refuses
         built.append((variant, num_samples, cache_dir, progress))
         return StubIndex({"bagel": 0.5, "tight": 0.75}[variant.packing.policy])
 
+    costed = []
     monkeypatch.setattr(gpu_time, "build_pack_index", build)
-    monkeypatch.setattr(gpu_time, "pack_index_costs", lambda index, geometry=None: np.ones(8))
-    report = gpu_time.gpu_time_report(config, 2, 4, num_samples=300, cache_dir=tmp_path)
+    monkeypatch.setattr(gpu_time, "pack_index_costs", lambda index, geometry: costed.append(geometry) or np.ones(8))
+    geometry = LLMGeometry(hidden_size=8, num_layers=1, ffn_size=4, num_heads=2, num_kv_heads=1)
+    report = gpu_time.gpu_time_report(config, 2, 4, num_samples=300, cache_dir=tmp_path, geometry=geometry)
+    assert costed == [geometry, geometry]
     assert list(report) == ["bagel", "tight"]
     assert [report[policy]["fill_vs_max"] for policy in report] == [0.5, 0.75]
     assert [variant.packing.policy for variant, *_ in built] == ["bagel", "tight"]

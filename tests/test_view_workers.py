@@ -8,8 +8,9 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import Response
 
+from mmidx.format import FormatError
 from mmidx.toolkit.view import workers as view_workers
-from mmidx.toolkit.view.workers import Workers
+from mmidx.toolkit.view.workers import Refused, Workers
 
 BODY = 1000  # bytes of each page's response
 
@@ -86,3 +87,23 @@ def test_the_bytes_bound_alone_evicts_the_oldest_kept_response(monkeypatch):
 @pytest.mark.parametrize("name, value", [("MAX_KEPT", 64), ("MAX_KEPT_BYTES", 64 * 2**20)])
 def test_the_kept_bounds_are_the_documented_ones(name, value):
     assert getattr(view_workers, name) == value  # docs/guide/viewer-security.md names both
+
+
+@pytest.mark.parametrize("error, status, line", [
+    (Refused(404, "no sample 7 in t2i (it has 3)"), 404, "no sample 7 in t2i (it has 3)"),
+    (FormatError("t2i.idx: truncated at byte 12"), 500, "cannot be read: t2i.idx: truncated at byte 12"),
+])
+def test_a_refusal_or_damaged_data_is_an_error_page_with_its_status_and_line(error, status, line):
+    def page(req: Request) -> Response:
+        raise error
+
+    async def scenario():
+        workers = Workers(workers=1, time_limit=30)
+        try:
+            return await workers.answer(page, request("/sample/7"))
+        finally:
+            workers.pool.shutdown(wait=True)
+
+    response = asyncio.run(scenario())
+    assert response.status_code == status and line in response.body.decode()
+    assert str(error) == line.removeprefix("cannot be read: ")
