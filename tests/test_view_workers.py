@@ -25,11 +25,13 @@ class Pages:
 
     def __init__(self):
         self.calls: dict[str, int] = {}
+        self.threads: set[str] = set()
         self.release = threading.Event()
 
     def work(self, late: bool):
         def page(req: Request) -> Response:
             self.calls[req.url.path] = self.calls.get(req.url.path, 0) + 1
+            self.threads.add(threading.current_thread().name)
             if late:
                 assert self.release.wait(30), "the test never released the page"
             return Response(b"x" * BODY)
@@ -82,6 +84,50 @@ def test_the_bytes_bound_alone_evicts_the_oldest_kept_response(monkeypatch):
     monkeypatch.setattr(view_workers, "MAX_KEPT_BYTES", 2 * BODY + BODY // 2)
     assert view_workers.MAX_KEPT >= 3  # the count bound keeps all three
     assert kept_after_three_late_pages() == [True, True, False]
+
+
+def test_responses_of_exactly_the_bounds_are_all_kept(monkeypatch):
+    monkeypatch.setattr(view_workers, "MAX_KEPT", 3)
+    monkeypatch.setattr(view_workers, "MAX_KEPT_BYTES", 3 * BODY)
+    assert kept_after_three_late_pages() == [True, True, True]
+
+
+def test_work_runs_in_the_pool_of_named_threads_and_what_had_not_started_is_dropped_when_its_requester_gives_up(
+        caplog):
+    pages = Pages()
+
+    async def scenario():
+        workers = Workers(workers=2, time_limit=0.5)
+        try:  # four late pages at once: the pool's two run (and are kept), the two queued behind them are dropped
+            responses = await asyncio.gather(*(workers.answer(pages.work(late=True), request(f"/{n}"))
+                                               for n in range(4)))
+            pages.release.set()
+            return [response.status_code for response in responses]
+        finally:
+            workers.pool.shutdown(wait=True)
+
+    with caplog.at_level("ERROR"):
+        assert asyncio.run(scenario()) == [503] * 4
+    assert pages.calls == {"/0": 1, "/1": 1}
+    assert pages.threads and all(name.startswith("mmidx-view") for name in pages.threads)
+    assert not caplog.records  # dropping a page raised nothing in its done callback
+
+
+def test_a_second_request_while_a_page_is_computed_joins_its_work():
+    pages = Pages()
+
+    async def scenario():
+        workers = Workers(workers=2, time_limit=30)
+        try:
+            asked = [asyncio.ensure_future(workers.answer(pages.work(late=True), request("/3"))) for _ in range(2)]
+            await asyncio.sleep(0.2)  # both are waiting for the one computation
+            pages.release.set()
+            return [response.status_code for response in await asyncio.gather(*asked)]
+        finally:
+            workers.pool.shutdown(wait=True)
+
+    assert asyncio.run(scenario()) == [200, 200]
+    assert pages.calls == {"/3": 1}
 
 
 @pytest.mark.parametrize("name, value", [("MAX_KEPT", 64), ("MAX_KEPT_BYTES", 64 * 2**20)])
