@@ -80,12 +80,16 @@ def test_the_window_bound_is_exact(window, slack):
     assert assert_window_rules([30] + [31] * (window - 1) + [30], window, slack) <= window - 2
 
 
-@pytest.mark.parametrize("big", [40, 60])
-def test_the_windows_earliest_item_goes_in_over_the_cost_cap(big):
-    """After 200 one-token items the stream's average sample is small, so a 40-token item (or one of exactly
-    max_num_tokens) costs more than the cap: as the window's earliest item it still opens the next pack (then
-    later big ones lift the cap)."""
-    assert_window_rules([1] * 200 + [big] + [1] * 3 + [big] * 10, 2, 0.0)
+@pytest.mark.parametrize("big, ones", [(40, 300), (60, 100)])
+def test_the_windows_earliest_item_goes_in_over_the_cost_cap(big, ones):
+    """After ``ones`` one-token items the stream's average sample is small, so a 40-token item (or one of exactly
+    max_num_tokens) costs more than the cap, even at a slack of 100%: as the window's earliest item it still opens
+    the next pack. The next big item lifts the cap over the big ones' cost, so a packer that broke the rule would
+    still end (and fail here, not hang)."""
+    counts = [1] * ones + [big] + [1] * 3 + [big] * 10
+    assert_window_rules(counts, 2, 1.0)
+    packs, _ = tight_one_at_a_time(counts, 2, 1.0)
+    assert [ones] in [pack.tolist() for pack in packs]  # alone: over the cap, nothing went in beside it
 
 
 @settings(max_examples=40, deadline=None)
