@@ -42,7 +42,7 @@ async def ask_late(workers: Workers, pages: Pages, path: str) -> None:
     """Ask for ``path`` and be answered 503; the work then finishes and its response is kept."""
     pages.release.clear()
     response = await workers.answer(pages.work(late=True), request(path))
-    assert response.status_code == 503
+    assert response.status_code == 503 and "what was computed is kept: reload it in a moment" in response.body.decode()
     pages.release.set()
     await asyncio.wrap_future(workers.pool.submit(int))  # one thread: its work and done callback ran before this
 
@@ -154,4 +154,5 @@ def test_a_refusal_or_damaged_data_is_an_error_page_with_its_status_and_line(kin
 
     response = asyncio.run(scenario())
     assert response.status_code == status and line in response.body.decode()
+    assert f"<title>{status}: " in response.body.decode()  # the page names its status
     assert str(error) == line.removeprefix("cannot be read: ")
