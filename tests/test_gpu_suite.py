@@ -36,6 +36,7 @@ STEP_FIGURES = ["packs timed on each side", "tokens a pack (mean: its samples; t
                 "model TFLOP/s of the resident step (3 × pack_costs)"]
 
 
+@pytest.mark.timeout(900)  # over half the default: its subprocess has 600 s, all used at a load of 20
 def test_the_quick_cpu_run_passes_every_item_and_writes_both_reports(tmp_path):
     out = tmp_path / "report"
     done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_suite.py"), str(out), "--device", "cpu", "--quick",
