@@ -2,6 +2,7 @@
 bounds, the count (``MAX_KEPT``) and the bytes (``MAX_KEPT_BYTES``), each evicting the oldest on its own."""
 
 import asyncio
+import gc
 import threading
 
 import pytest
@@ -128,6 +129,35 @@ def test_a_second_request_while_a_page_is_computed_joins_its_work():
 
     assert asyncio.run(scenario()) == [200, 200]
     assert pages.calls == {"/3": 1}
+
+
+def test_a_late_page_that_fails_leaves_asyncio_no_error_to_report():
+    """A page that raises (a bug, not a refusal) after its requester was answered 503: nobody awaits its future
+    any more (the shield's own callback is gone with the timeout), so the pool must read the error itself, or
+    asyncio reports "Future exception was never retrieved" when the future is freed."""
+    release = threading.Event()
+
+    def failing(req: Request) -> Response:
+        assert release.wait(30), "the test never released the page"
+        raise RuntimeError("a bug in a page")
+
+    async def scenario():
+        reported = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context["message"]))
+        workers = Workers(workers=1, time_limit=0.2)
+        try:
+            response = await workers.answer(failing, request("/late"))
+            assert response.status_code == 503
+            release.set()
+            await asyncio.wrap_future(workers.pool.submit(int))  # one thread: the page failed before this ran
+            for _ in range(3):  # the failure reaches the asyncio future, then its done callbacks run
+                await asyncio.sleep(0)
+            gc.collect()
+        finally:
+            workers.pool.shutdown(wait=True)
+        return reported
+
+    assert asyncio.run(scenario()) == []
 
 
 @pytest.mark.parametrize("name, value", [("MAX_KEPT", 64), ("MAX_KEPT_BYTES", 64 * 2**20)])
