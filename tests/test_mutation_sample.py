@@ -1,0 +1,56 @@
+"""The mutant sample of tools/mutation_sample.py: its draw (sizes, repeatable) and its stratified estimate against
+the textbook formula worked by hand, read from mutmut's result files written here."""
+
+import importlib.util
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("mutation_sample", ROOT / "tools" / "mutation_sample.py")
+mutation_sample = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclass looks itself up
+spec.loader.exec_module(mutation_sample)
+
+
+def write_meta(folder: Path, module: str, codes: dict[str, int | None]) -> None:
+    path = folder.joinpath(*module.split(".")).with_suffix(".py.meta")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"exit_code_by_key": codes}))
+
+
+def test_the_draw_takes_a_fraction_of_each_module_at_least_the_minimum_and_the_same_for_the_same_seed():
+    by_module = {"m.big": [f"m.big.f__mutmut_{i}" for i in range(500)], "m.small": ["m.small.f__mutmut_1"] * 1}
+    first = mutation_sample.draw(by_module, 0.04, 8, seed=1)
+    assert len(first["m.big"]) == 20 and set(first["m.big"]) <= set(by_module["m.big"])
+    assert first["m.small"] == by_module["m.small"]  # fewer than the minimum: all of them
+    assert first == mutation_sample.draw(by_module, 0.04, 8, seed=1)
+    assert first != mutation_sample.draw(by_module, 0.04, 8, seed=2)
+
+
+def test_the_tally_weighs_each_module_by_its_mutants_and_leaves_equivalents_out(tmp_path):
+    # module a: 100 mutants, 10 sampled: 8 killed, 1 equivalent, 1 survived; module b: 300, 20 sampled, all killed
+    a = {f"a.f__mutmut_{i}": 0 for i in range(100)}
+    sample_a = sorted(a)[:10]
+    for name in sample_a[:8]:
+        a[name] = 1
+    b = {f"b.f__mutmut_{i}": 3 if i < 20 else None for i in range(300)}
+    write_meta(tmp_path, "a", a)
+    write_meta(tmp_path, "b", b)
+    sample = {"a": sample_a, "b": [f"b.f__mutmut_{i}" for i in range(20)]}
+    strata = mutation_sample.tally(tmp_path, sample, {sample_a[8]})
+    assert [(s.module, s.size, s.sampled, s.killed, s.equivalent) for s in strata] == [
+        ("a", 100, 10, 8, 1), ("b", 300, 20, 20, 0)]
+    ratio, half_width = mutation_sample.estimate(strata)
+    # by hand: 1/4 × 8/9 + 3/4 × 1; variance (1/4)² × (1 − 10/100) × (8/9)(1/9) / 8, and 0 for b
+    assert ratio == pytest.approx(0.25 * 8 / 9 + 0.75)
+    assert half_width == pytest.approx(1.96 * math.sqrt(0.0625 * 0.9 * (8 / 81) / 8))
+
+
+def test_the_tally_refuses_a_sample_not_run_yet(tmp_path):
+    write_meta(tmp_path, "a", {"a.f__mutmut_1": 1, "a.f__mutmut_2": None})
+    with pytest.raises(SystemExit, match=re.escape("1 sampled mutants not run yet (the first: a.f__mutmut_2)")):
+        mutation_sample.tally(tmp_path, {"a": ["a.f__mutmut_1", "a.f__mutmut_2"]}, set())

@@ -1,0 +1,129 @@
+"""A uniform random sample of mutmut's mutants, module by module, and the kill ratio it estimates.
+
+mutmut mutates the whole core (over 7,000 mutants: hours on a 2-core machine). When the full run does not fit, a
+sample answers how many a test kills, with its uncertainty: from each module, ``max(minimum, fraction × its
+mutants)`` names drawn at random (a seeded ``random.Random``, the names sorted first, so the same seed and mutants
+give the same sample), which ``mutmut run NAME ...`` runs; ``tally`` then reads mutmut's results and prints the
+table of docs/development.md and the estimate for the core. Modules are strata of known size: the estimate
+weighs each module's ratio by its share of the mutants, and its 95% interval is the normal one of a stratified
+sample (each module's variance with the finite-population correction). Mutants listed as equivalent in
+tests/mutation/equivalent.md are left out of a module's ratio (no test can tell them from the code). Usage::
+
+    python tools/mutation_sample.py draw > sample.txt      # after mutmut generated its mutants
+    nice mutmut run --max-children 2 $(cat sample.txt)
+    python tools/mutation_sample.py tally
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EQUIVALENT = ROOT / "tests" / "mutation" / "equivalent.md"
+# mutmut's exit codes (mutmut.stats.status_by_exit_code): 1 and 3 are a failing test; None is not run yet
+KILLED = {1, 3}
+
+
+def mutants_by_module(mutants: Path) -> dict[str, list[str]]:
+    """Every mutant's name, by module, from the ``.meta`` files mutmut writes beside the mutated copies."""
+    found = {}
+    for meta in sorted(mutants.rglob("*.py.meta")):
+        names = sorted(json.loads(meta.read_text())["exit_code_by_key"])
+        if names:
+            found[".".join(meta.relative_to(mutants).with_suffix("").with_suffix("").parts)] = names
+    if not found:
+        raise SystemExit(f"no mutants under {mutants}: run `mutmut run` once first (it writes them before it runs "
+                         "the tests, and may be stopped once it prints 'Running stats')")
+    return found
+
+
+def draw(by_module: dict[str, list[str]], fraction: float, minimum: int, seed: int) -> dict[str, list[str]]:
+    """``max(minimum, round(fraction × N))`` names of each module's N (all of them if fewer), at random."""
+    rng = random.Random(seed)
+    return {module: sorted(rng.sample(names, min(len(names), max(minimum, round(fraction * len(names))))))
+            for module, names in sorted(by_module.items())}
+
+
+@dataclass(frozen=True)
+class Stratum:
+    """One module: its mutants (``size``), those sampled and, of those, the killed and the equivalent ones."""
+
+    module: str
+    size: int
+    sampled: int
+    killed: int
+    equivalent: int
+
+    @property
+    def ratio(self) -> float:
+        """Killed among the sampled mutants that a test could tell from the code."""
+        return self.killed / (self.sampled - self.equivalent)
+
+
+def estimate(strata: Iterable[Stratum]) -> tuple[float, float]:
+    """The stratified estimate of the core's kill ratio and the half-width of its 95% interval."""
+    strata = list(strata)
+    total = sum(s.size for s in strata)
+    ratio = sum(s.size / total * s.ratio for s in strata)
+    variance = 0.0
+    for s in strata:
+        n = s.sampled - s.equivalent
+        if n > 1:
+            variance += ((s.size / total) ** 2 * (1 - s.sampled / s.size) * s.ratio * (1 - s.ratio) / (n - 1))
+    return ratio, 1.96 * math.sqrt(variance)
+
+
+def tally(mutants: Path, sample: dict[str, list[str]], equivalent: set[str]) -> list[Stratum]:
+    """Each module's stratum from mutmut's results; an error names the sampled mutants it has not run yet."""
+    strata, missing = [], []
+    for meta in sorted(mutants.rglob("*.py.meta")):
+        module = ".".join(meta.relative_to(mutants).with_suffix("").with_suffix("").parts)
+        if module not in sample:
+            continue
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        names = sample[module]
+        missing += [name for name in names if codes.get(name) is None]
+        strata.append(Stratum(module, len(codes), len(names), sum(codes.get(name) in KILLED for name in names),
+                              sum(name in equivalent for name in names)))
+    if missing:
+        raise SystemExit(f"{len(missing)} sampled mutants not run yet (the first: {missing[0]}): run `mutmut run` "
+                         "with the sample's names")
+    return strata
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["draw", "tally"])
+    parser.add_argument("--fraction", type=float, default=0.04, help="of each module's mutants (default 0.04)")
+    parser.add_argument("--minimum", type=int, default=8, help="mutants of each module at least (default 8)")
+    parser.add_argument("--seed", type=int, default=48, help="of the draw (default 48, the issue's number)")
+    parser.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's folder")
+    args = parser.parse_args(argv)
+    sample = draw(mutants_by_module(args.mutants), args.fraction, args.minimum, args.seed)
+    if args.command == "draw":
+        print("\n".join(name for names in sample.values() for name in names))
+        return 0
+    equivalent = set(re.findall(r"`(mmidx\.[^`\s]+__mutmut_\d+)`", EQUIVALENT.read_text()))
+    strata = tally(args.mutants, sample, equivalent)
+    print("| module | mutants | sampled | killed | equivalent | survived | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for s in strata:
+        print(f"| `{s.module}` | {s.size} | {s.sampled} | {s.killed} | {s.equivalent} | "
+              f"{s.sampled - s.killed - s.equivalent} | {s.ratio:.1%} |")
+    ratio, half_width = estimate(strata)
+    print(f"\nthe core: {sum(s.killed for s in strata)} of {sum(s.sampled for s in strata)} sampled mutants killed "
+          f"({sum(s.equivalent for s in strata)} equivalent); estimated kill ratio {ratio:.1%} ± {half_width:.1%} "
+          f"(95%, stratified, seed {args.seed})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
