@@ -211,9 +211,10 @@ def test_pack_costs_are_linear_work_plus_attention_squared():
 
 
 
-def reference_cost_capped(counts, window, cap, slack, geometry):
+def reference_cost_capped(counts, window, cap, slack, geometry, leak=4096):
     """The tight policy with its cost cap written out plainly (no mandatory groups, nothing excluded): the
-    window a list in stream order, each choice a scan. Returns (packs, cost-capped packs)."""
+    window a list in stream order, each choice a scan; the cap's sums each keep all but 1/``leak`` of
+    themselves per item. Returns (packs, cost-capped packs)."""
     linear, attention = geometry.cost_weights
     points = round(slack * 10000)
 
@@ -221,7 +222,7 @@ def reference_cost_capped(counts, window, cap, slack, geometry):
         return linear * n + attention * n * n
 
     window_items, packs, capped = [], [], 0
-    sum_n = sum_n2 = 0  # leaky sums over the items that entered the window: each keeps all but 1/4096
+    sum_n = sum_n2 = 0  # leaky sums over the items that entered the window: each keeps all but 1/leak
 
     def close_one():
         nonlocal capped
@@ -250,8 +251,8 @@ def reference_cost_capped(counts, window, cap, slack, geometry):
         packs.append(pack)
 
     for position, n in enumerate(counts):
-        sum_n += n - (sum_n >> 12)
-        sum_n2 += n * n - (sum_n2 >> 12)
+        sum_n += n - sum_n // leak
+        sum_n2 += n * n - sum_n2 // leak
         window_items.append(position)
         while len(window_items) >= window:
             close_one()
@@ -284,6 +285,22 @@ def test_the_cost_cap_equals_a_plain_reference_at_any_chunk_size(counts, window,
     packer.finish()
     items, ends, _, _ = packer.drain()
     assert [items[a:b].tolist() for a, b in zip(np.r_[0, ends][:-1], ends, strict=True)] == reference
+
+
+def test_the_cost_caps_sums_forget_1_in_4096_of_themselves_per_item():
+    """After 1,000 samples of 4 tokens the cap is that of short samples; as 30-token ones come in, it rises at the
+    pace of its leaky sums, which decides how many long samples each pack takes. A sum under 4,096 leaks nothing,
+    so the short streams of the property test above cannot tell the leak's rate; this one can (a leak twice or
+    half as fast gives other packs)."""
+    counts = [4] * 1000 + [30, 4] * 60
+    expected, capped = reference_cost_capped(counts, 10, 80, 0.0, TINY)
+    assert capped > 0
+    assert all(reference_cost_capped(counts, 10, 80, 0.0, TINY, leak)[0] != expected for leak in (2048, 8192))
+    packed = pack_samples(np.array(counts, np.int64), np.zeros(len(counts), np.int32), mandatory=[False],
+                          max_num_tokens=80, expected_num_tokens=80, max_num_tokens_per_sample=80, policy="tight",
+                          window=10, cost_slack=0.0, geometry=TINY)
+    assert [packed.pack(k).tolist() for k in range(len(packed))] == expected
+    assert packed.stats["cost_capped_packs"] == capped
 
 
 def test_the_cost_cap_binds_on_long_samples_and_none_turns_it_off():

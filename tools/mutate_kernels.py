@@ -60,8 +60,10 @@ MUTATIONS = [
     # the cost cap
     Mutation("first-seed-under-the-cap", "(seeded and self._over_cost_cap(b.count[node]))",
              "self._over_cost_cap(b.count[node])"),
-    Mutation("cap-reached-is-over", "self.pack_cost + self._cost(count) > self.cost_cap",
-             "self.pack_cost + self._cost(count) >= self.cost_cap"),
+    # (a seed whose cost reaches the cap exactly refused, `>` → `>=` in _over_cost_cap, is equivalent: best fit
+    # takes that same item next, tests/mutation/equivalent.md)
+    Mutation("cap-fill-past-full", "while self.pack_sum < self.max_num_tokens and self.buffer.size > 0:",
+             "while self.pack_sum <= self.max_num_tokens and self.buffer.size > 0:"),
     Mutation("cap-slack-remainder-dropped",
              "full + full // 10000 * self.cost_slack + full % 10000 * self.cost_slack // 10000",
              "full + full // 10000 * self.cost_slack"),
