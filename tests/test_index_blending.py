@@ -155,6 +155,16 @@ def test_stream_views_are_epoch_mod_views_with_their_token_counts():
     np.testing.assert_array_equal(counts, [10, 11, 20, 2**40, 5, 6, 2**40])
 
 
+@pytest.mark.parametrize("sample, epoch, message", [
+    (-1, 0, "a sample id is outside its group's view_offsets"),  # the kernel would read before the table
+    (2, 0, "a sample id is outside its group's view_offsets"),
+    (0, -1, "epochs must be non-negative"),
+])
+def test_stream_views_refuse_a_sample_outside_its_group_and_a_negative_epoch(sample, epoch, message):
+    with pytest.raises(ValueError, match=message):
+        stream_views([0], [sample], [epoch], [np.array([0, 1, 2])], [np.array([4, 5])])
+
+
 def test_stream_views_refuse_a_sample_without_views():
     with pytest.raises(ValueError, match="sample 1 of group 0 has no view"):
         stream_views([0], [0], [0], [np.array([0, 1, 1])], [np.array([4])])

@@ -303,6 +303,18 @@ def test_the_cost_caps_sums_forget_1_in_4096_of_themselves_per_item():
     assert packed.stats["cost_capped_packs"] == capped
 
 
+def test_the_cost_caps_slack_is_added_in_full_to_a_cap_under_10000_units():
+    """The cap, (1 + slack) × the cost of a full pack, is computed in integers as full // 10000 × the slack's
+    points plus the remainder's share of them: on small costs (full under 10,000 units) that share is all of it."""
+    # TINY costs 19n + 2n²; the four items' Σn²/Σn is 2050/84, so full = 19·80 + ⌊160·2050/84⌋ = 5,424 and the
+    # cap with 30% slack 5,424 + ⌊5,424·3000/10000⌋ = 7,051. Items 0 and 1 are seeded (48 tokens, cost 3,232);
+    # item 3 (29 tokens, cost 2,233) fits that cap (5,465) but not 5,424, where best fit would take item 2 (7).
+    packed = pack_samples(np.array([26, 22, 7, 29], np.int64), np.zeros(4, np.int32), mandatory=[False],
+                          max_num_tokens=80, expected_num_tokens=80, max_num_tokens_per_sample=80, policy="tight",
+                          window=6, cost_slack=0.3, geometry=TINY)
+    assert [packed.pack(k).tolist() for k in range(len(packed))] == [[0, 1, 3], [2]]
+
+
 def test_the_cost_cap_binds_on_long_samples_and_none_turns_it_off():
     counts, groups = mix("scale", 20_000)
     capped, plain = (pack_samples(counts, groups, mandatory=[False] * 3, policy="tight", cost_slack=s)

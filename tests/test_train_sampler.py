@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from support.packs import assert_same_batches, pack_dataset, position, take, write_data_config
 from torch.distributed.checkpoint.stateful import Stateful
@@ -12,6 +13,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mmidx import PackSampler
 from mmidx.train.loader import PackLoader
+from mmidx.train.shares import GlobalBatchSampler
 from mmidx.train.state import LoaderStateError
 
 GLOBAL_BATCH = 2
@@ -78,6 +80,25 @@ def test_a_state_saved_at_an_optimizer_step_resumes_at_another_world_size(datase
     assert_same_batches(list(loader_of(dataset, 2, sampler=sampler)), single[6:], drop_worker_ids=True)
 
 
+def test_resume_from_counts_the_steps_after_the_snapshot_at_the_world_size_that_took_them(dataset):
+    # with a worker, torchdata's state is its snapshot after step 3 (packs 0-5), then one more step of the 2 ranks
+    ranks = [loader_of(dataset, 1, rank=rank, world_size=2, snapshot_every_n_steps=3) for rank in range(2)]
+    for loader in ranks:
+        take(loader, 4)
+    sampler = PackSampler(dataset, global_batch_size=GLOBAL_BATCH)  # one rank now
+    sampler.resume_from(ranks[0].state_dict())
+    assert position(sampler.state_dict()) == {"packs_consumed": 8, "world_size": 1, "global_batch_size": 2}
+
+
+def test_a_pack_sampler_given_pack_costs_draws_the_steps_balanced_by_cost(dataset):
+    costs = np.arange(len(dataset), 0, -1, dtype=np.float64) ** 2  # early packs cost most: balancing reorders
+    balanced = GlobalBatchSampler(len(dataset), global_batch_size=4, rank=1, world_size=2, pack_costs=costs)
+    sampler = PackSampler(dataset, global_batch_size=4, rank=1, world_size=2, pack_costs=costs)
+    drawn = list(sampler)
+    assert drawn == [balanced.pack_of_step(step) for step in range(len(balanced))]
+    assert drawn != list(PackSampler(dataset, global_batch_size=4, rank=1, world_size=2))
+
+
 def test_a_state_saved_inside_a_global_batch_resumes_only_at_its_world_size(dataset):
     sampler = PackSampler(dataset, global_batch_size=4, world_size=2)
     take(sampler, 1)  # rank 0 drew pack 0 of packs 0-3; rank 1 drew pack 2
@@ -94,7 +115,8 @@ def test_a_state_saved_inside_a_global_batch_resumes_only_at_its_world_size(data
 def test_a_loader_state_without_a_pack_sampler_is_refused_with_the_way_out(dataset):
     plain = StatefulDataLoader(dataset, batch_size=None)
     take(plain, 2)
-    with pytest.raises(ValueError, match="start this one afresh"):
+    with pytest.raises(ValueError, match="the loader state holds no PackSampler state: it was saved by a loader "
+                                         "with another sampler; start this one afresh"):
         PackSampler(dataset).resume_from(plain.state_dict())
     with pytest.raises(ValueError, match="not the sampler's"):
         PackSampler(dataset).resume_from({"packs_consumed": 2, "world_size": 1})
