@@ -31,6 +31,17 @@ def test_view_sizes_equal_the_length_of_the_packed_sample(groups):
                 assert batch.sequence_length == view_tokens[view_offsets[sample] + view]
 
 
+def test_a_groups_second_dataset_has_its_views_after_the_firsts(groups):
+    config = config_of(groups)
+    datasets = [[MMIDXDataset(group.datasets[0])] for group in config.groups]
+    first = datasets[0][0]
+    offsets, tokens = view_token_counts(first, config.groups[0], config.geometry)
+    table = view_table(config, [[first, first], *datasets[1:]])  # group 0: the same dataset twice, end to end
+    views = int(offsets[-1])
+    np.testing.assert_array_equal(table.view_offsets[:2 * len(first) + 1], np.r_[offsets, offsets[1:] + views])
+    np.testing.assert_array_equal(table.view_tokens[:2 * views], np.r_[tokens, tokens])
+
+
 def whole_array_packs(config, num_samples):
     """The reference: the whole stream, its views and its packs built in memory at once."""
     datasets = [[MMIDXDataset(p) for p in g.datasets] for g in config.groups]

@@ -156,6 +156,18 @@ def test_a_mandatory_item_ahead_of_the_stream_that_fills_the_pack_exactly_leads_
     assert_mandatory_first(packed, counts, groups, [False, True], 60, 60)
 
 
+@pytest.mark.parametrize("policy", ["bagel", "tight"])
+@pytest.mark.parametrize("slack", SLACKS)
+def test_a_mandatory_item_in_the_window_that_fills_the_pack_exactly_leads_the_first_pack(policy, slack):
+    counts = np.array([10, 60, 20, 30, 10, 20, 10, 20], np.int64)
+    groups = np.array([0, 1, 0, 0, 0, 0, 0, 0], np.int32)  # group 1's item is in the window, behind item 0
+    packed = pack_samples(counts, groups, mandatory=[False, True], max_num_tokens=60, expected_num_tokens=50,
+                          max_num_tokens_per_sample=60, prefer_buffer_before=30, max_buffer_size=4, policy=policy,
+                          window=3, cost_slack=slack, geometry=TINY)
+    assert packed.pack(0).tolist() == [1]
+    assert_mandatory_first(packed, counts, groups, [False, True], 60, 60)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 50), max_size=300), st.integers(1, 64), st.sampled_from(SLACKS))
 def test_the_windows_earliest_item_is_in_every_pack_and_no_item_moves_ahead_more_than_window_minus_2(counts,
