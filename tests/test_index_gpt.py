@@ -71,6 +71,13 @@ def test_legacy_shuffle_gives_randomstate_permutation_and_state(dtype):
             assert_same_state(our_state, numpy_state)
 
 
+@pytest.mark.parametrize("dtype", [np.complex128, object])
+def test_legacy_shuffle_refuses_elements_it_cannot_swap_as_plain_integers_and_says_what_to_use(dtype):
+    with pytest.raises(TypeError, match=f"handles plain 1-, 2-, 4- or 8-byte elements, not {np.dtype(dtype)}; use "
+                                        "random_state.shuffle for this array"):
+        legacy_shuffle(np.random.RandomState(0), np.zeros(3, dtype))
+
+
 def test_legacy_shuffle_continues_a_used_random_state():
     numpy_state, our_state = np.random.RandomState(5), np.random.RandomState(5)
     numpy_state.random_sample(7)

@@ -452,7 +452,8 @@ def test_cuda_masks_equal_cpu_masks():
         ([2, 3], ["causal"], [5], "one mode per split"),
         ([2, 3], ["causal", "dense"], [5], r"attn_modes\[1\] is 'dense'"),
         ([2, 3], "causal", [5], "sequence of modes"),
-        ([2, 3], ["causal", "full"], [4], "sum to 5 but sample_lens sum to 4"),
+        ([2, 3], ["causal", "full"], [4], "sum to 5 but sample_lens sum to 4; both must equal the packed sequence "
+                                          "length"),
         ([2, 3], ["causal", "full"], [3, 2], "inside a split"),
         ([2, -1], ["causal", "full"], [1], "non-negative"),
         ([2.0, 3.0], ["causal", "full"], [5], "integers"),
