@@ -174,6 +174,14 @@ def test_sample_index_int64_kernel_equals_megatron_int64_kernel():
         assert_identical(ours, theirs)
 
 
+@pytest.mark.parametrize("dtype", [np.int16, np.uint16, np.uint32])
+def test_sample_index_takes_sizes_and_documents_of_any_integer_dtype(dtype):
+    sizes, document_index = np.array([30, 7, 12, 50], dtype), np.array([2, 0, 3, 1], dtype)
+    theirs = helpers.build_sample_idx(sizes.astype(np.int32), document_index.astype(np.int32), 16, 1, 99, False,
+                                      True)
+    assert_identical(build_sample_index(sizes, document_index, 16, 1, 99, drop_last=False), theirs)
+
+
 def test_sample_index_reproduces_single_precision_ceil_that_undercounts():
     # 2**25 + 1 tokens after the extra one: float32 rounds to 2**25, one sample fewer than exact.
     sizes = np.array([2**24, 2**24, 2], dtype=np.int32)
