@@ -54,3 +54,10 @@ def test_the_tally_refuses_a_sample_not_run_yet(tmp_path):
     write_meta(tmp_path, "a", {"a.f__mutmut_1": 1, "a.f__mutmut_2": None})
     with pytest.raises(SystemExit, match=re.escape("1 sampled mutants not run yet (the first: a.f__mutmut_2)")):
         mutation_sample.tally(tmp_path, {"a": ["a.f__mutmut_1", "a.f__mutmut_2"]}, set())
+
+
+def test_only_the_mutants_under_an_equivalent_heading_count_as_equivalent():
+    text = ("# Survivors\n\n## mutmut\n\n### Equivalent (no test can tell)\n\n- `mmidx.a.x_f__mutmut_1`: why\n\n"
+            "### Survivors still to kill\n\n- `mmidx.a.x_f__mutmut_2`: what a test needs\n\n"
+            "### Equivalent on the CPU\n\n- `mmidx.b.xǁCǁg__mutmut_3`: why\n")
+    assert mutation_sample.equivalent_names(text) == {"mmidx.a.x_f__mutmut_1", "mmidx.b.xǁCǁg__mutmut_3"}

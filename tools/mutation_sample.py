@@ -81,6 +81,13 @@ def estimate(strata: Iterable[Stratum]) -> tuple[float, float]:
     return ratio, 1.96 * math.sqrt(variance)
 
 
+def equivalent_names(text: str) -> set[str]:
+    """The mutants named under the headings of ``text`` that begin "Equivalent" (its other lists name survivors
+    still to kill, which count as survivors)."""
+    return {name for section in re.split(r"^#+ ", text, flags=re.MULTILINE) if section.startswith("Equivalent")
+            for name in re.findall(r"`(mmidx\.[^`\s]+__mutmut_\d+)`", section)}
+
+
 def tally(mutants: Path, sample: dict[str, list[str]], equivalent: set[str]) -> list[Stratum]:
     """Each module's stratum from mutmut's results; an error names the sampled mutants it has not run yet."""
     strata, missing = [], []
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "draw":
         print("\n".join(name for names in sample.values() for name in names))
         return 0
-    equivalent = set(re.findall(r"`(mmidx\.[^`\s]+__mutmut_\d+)`", EQUIVALENT.read_text()))
+    equivalent = equivalent_names(EQUIVALENT.read_text())
     strata = tally(args.mutants, sample, equivalent)
     print("| module | mutants | sampled | killed | equivalent | survived | ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|")
