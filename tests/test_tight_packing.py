@@ -211,6 +211,21 @@ def test_unknown_policy_and_bad_window_are_one_clear_error():
         pack_samples(np.ones(3, np.int64), np.zeros(3, np.int32), mandatory=[False], policy="tight", window=0)
 
 
+@pytest.mark.parametrize("tight", [False, True])
+def test_a_phase_ends_after_the_packing_that_reaches_its_tokens_exactly(tight):
+    """Every pack holds 10 tokens, so a phase of 20 tokens ends where one of 2 packs does, and one of 21 tokens
+    where one of 3 packs does (the feed stops before the first item after the packing that reached the limit)."""
+    counts = np.full(12, 10, np.int64)
+
+    def stop(**limit):
+        packer = _packer(np.array([False]), 10, 10, 10, 0, 0, len(counts), tight=tight, window=2)
+        return packer.feed(counts, np.zeros(12, np.int32), np.arange(12, dtype=np.int64), 0, 0, **limit)
+
+    assert stop(stop_packs=2) != stop(stop_packs=3)
+    assert stop(stop_tokens=20) == stop(stop_tokens=11) == stop(stop_packs=2)
+    assert stop(stop_tokens=21) == stop(stop_packs=3)
+
+
 def test_pack_costs_are_linear_work_plus_attention_squared():
     g = LLMGeometry()  # Qwen2-7B: h 3584, 28 layers, FFN 18944, 28 heads, 4 KV heads
     linear = 2 * 28 * (2 * 3584 ** 2 + 2 * 3584 * 512 + 3 * 3584 * 18944)
