@@ -226,6 +226,18 @@ def test_a_phase_ends_after_the_packing_that_reaches_its_tokens_exactly(tight):
     assert stop(stop_tokens=21) == stop(stop_packs=3)
 
 
+def test_bad_budgets_a_cost_cap_too_large_and_a_bad_geometry_are_one_line_saying_what_to_do():
+    one = (np.ones(3, np.int64), np.zeros(3, np.int32))
+    with pytest.raises(ValueError, match="max_num_tokens must be positive, got 0"):
+        pack_samples(*one, mandatory=[False], max_num_tokens=0)
+    with pytest.raises(ValueError, match="the cost cap handles max_num_tokens up to 16,777,216, got 16,777,217; set "
+                                         "cost_slack to None"):
+        pack_samples(*one, mandatory=[False], max_num_tokens=(1 << 24) + 1, expected_num_tokens=1,
+                     max_num_tokens_per_sample=1, policy="tight", cost_slack=0.0)
+    with pytest.raises(ValueError, match="every size of the geometry must be positive, got LLMGeometry"):
+        LLMGeometry(hidden_size=0)
+
+
 def test_pack_costs_are_linear_work_plus_attention_squared():
     g = LLMGeometry()  # Qwen2-7B: h 3584, 28 layers, FFN 18944, 28 heads, 4 KV heads
     linear = 2 * 28 * (2 * 3584 ** 2 + 2 * 3584 * 512 + 3 * 3584 * 18944)
