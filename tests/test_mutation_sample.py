@@ -4,7 +4,6 @@ the textbook formula worked by hand, read from mutmut's result files written her
 import importlib.util
 import json
 import math
-import re
 import sys
 from pathlib import Path
 
@@ -41,7 +40,7 @@ def test_the_tally_weighs_each_module_by_its_mutants_and_leaves_equivalents_out(
     write_meta(tmp_path, "a", a)
     write_meta(tmp_path, "b", b)
     sample = {"a": sample_a, "b": [f"b.f__mutmut_{i}" for i in range(20)]}
-    strata = mutation_sample.tally(tmp_path, sample, {sample_a[8]})
+    strata, _ = mutation_sample.tally(tmp_path, sample, {sample_a[8]})
     assert [(s.module, s.size, s.sampled, s.killed, s.equivalent) for s in strata] == [
         ("a", 100, 10, 8, 1), ("b", 300, 20, 20, 0)]
     ratio, half_width = mutation_sample.estimate(strata)
@@ -50,10 +49,12 @@ def test_the_tally_weighs_each_module_by_its_mutants_and_leaves_equivalents_out(
     assert half_width == pytest.approx(1.96 * math.sqrt(0.0625 * 0.9 * (8 / 81) / 8))
 
 
-def test_the_tally_refuses_a_sample_not_run_yet(tmp_path):
+def test_the_tally_leaves_out_a_module_whose_sample_has_not_all_run_and_says_how_many(tmp_path):
     write_meta(tmp_path, "a", {"a.f__mutmut_1": 1, "a.f__mutmut_2": None})
-    with pytest.raises(SystemExit, match=re.escape("1 sampled mutants not run yet (the first: a.f__mutmut_2)")):
-        mutation_sample.tally(tmp_path, {"a": ["a.f__mutmut_1", "a.f__mutmut_2"]}, set())
+    write_meta(tmp_path, "b", {"b.f__mutmut_1": 0})
+    strata, not_run = mutation_sample.tally(tmp_path, {"a": ["a.f__mutmut_1", "a.f__mutmut_2"], "b": ["b.f__mutmut_1"]},
+                                            set())
+    assert [s.module for s in strata] == ["b"] and not_run == {"a": 1}
 
 
 def test_only_the_mutants_under_an_equivalent_heading_count_as_equivalent():
@@ -61,3 +62,19 @@ def test_only_the_mutants_under_an_equivalent_heading_count_as_equivalent():
             "### Survivors still to kill\n\n- `mmidx.a.x_f__mutmut_2`: what a test needs\n\n"
             "### Equivalent on the CPU\n\n- `mmidx.b.xǁCǁg__mutmut_3`: why\n")
     assert mutation_sample.equivalent_names(text) == {"mmidx.a.x_f__mutmut_1", "mmidx.b.xǁCǁg__mutmut_3"}
+
+
+def test_the_results_mutmut_prints_stand_for_those_it_kept(tmp_path):
+    write_meta(tmp_path, "a", {"a.f__mutmut_1": None, "a.f__mutmut_2": None, "a.f__mutmut_3": 1})
+    printed = mutation_sample.printed_results("Mutant results\n--------------\n\N{PARTY POPPER} a.f__mutmut_1\n"
+                                              "\N{ALARM CLOCK} a.f__mutmut_2\n")
+    assert printed == {}  # module a is not under mmidx: names of the core only
+    printed = mutation_sample.printed_results("\N{PARTY POPPER} mmidx.a.f__mutmut_1\n"
+                                              "\N{ALARM CLOCK} mmidx.a.f__mutmut_2\n"
+                                              "\N{SLIGHTLY FROWNING FACE} mmidx.a.f__mutmut_3\n")
+    assert printed == {"mmidx.a.f__mutmut_1": 1, "mmidx.a.f__mutmut_2": 0, "mmidx.a.f__mutmut_3": 0}
+    write_meta(tmp_path, "mmidx.a", {name: None for name in printed} | {"mmidx.a.f__mutmut_3": 1,
+                                                                          "mmidx.a.f__mutmut_4": None})
+    printed["mmidx.b.g__mutmut_1"] = 1  # another module's: not one of a's mutants
+    [stratum], _ = mutation_sample.tally(tmp_path, {"mmidx.a": sorted(printed)[:3]}, set(), printed)
+    assert (stratum.size, stratum.sampled, stratum.killed) == (4, 3, 1)  # the printed survivor wins over the kept kill

@@ -71,7 +71,7 @@ class Stratum:
 def estimate(strata: Iterable[Stratum]) -> tuple[float, float]:
     """The stratified estimate of the core's kill ratio and the half-width of its 95% interval."""
     strata = list(strata)
-    total = sum(s.size for s in strata)
+    total = sum(s.size for s in strata)  # of the modules tallied
     ratio = sum(s.size / total * s.ratio for s in strata)
     variance = 0.0
     for s in strata:
@@ -88,22 +88,32 @@ def equivalent_names(text: str) -> set[str]:
             for name in re.findall(r"`(mmidx\.[^`\s]+__mutmut_\d+)`", section)}
 
 
-def tally(mutants: Path, sample: dict[str, list[str]], equivalent: set[str]) -> list[Stratum]:
-    """Each module's stratum from mutmut's results; an error names the sampled mutants it has not run yet."""
-    strata, missing = [], []
+def printed_results(text: str) -> dict[str, int]:
+    """Exit codes from what ``mutmut run NAME ...`` prints at its end (a status emoji and a name a line): 1 for a
+    killed mutant, 0 for any other outcome (survived, timeout, no tests, a crash)."""
+    return {name: int(mark == "\N{PARTY POPPER}")
+            for mark, name in re.findall(r"^(\S+) (mmidx\.\S+__mutmut_\d+)$", text, flags=re.MULTILINE)}
+
+
+def tally(mutants: Path, sample: dict[str, list[str]], equivalent: set[str],
+          printed: dict[str, int] | None = None) -> tuple[list[Stratum], dict[str, int]]:
+    """Each module's stratum from mutmut's results (in ``mutants/``, or ``printed`` by its runs, which win), and
+    the modules left out because some of their sampled mutants have not run (with how many)."""
+    strata, not_run = [], {}
     for meta in sorted(mutants.rglob("*.py.meta")):
         module = ".".join(meta.relative_to(mutants).with_suffix("").with_suffix("").parts)
         if module not in sample:
             continue
-        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        kept = json.loads(meta.read_text())["exit_code_by_key"]
+        codes = {name: (printed or {}).get(name, code) for name, code in kept.items()}
         names = sample[module]
-        missing += [name for name in names if codes.get(name) is None]
+        missing = sum(codes.get(name) is None for name in names)
+        if missing:
+            not_run[module] = missing
+            continue
         strata.append(Stratum(module, len(codes), len(names), sum(codes.get(name) in KILLED for name in names),
                               sum(name in equivalent for name in names)))
-    if missing:
-        raise SystemExit(f"{len(missing)} sampled mutants not run yet (the first: {missing[0]}): run `mutmut run` "
-                         "with the sample's names")
-    return strata
+    return strata, not_run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,13 +123,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minimum", type=int, default=8, help="mutants of each module at least (default 8)")
     parser.add_argument("--seed", type=int, default=48, help="of the draw (default 48, the issue's number)")
     parser.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's folder")
+    parser.add_argument("--printed", type=Path, nargs="+", metavar="LOG",
+                        help="what `mutmut run NAME ...` printed, read instead of mutants/ (mutmut drops the results "
+                             "it keeps there when its configuration changes); later logs win")
     args = parser.parse_args(argv)
     sample = draw(mutants_by_module(args.mutants), args.fraction, args.minimum, args.seed)
     if args.command == "draw":
         print("\n".join(name for names in sample.values() for name in names))
         return 0
     equivalent = equivalent_names(EQUIVALENT.read_text())
-    strata = tally(args.mutants, sample, equivalent)
+    printed = {}
+    for log in args.printed or ():
+        printed.update(printed_results(log.read_text(errors="replace").replace("\r", "\n")))
+    strata, not_run = tally(args.mutants, sample, equivalent, printed)
+    if not strata:
+        raise SystemExit("no module's sample has run yet: run `mutmut run` with the sample's names")
     print("| module | mutants | sampled | killed | equivalent | survived | ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for s in strata:
@@ -128,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     ratio, half_width = estimate(strata)
     print(f"\nthe core: {sum(s.killed for s in strata)} of {sum(s.sampled for s in strata)} sampled mutants killed "
           f"({sum(s.equivalent for s in strata)} equivalent); estimated kill ratio {ratio:.1%} ± {half_width:.1%} "
-          f"(95%, stratified, seed {args.seed})")
+          f"(95%, stratified, seed {args.seed}, over the modules above)")
+    if not_run:
+        print("not run yet (left out): " + ", ".join(f"{module} ({n} of its sample)" for module, n in not_run.items()))
     return 0
 
 
