@@ -19,6 +19,9 @@ sys.path.insert(0, str(BENCHMARKS))
 from bench_masks import ALL_KINDS, bagel_pack  # noqa: E402
 from gpu_suite import Item, bagel_step_tokens_per_s, markdown  # noqa: E402
 
+from mmidx.index.accelerator import read_calibration  # noqa: E402
+from mmidx.index.cost import LLMGeometry  # noqa: E402
+
 
 def test_the_quick_cpu_run_passes_every_item_and_writes_both_reports(tmp_path):
     out = tmp_path / "report"
@@ -36,6 +39,10 @@ def test_the_quick_cpu_run_passes_every_item_and_writes_both_reports(tmp_path):
     assert [row[0] for row in items["masks"]["rows"]] == list(ALL_KINDS)
     assert [row[0] for row in items["cost_model"]["rows"]][:-1] == [*ALL_KINDS, "all"]
     assert "correlation" in items["cost_model"]["rows"][-1][0]
+    # the cost model's fit, as the file mmidx bench --au --calibration reads (a quick run times a small layer)
+    small = LLMGeometry(hidden_size=64, num_layers=28, ffn_size=128, num_heads=4, num_kv_heads=2)
+    calibration = read_calibration(out / "calibration.json", small)
+    assert calibration["seconds_per_flop"] > 0 and calibration["packs"] == len(ALL_KINDS)
     text = (out / "report.md").read_text()
     assert "## masks — ok" in text and "| pack | samples |" in text and "FAIL" not in text
 

@@ -14,6 +14,7 @@ import multiprocessing
 import queue
 import socket
 import time
+import traceback
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -123,6 +124,7 @@ class RankSpec:
     steps: int
     time_limit: float
     seconds_per_flop: float
+    start_method: str  # the parent's default: loader workers start as under a launcher such as torchrun
 
 
 def _rank(rank: int, spec: RankSpec, results: Any) -> None:
@@ -131,6 +133,7 @@ def _rank(rank: int, spec: RankSpec, results: Any) -> None:
     import torch.distributed as dist
 
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+    multiprocessing.set_start_method(spec.start_method, force=True)  # a spawned process's default is spawn
     torch.set_num_threads(1)  # the trainer's CPU work timed on one thread (CPU seconds of the thread are all of it)
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
@@ -160,7 +163,8 @@ def _rank(rank: int, spec: RankSpec, results: Any) -> None:
             results.put(("run", rank, run, first, measured))
         results.put(("done", rank))
     except Exception as error:  # reported to the parent, which ends the other ranks and says it in one line
-        results.put(("error", rank, f"{type(error).__name__}: {error}"))
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        results.put(("error", rank, f"{type(error).__name__}: {error} (at {where.filename}:{where.lineno})"))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -179,7 +183,8 @@ def run_ranks(feed: Feed, *, world_size: int, runs: int, warmup: int, steps: int
     :data:`STARTUP_S`) ends them all: :class:`AUError`, naming the rank and the cause."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    spec = RankSpec(feed, world_size, _free_port(), runs, warmup, steps, time_limit, seconds_per_flop)
+    spec = RankSpec(feed, world_size, _free_port(), runs, warmup, steps, time_limit, seconds_per_flop,
+                    multiprocessing.get_start_method())
     processes = [context.Process(target=_rank, args=(rank, spec, results), name=f"mmidx-au-rank-{rank}")
                  for rank in range(world_size)]
     deadline = time.monotonic() + STARTUP_S + runs * (time_limit + 30)
