@@ -124,8 +124,8 @@ def format_au(result: dict[str, Any]) -> str:
              f"packs of at most {result['max_num_tokens']:,} tokens; {result['masks']} masks",
              f"# demand: {d['model']} at {d['tokens_per_s']:,.0f} tokens/s per accelerator on packs of this config's "
              f"average cost ({d['seconds_per_flop']:.3g} s per FLOP): {d['source']}",
-             f"# {result['runs_asked']} runs of {result['warmup']} warm-up + {result['steps_asked']} measured "
-             "micro-steps; seconds per rank, mean over ranks",
+             f"# {result['runs_asked']} run{'s' if result['runs_asked'] != 1 else ''} of {result['warmup']} warm-up + "
+             f"{result['steps_asked']} measured micro-steps; seconds per rank, mean over ranks",
              f"{'run':>3} {'au':>6} {'steps':>5} {'wall s':>8} {'compute s':>9} {'stall s':>8} {'balance s':>9} "
              f"{'other s':>7} {'fill':>6}" + ("" if dry else f" {'dry au':>6} {'allowed':>7}")]
     for number, run in enumerate(result["runs"], 1):
@@ -133,8 +133,8 @@ def format_au(result: dict[str, Any]) -> str:
                      f"{run['data_stall_s']:>8.2f} {run['balance_wait_s']:>9.2f} {run['other_s']:>7.3f} "
                      f"{run['fill']:>6.3f}" + ("" if dry else f" {run['dry_au']:>6.3f} {run['balance_au']:>7.3f}"))
     verdict = "passes" if result["passes"] else "does not pass"
-    lines.append(f"au {result['au']:.3f} (median), {result['au_min']:.3f} (minimum): {verdict} MLPerf Storage's bar "
-                 f"of {result['pass_bar']:.0%} in every run")
+    lines.append(f"au {result['au']:.3f} (median), {result['au_min']:.3f} (minimum), {result['au_mean']:.3f} (mean): "
+                 f"{verdict} MLPerf Storage's bar of {result['pass_bar']:.0%} in every run")
     if not dry:
         lines.append(f"dry run of the same micro-steps (the pack index's sizes): au {result['dry_au']:.3f}; the "
                      f"batches received (CFG dropout applied) allow {result['balance_au']:.3f}: the loader and the "
