@@ -33,6 +33,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,7 +48,7 @@ from common import Watch, machine
 from mmidx.config import DataConfig
 from mmidx.index.accelerator import MODELS
 from mmidx.index.cost import LLMGeometry, pack_costs
-from mmidx.toolkit.au import Received, combine, summarize
+from mmidx.toolkit.au import Received, WorkerClocks, combine, summarize
 from mmidx.toolkit.au_bench import bench_au
 from mmidx.toolkit.au_ranks import run_ranks
 
@@ -60,13 +61,14 @@ def kind_config(datasets: Path, groups: list[str], policy: str = "bagel") -> Dat
 
 
 class _StampedCollate:
-    """BAGEL's collate (``collate_wrapper()``: a ``SimpleCustomBatch``), with the loader worker's id and CPU clock."""
+    """BAGEL's collate (``collate_wrapper()``: a ``SimpleCustomBatch``), with the loader worker's stamp
+    (:meth:`mmidx.toolkit.au.WorkerClocks.stamp`)."""
 
-    def __call__(self, batch: list[Any]) -> tuple[Any, tuple[int, float] | None]:
+    def __call__(self, batch: list[Any]) -> tuple[Any, tuple[int, float, float] | None]:
         from data.dataset_base import collate_wrapper
 
         worker = torch.utils.data.get_worker_info()
-        return collate_wrapper()(batch), None if worker is None else (worker.id, time.process_time())
+        return collate_wrapper()(batch), None if worker is None else WorkerClocks.stamp(worker.id)
 
 
 class BagelFeed:
@@ -90,7 +92,7 @@ class BagelFeed:
         extra = {"prefetch_factor": self.prefetch_factor} if self.workers and self.prefetch_factor else {}
         loader = torch.utils.data.DataLoader(self.dataset, batch_size=1, num_workers=self.workers,
                                              collate_fn=_StampedCollate(), **extra)
-        last: dict[int, float] = {}
+        clocks = WorkerClocks()
         packs = iter(loader)
         try:
             while True:
@@ -104,13 +106,8 @@ class BagelFeed:
                 if int(lens.sum()) != data["sequence_length"]:
                     raise AssertionError(f"BAGEL's sample_lens sum to {lens.sum()}, not {data['sequence_length']}")
                 flops = float(pack_costs(np.array([0, len(lens)]), lens, self.geometry)[0])
-                worker_cpu = 0.0
-                if stamp is not None:
-                    worker, clock = stamp
-                    worker_cpu = clock - last[worker] if worker in last else None
-                    last[worker] = clock
                 self.position += 1
-                yield Received(int(data["sequence_length"]), flops, time.thread_time() - cpu, worker_cpu)
+                yield Received(int(data["sequence_length"]), flops, time.thread_time() - cpu, *clocks.cost(stamp))
         finally:
             del packs  # its workers stop with it
 
@@ -134,10 +131,10 @@ def table_cores(args: argparse.Namespace, raw: Path, datasets: Path) -> dict[str
     rows = {}
     rates = MODELS[args.model].tokens_per_s
     print(f"# cores: {args.world_size} accelerator(s), {args.workers[0]} worker(s) each, {args.model} at its default "
-          f"tokens/s ({rates['flex']:,.0f} flex, {rates['sdpa']:,.0f} dense); CPU s per pack = loader workers + "
-          "trainer process")
-    print(f"{'kind':<5} {'masks':<5} {'side':<6} {'au':>6} {'workers s':>9} {'trainer s':>9} {'total s':>8} "
-          f"{'packs/s':>8} {'cores/acc':>9} {'BAGEL ÷ mmidx':>13}")
+          f"tokens/s ({rates['flex']:,.0f} flex, {rates['sdpa']:,.0f} dense); CPU s per pack = loader worker (build: "
+          "its main thread; the rest: handing the pack over) + trainer process")
+    print(f"{'kind':<5} {'masks':<5} {'side':<6} {'au':>6} {'worker s':>8} {'build s':>7} {'trainer s':>9} "
+          f"{'total s':>7} {'packs/s':>7} {'cores/acc':>9} {'BAGEL ÷ mmidx':>13}")
     with Watch() as watch:
         for kind in args.kinds:
             config = kind_config(datasets, MODES[kind])
@@ -153,8 +150,8 @@ def table_cores(args: argparse.Namespace, raw: Path, datasets: Path) -> dict[str
                     cpu = r["cpu_s_per_pack"]
                     times = (r["cores_per_accelerator"] / sides["mmidx"]["cores_per_accelerator"]
                              if side == "BAGEL" else None)
-                    print(f"{kind:<5} {masks:<5} {side:<6} {r['au']:>6.3f} {cpu['workers']:>9.3f} "
-                          f"{cpu['trainer']:>9.3f} {cpu['total']:>8.3f} {r['packs_per_s_per_accelerator']:>8.3f} "
+                    print(f"{kind:<5} {masks:<5} {side:<6} {r['au']:>6.3f} {cpu['workers']:>8.3f} {cpu['build']:>7.3f} "
+                          f"{cpu['trainer']:>9.3f} {cpu['total']:>7.3f} {r['packs_per_s_per_accelerator']:>7.3f} "
                           f"{r['cores_per_accelerator']:>9.3f} {'' if times is None else f'{times:.2f}×':>13}",
                           flush=True)
                 rows[f"{kind} {masks}"] = sides
@@ -200,11 +197,12 @@ def plot(points: dict[str, list[tuple[int, float]]], args: argparse.Namespace, l
     axes.set_ylabel("accelerator utilisation (AU)")
     axes.set_xticks(args.workers)
     axes.set_ylim(0, 1.05)
-    axes.set_title(f"{args.chart_kind} packs, {args.chart_model} at its FlexAttention tokens/s, "
-                   f"{args.world_size} accelerator(s)", fontsize=9)
+    accelerators = f"{args.world_size} accelerator{'s' if args.world_size != 1 else ''}"
+    axes.set_title(f"{args.chart_kind} packs, {args.chart_model} at its FlexAttention tokens/s, {accelerators}",
+                   fontsize=9)
     axes.legend(loc="lower right", fontsize=8)
-    figure.text(0.01, 0.01, load[:140], fontsize=5, color="grey")
-    figure.tight_layout(rect=(0, 0.03, 1, 1))
+    figure.text(0.01, 0.01, textwrap.fill(load, 150), fontsize=5, color="grey")
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
     figure.savefig(args.png)
     print(f"# chart: {args.png}")
 

@@ -13,7 +13,7 @@ from mmidx.cli import main
 from mmidx.config import DataConfig
 from mmidx.index.accelerator import MODELS, DemandError, demand, read_calibration, write_calibration
 from mmidx.index.cost import QWEN2_1_5B, QWEN2_7B
-from mmidx.toolkit.au import Received, dry_run, rank_packs, run_steps, summarize
+from mmidx.toolkit.au import Received, WorkerClocks, dry_run, rank_packs, run_steps, summarize
 from mmidx.toolkit.au_bench import bench_au, format_au
 from mmidx.train.loader import GlobalBatchSampler
 
@@ -70,11 +70,11 @@ def test_the_accounting_is_exact_on_a_scripted_loader_with_known_delays():
     # step 2: from 3, rank 0 done at 5, rank 1 at 3 + 4.5 = 7.5: waits 2.5 and 0
     # step 3: from 7.5, rank 0 waits 3 (ready 10.5) and is done at 12.5, rank 1 at 7.5 + 2.5 = 10: waits 0 and 2.5
     # rank 0: stall 4, compute 6, wait 2.5, wall 12.5 (au 0.48); rank 1: compute 7, slept 8.5, wait 4 (au 0.56)
-    warm = (100.0, Received(999, 50.0, 9.0, None))
-    scripts = [[warm, (1.0, Received(100, 2.0, 0.25, None)), (0.0, Received(200, 2.0, 0.25, 0.5)),
-                (3.0, Received(300, 2.0, 0.25, 1.0))],
-               [warm, (0.0, Received(400, 1.0, 0.25, 1.5)), (0.0, Received(500, 4.0, 0.25, 0.5)),
-                (0.0, Received(600, 2.0, 0.25, 0.5))]]
+    warm = (100.0, Received(999, 50.0, 9.0, None, None))
+    scripts = [[warm, (1.0, Received(100, 2.0, 0.25, None, None)), (0.0, Received(200, 2.0, 0.25, 0.5, 0.25)),
+                (3.0, Received(300, 2.0, 0.25, 1.0, 0.75))],
+               [warm, (0.0, Received(400, 1.0, 0.25, 1.5, 1.0)), (0.0, Received(500, 4.0, 0.25, 0.5, 0.5)),
+                (0.0, Received(600, 2.0, 0.25, 0.5, 0.5))]]
     measured, stopped = VirtualWorld(2, overshoot=[0.0, 0.5]).run(scripts, warmup=1, steps=3)
     assert stopped == [False, False]
     assert [[s.stall_s for s in rank] for rank in measured] == [[1.0, 0.0, 3.0], [0.0, 0.0, 0.0]]
@@ -85,7 +85,8 @@ def test_the_accounting_is_exact_on_a_scripted_loader_with_known_delays():
     assert (report["wall_s"], report["compute_s"], report["data_stall_s"]) == (12.5, 6.5, 2.0)
     assert (report["balance_wait_s"], report["other_s"], report["steps"]) == (3.25, 0.75, 3)
     assert report["fill"] == 2100 / 6000
-    assert report["cpu_s_per_pack"] == {"workers": 0.8, "trainer": 0.25, "total": 1.05}  # first pack's CPU unknown
+    # the first pack's worker CPU is unknown (it holds the worker's start)
+    assert report["cpu_s_per_pack"] == {"workers": 0.8, "build": 0.6, "trainer": 0.25, "total": 1.05}
     assert report["packs_per_s_per_accelerator"] == pytest.approx(6 / 13, abs=1e-15)
     assert report["cores_per_accelerator"] == pytest.approx(1.05 * 6 / 13, abs=1e-15)
 
@@ -98,6 +99,16 @@ def test_ranks_stop_together_when_one_passes_its_deadline_or_runs_out_of_batches
     short = [[(0.0, batch)] * 5, [(0.0, batch)] * 2]  # rank 1 runs out at step 3: every rank drops it and stops
     measured, stopped = VirtualWorld(2, overshoot=[0.0, 0.0]).run(short, warmup=0, steps=5)
     assert stopped == [True, True] and [len(rank) for rank in measured] == [2, 2]
+
+
+def test_worker_clocks_give_each_pack_the_cpu_since_the_same_workers_last_one():
+    clocks = WorkerClocks()
+    assert clocks.cost(None) == (0.0, 0.0)  # built in the rank's process: its trainer CPU holds it
+    assert clocks.cost((0, 10.0, 4.0)) == (None, None)  # a worker's first pack: its start is in it
+    assert clocks.cost((1, 3.0, 2.0)) == (None, None)
+    assert clocks.cost((0, 10.5, 4.25)) == (0.5, 0.25) and clocks.cost((1, 4.0, 2.5)) == (1.0, 0.5)
+    worker, process, thread = WorkerClocks.stamp(7)
+    assert worker == 7 and process >= thread >= 0
 
 
 def test_a_dry_run_waits_for_the_dearest_pack_of_each_micro_step():
@@ -182,7 +193,8 @@ def test_the_dry_run_agrees_with_a_real_run_of_two_gloo_ranks(small_config):
         assert measured["au"] <= modelled["au"] + 1e-9 and measured["au"] > modelled["au"] - 0.06, measured
         parts = measured["compute_s"] + measured["data_stall_s"] + measured["balance_wait_s"] + measured["other_s"]
         assert parts == pytest.approx(measured["wall_s"], rel=1e-9)
-        assert measured["cpu_s_per_pack"]["workers"] > 0 and measured["cpu_s_per_pack"]["trainer"] > 0
+        cpu = measured["cpu_s_per_pack"]
+        assert cpu["workers"] >= cpu["build"] > 0 and cpu["trainer"] > 0
     assert real["au"] <= dry["au"] + 1e-9 and real["au"] > dry["au"] - 0.06
 
 

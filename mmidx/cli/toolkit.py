@@ -137,7 +137,7 @@ def _add_au_arguments(sub: argparse.ArgumentParser) -> None:
     au = sub.add_argument_group(
         "accelerator utilisation (--au)", "emulated accelerators in step, as MLPerf Storage measures AU: each rank "
         "a process with its own loader (--workers), sleeping its micro-batch's modelled compute time, every "
-        "micro-step ending in an all-reduce; AU = compute ÷ wall, warm-up excluded (docs/guide/sizing.md)")
+        "micro-step ending in an all-reduce; AU = compute ÷ wall, warm-up excluded (the guide's 'Sizing the loader')")
     au.add_argument("--au", action="store_true", help="measure AU instead of the loader's rates")
     au.add_argument("--dry", action="store_true",
                     help="the same accounting from the pack index alone, no loader: any world size")

@@ -29,6 +29,7 @@ import numpy as np
 
 from mmidx.train.loader import GlobalBatchSampler
 
+CPU_PARTS = ("workers", "build", "trainer", "total")  # cpu_s_per_pack's keys (summarize)
 PASS_BAR = 0.9  # MLPerf Storage's minimum AU for a 3D U-Net or ResNet-50 run (Submission_guidelines.md, Table 1)
 
 
@@ -37,13 +38,39 @@ class Received:
     """A micro-batch as a rank's trainer holds it (moved and finished as a trainer does): its real tokens, its
     forward FLOPs (:func:`~mmidx.index.cost.pack_costs` of its samples at the model's geometry), and the CPU
     seconds it cost: ``trainer_cpu_s`` in the rank's own process (receiving and finishing it, and building it
-    when there is no worker), ``worker_cpu_s`` in the loader worker that built it (0 without workers; None when
-    unknown: a worker's first batch, whose CPU time includes the worker's start)."""
+    when there is no worker), ``worker_cpu_s`` in the loader worker that built it, all its threads, and
+    ``build_cpu_s`` the part its main thread spent (building it; the rest is handing it over: the queue's thread
+    pickles it into shared memory). Both 0 without workers; None when unknown (a worker's first batch, whose
+    CPU time includes the worker's start)."""
 
     tokens: int
     flops: float
     trainer_cpu_s: float = 0.0
     worker_cpu_s: float | None = 0.0
+    build_cpu_s: float | None = 0.0
+
+
+class WorkerClocks:
+    """The CPU seconds each pack cost its loader worker, from the stamps the worker sends with its packs (its
+    id, its process's CPU clock and its main thread's, taken as it finishes a pack): the differences between a
+    worker's consecutive stamps. :meth:`stamp` is what the worker calls."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[float, float]] = {}
+
+    @staticmethod
+    def stamp(worker: int) -> tuple[int, float, float]:
+        return worker, time.process_time(), time.thread_time()
+
+    def cost(self, stamp: tuple[int, float, float] | None) -> tuple[float | None, float | None]:
+        """(worker_cpu_s, build_cpu_s) of the pack ``stamp`` came with: 0 for a pack built without workers
+        (``stamp`` None), None for a worker's first pack."""
+        if stamp is None:
+            return 0.0, 0.0
+        worker, process, thread = stamp
+        last = self._last.get(worker)
+        self._last[worker] = (process, thread)
+        return (None, None) if last is None else (process - last[0], thread - last[1])
 
 
 @dataclass(frozen=True)
@@ -110,10 +137,11 @@ def summarize(ranks: Sequence[Sequence[Step]], max_num_tokens: int) -> dict[str,
     def per_rank(value: Callable[[Step], float]) -> float:
         return float(np.mean([sum(value(step) for step in rank) for rank in ranks]))
 
-    workers = [step.batch.worker_cpu_s for step in steps if step.batch.worker_cpu_s is not None]
+    known = [step.batch for step in steps if step.batch.worker_cpu_s is not None]
+    workers = float(np.mean([batch.worker_cpu_s for batch in known])) if known else None
     trainer = float(np.mean([step.batch.trainer_cpu_s for step in steps]))
-    cpu = {"workers": float(np.mean(workers)) if workers else None, "trainer": trainer,
-           "total": trainer + float(np.mean(workers)) if workers else None}
+    cpu = {"workers": workers, "build": float(np.mean([batch.build_cpu_s for batch in known])) if known else None,
+           "trainer": trainer, "total": None if workers is None else trainer + workers}
     compute_per_pack = float(np.mean([step.compute_s for step in steps]))
     return {"au": float(np.mean([sum(s.compute_s for s in rank) / sum(s.wall_s for s in rank) for rank in ranks])),
             "au_per_rank": [sum(s.compute_s for s in rank) / sum(s.wall_s for s in rank) for rank in ranks],
@@ -138,7 +166,7 @@ def combine(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "cores_per_accelerator")
     return {"au": median("au"), "au_min": min(run["au"] for run in runs),
             "au_mean": statistics.fmean(run["au"] for run in runs), **{key: median(key) for key in keys},
-            "cpu_s_per_pack": {part: median("cpu_s_per_pack", part) for part in ("workers", "trainer", "total")},
+            "cpu_s_per_pack": {part: median("cpu_s_per_pack", part) for part in CPU_PARTS},
             "passes": min(run["au"] for run in runs) >= PASS_BAR}
 
 
@@ -161,7 +189,7 @@ def dry_run(compute_s: np.ndarray, tokens: np.ndarray, flops: np.ndarray, max_nu
     ``flops``, same shape) as modelled, no stall, sleeps of exactly that time, every rank leaving the all-reduce when
     the dearest pack of its micro-step is done."""
     slowest = compute_s.max(axis=1, keepdims=True)
-    ranks = [[Step(0.0, float(c), float(c), float(w), Received(int(n), float(f), 0.0, None))
+    ranks = [[Step(0.0, float(c), float(c), float(w), Received(int(n), float(f), 0.0, None, None))
               for c, w, n, f in zip(compute_s[:, r], (slowest - compute_s)[:, r], tokens[:, r], flops[:, r],
                                     strict=True)]
              for r in range(compute_s.shape[1])]

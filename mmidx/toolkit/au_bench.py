@@ -140,7 +140,8 @@ def format_au(result: dict[str, Any]) -> str:
                      f"batches received (CFG dropout applied) allow {result['balance_au']:.3f}: the loader and the "
                      f"harness cost {100 * (result['balance_au'] - result['au']):.1f} points")
         cpu = result["cpu_s_per_pack"]
-        lines.append(f"cpu s per pack: workers {_seconds(cpu['workers'], 3)}, trainer process "
+        lines.append(f"cpu s per pack: loader worker {_seconds(cpu['workers'], 3)} (building it "
+                     f"{_seconds(cpu['build'], 3)}, the rest handing it over), trainer process "
                      f"{_seconds(cpu['trainer'], 3)}, total {_seconds(cpu['total'], 3)}; an accelerator consumes "
                      f"{result['packs_per_s_per_accelerator']:.3f} packs/s: "
                      f"{_seconds(result['cores_per_accelerator'])} cores per accelerator")

@@ -27,7 +27,7 @@ import torch
 from mmidx.config import DataConfig
 from mmidx.errors import MMIDXError
 from mmidx.index.cost import LLMGeometry, pack_costs
-from mmidx.toolkit.au import GO_ON, Received, Step, run_steps
+from mmidx.toolkit.au import GO_ON, Received, Step, WorkerClocks, run_steps
 from mmidx.train.loader import PackDataset, PackLoader
 
 STARTUP_S = 120  # a rank's start (imports, the process group, the pack index, its loader), beyond the runs' limits
@@ -46,14 +46,13 @@ class Feed(Protocol):
 
 
 class _StampedPacks(PackDataset):
-    """A :class:`PackDataset` whose items also say which loader worker built them and that worker's CPU clock
-    (all its threads) when it had: consecutive stamps of a worker give the CPU seconds of each of its packs,
-    including handing the previous one over."""
+    """A :class:`PackDataset` whose items also carry the stamp of the loader worker that built them
+    (:meth:`WorkerClocks.stamp`; None when built in the rank's process)."""
 
     def __getitem__(self, index: int) -> Any:
         batch = super().__getitem__(index)
         worker = torch.utils.data.get_worker_info()
-        return batch, None if worker is None else (worker.id, time.process_time())
+        return batch, None if worker is None else WorkerClocks.stamp(worker.id)
 
 
 class PackFeed:
@@ -89,7 +88,7 @@ class PackFeed:
         return self.loader.steps_consumed if self.loader else 0
 
     def batches(self) -> Iterator[Received]:
-        last: dict[int, float] = {}  # per worker: its CPU clock at its previous pack
+        clocks = WorkerClocks()
         packs = iter(self.loader)
         try:
             while True:
@@ -101,12 +100,7 @@ class PackFeed:
                 batch.to(self.device).to_dict()  # what the trainer does with it; dropped at once
                 sample_lens = np.asarray(batch.sample_lens, dtype=np.int64)
                 flops = float(pack_costs(np.array([0, len(sample_lens)]), sample_lens, self.geometry)[0])
-                worker_cpu = 0.0
-                if stamp is not None:
-                    worker, clock = stamp
-                    worker_cpu = clock - last[worker] if worker in last else None
-                    last[worker] = clock
-                yield Received(batch.sequence_length, flops, time.thread_time() - cpu, worker_cpu)
+                yield Received(batch.sequence_length, flops, time.thread_time() - cpu, *clocks.cost(stamp))
         finally:
             packs.close()  # stop the workers now, not whenever the generator is collected
 
