@@ -224,7 +224,7 @@ def test_the_tight_policy_wastes_less_accelerator_time_at_scale_than_bagels(smal
     (["--masks", "none"], 2, "--masks flex or dense"),
     (["--workers", "1,2"], 2, "one worker count"),
     (["--tokens-per-s", "5", "--calibration", "x.json"], 2, "not both"),
-    (["--world-size", "3", "--global-batch-size", "4"], 1, "multiple of the world size"),
+    (["--world-size", "3", "--global-batch-size", "4"], 1, "--global-batch-size (4) must be a multiple of"),
     (["--calibration", "/nonexistent/calibration.json"], 1, "/nonexistent/calibration.json"),
 ])
 def test_bad_au_options_are_one_line(small_config, capsys, options, status, message):

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mmidx.errors import MMIDXError
+from mmidx.errors import MMIDXError, option
 from mmidx.index.cost import QWEN2_1_5B, QWEN2_7B, LLMGeometry
 from mmidx.io.files import write_json
 
@@ -111,7 +111,7 @@ def demand(model: str, mean_flops_per_token: float, *, tokens_per_s: float | Non
         raise DemandError(f"the packs' mean FLOPs per token must be positive, got {mean_flops_per_token}")
     known = MODELS[model]
     if tokens_per_s is not None and calibration is not None:
-        raise DemandError("give a throughput (tokens/s) or a calibration file, not both")
+        raise DemandError(f"give {option('tokens_per_s')} or {option('calibration')}, not both")
     if calibration is not None:
         measured = read_calibration(calibration, known.geometry)
         seconds_per_flop = measured["seconds_per_flop"]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from mmidx.config import DataConfig
+from mmidx.errors import option
 from mmidx.index.accelerator import MODELS, demand
 from mmidx.index.cost import LLMGeometry, pack_costs
 from mmidx.index.pack_index import PackIndex, pack_index_segments
@@ -50,12 +51,13 @@ def bench_au(config: DataConfig, *, world_size: int = 2, workers: int = 1, model
     VAE encoding's name) as for :func:`mmidx.toolkit.bench.bench_packs`."""
     global_batch_size = global_batch_size or MICRO_STEPS * world_size
     if world_size < 1 or global_batch_size % world_size:
-        raise ValueError(f"the global batch size ({global_batch_size}) must be a multiple of the world size "
-                         f"({world_size})")
+        raise ValueError(f"{option('global_batch_size')} ({global_batch_size}) must be a multiple of "
+                         f"{option('world_size')} ({world_size})")
     if min(runs, steps) < 1 or warmup < 0:
-        raise ValueError(f"need at least one run of at least one measured step, got {runs} runs of {steps} steps")
+        raise ValueError(f"need at least one run of at least one measured step, got {option('runs')} {runs} and "
+                         f"{option('steps')} {steps}")
     if masks not in ("flex", "dense"):
-        raise ValueError(f"masks is 'flex' or 'dense' here, not {masks!r}")
+        raise ValueError(f"{option('masks')} is 'flex' or 'dense' here, not {masks!r}")
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: one of {', '.join(MODELS)}")
     with tempfile.TemporaryDirectory(prefix="mmidx-au-") as scratch:  # the ranks load the index the parent built
@@ -93,8 +95,8 @@ def bench_au(config: DataConfig, *, world_size: int = 2, workers: int = 1, model
         for run, (first, ranks) in enumerate(measured):
             if not all(ranks):
                 raise ValueError(f"run {run + 1}: the time limit of {time_limit:g} s passed before a step was "
-                                 "measured (the loader is far slower than the demand): raise --time-limit or lower "
-                                 "--warmup")
+                                 f"measured (the loader is far slower than the demand): raise {option('time_limit')} "
+                                 f"or lower {option('warmup')}")
             report = summarize(ranks, limit)
             report["dry_au"] = dry_of(first, report["steps"])["au"]
             # what this run's own batches allow: its compute, no stall, each rank waiting for the dearest batch
