@@ -39,7 +39,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 from bagel_peer import BUDGETS, DROPOUT, MODES, import_bagel, packed_dataset, prepare
@@ -47,8 +46,8 @@ from common import Watch, machine
 
 from mmidx.config import DataConfig
 from mmidx.index.accelerator import MODELS
-from mmidx.index.cost import LLMGeometry, pack_costs
-from mmidx.toolkit.au import Received, WorkerClocks, combine, summarize
+from mmidx.index.cost import LLMGeometry
+from mmidx.toolkit.au import Received, WorkerClocks, combine, receive, summarize
 from mmidx.toolkit.au_bench import bench_au
 from mmidx.toolkit.au_ranks import run_ranks
 
@@ -92,24 +91,19 @@ class BagelFeed:
         extra = {"prefetch_factor": self.prefetch_factor} if self.workers and self.prefetch_factor else {}
         loader = torch.utils.data.DataLoader(self.dataset, batch_size=1, num_workers=self.workers,
                                              collate_fn=_StampedCollate(), **extra)
-        clocks = WorkerClocks()
         packs = iter(loader)
         try:
-            while True:
-                cpu = time.thread_time()
-                item = next(packs, None)
-                if item is None:
-                    return
-                batch, stamp = item
-                data = batch.to_dict()
-                lens = np.asarray(data["sample_lens"][:-1] if self.use_flex else data["sample_lens"], dtype=np.int64)
-                if int(lens.sum()) != data["sequence_length"]:
-                    raise AssertionError(f"BAGEL's sample_lens sum to {lens.sum()}, not {data['sequence_length']}")
-                flops = float(pack_costs(np.array([0, len(lens)]), lens, self.geometry)[0])
-                self.position += 1
-                yield Received(int(data["sequence_length"]), flops, time.thread_time() - cpu, *clocks.cost(stamp))
+            yield from receive(packs, self._finish, self.geometry)
         finally:
             del packs  # its workers stop with it
+
+    def _finish(self, batch: Any) -> tuple[int, list[int]]:
+        data = batch.to_dict()  # its trainer's data.cuda(device).to_dict(), on this CPU
+        lengths = data["sample_lens"][:-1] if self.use_flex else data["sample_lens"]  # less flex's padding
+        if sum(lengths) != data["sequence_length"]:
+            raise AssertionError(f"BAGEL's sample_lens sum to {sum(lengths)}, not {data['sequence_length']}")
+        self.position += 1
+        return data["sequence_length"], lengths
 
 
 def bagel_au(feed: BagelFeed, *, world_size: int, runs: int, warmup: int, steps: int, spf: float,

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from mmidx.index.cost import LLMGeometry, pack_costs
 from mmidx.train.loader import GlobalBatchSampler
 
 CPU_PARTS = ("workers", "build", "trainer", "total")  # cpu_s_per_pack's keys (summarize)
@@ -71,6 +72,25 @@ class WorkerClocks:
         last = self._last.get(worker)
         self._last[worker] = (process, thread)
         return (None, None) if last is None else (process - last[0], thread - last[1])
+
+
+def receive(packs: Iterator[tuple[Any, tuple[int, float, float] | None]], finish: Callable[[Any], tuple[int, Any]],
+            geometry: LLMGeometry) -> Iterator[Received]:
+    """A loader's ``(batch, worker stamp)`` items as a trainer holds them: ``finish(batch)`` does what the trainer
+    does with a batch and returns its real tokens and its samples' lengths (FLOPs: their
+    :func:`~mmidx.index.cost.pack_costs` at ``geometry``); the trainer's CPU is this thread's while it waits for,
+    receives and finishes the batch, the worker's from its stamps (:class:`WorkerClocks`)."""
+    clocks = WorkerClocks()
+    while True:
+        cpu = time.thread_time()
+        item = next(packs, None)
+        if item is None:
+            return
+        batch, stamp = item
+        tokens, sample_lens = finish(batch)
+        lengths = np.asarray(sample_lens, dtype=np.int64)
+        flops = float(pack_costs(np.array([0, len(lengths)]), lengths, geometry)[0])
+        yield Received(int(tokens), flops, time.thread_time() - cpu, *clocks.cost(stamp))
 
 
 @dataclass(frozen=True)

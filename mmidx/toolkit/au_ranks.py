@@ -26,8 +26,9 @@ import torch
 
 from mmidx.config import DataConfig
 from mmidx.errors import MMIDXError
-from mmidx.index.cost import LLMGeometry, pack_costs
-from mmidx.toolkit.au import GO_ON, Received, Step, WorkerClocks, run_steps
+from mmidx.index.cost import LLMGeometry
+from mmidx.pack.batch import PackedBatch
+from mmidx.toolkit.au import GO_ON, Received, Step, WorkerClocks, receive, run_steps
 from mmidx.train.loader import PackDataset, PackLoader
 
 STARTUP_S = 120  # a rank's start (imports, the process group, the pack index, its loader), beyond the runs' limits
@@ -88,21 +89,15 @@ class PackFeed:
         return self.loader.steps_consumed if self.loader else 0
 
     def batches(self) -> Iterator[Received]:
-        clocks = WorkerClocks()
         packs = iter(self.loader)
         try:
-            while True:
-                cpu = time.thread_time()
-                item = next(packs, None)
-                if item is None:
-                    return
-                batch, stamp = item
-                batch.to(self.device).to_dict()  # what the trainer does with it; dropped at once
-                sample_lens = np.asarray(batch.sample_lens, dtype=np.int64)
-                flops = float(pack_costs(np.array([0, len(sample_lens)]), sample_lens, self.geometry)[0])
-                yield Received(batch.sequence_length, flops, time.thread_time() - cpu, *clocks.cost(stamp))
+            yield from receive(packs, self._finish, self.geometry)
         finally:
             packs.close()  # stop the workers now, not whenever the generator is collected
+
+    def _finish(self, batch: PackedBatch) -> tuple[int, list[int]]:
+        batch.to(self.device).to_dict()  # what the trainer does with it; dropped at once
+        return batch.sequence_length, batch.sample_lens
 
 
 @dataclass(frozen=True)
