@@ -916,7 +916,7 @@ def item_step(suite: Suite, item: Item) -> None:
     BAGEL's per-forward mask construction on the same packs."""
     from mmidx.index.cost import LLMGeometry, pack_costs
     from mmidx.pack.builder import PackBuilder
-    from mmidx.toolkit.bench import _pack_index
+    from mmidx.toolkit.bench import pack_index_holding
     from mmidx.train.loader import PackDataset, PackLoader
 
     _, data_yaml = corpus(suite)
@@ -926,7 +926,7 @@ def item_step(suite: Suite, item: Item) -> None:
         if suite.quick else LLMGeometry(num_layers=STEP_LAYERS)
     dtype = torch.bfloat16 if suite.cuda else torch.float32
     config = _config(data_yaml, MODES["mix"])
-    index = _pack_index(config, STEP_ROUNDS * (warmup + per_round + 1), None)
+    index = pack_index_holding(config, STEP_ROUNDS * (warmup + per_round + 1), None)
     # FlexAttention has no backward on a CPU: there the loader's batches carry dense masks, and SDPA trains
     loader = PackLoader(PackDataset(index, PackBuilder(config, use_flex=suite.cuda)), global_batch_size=1,
                         num_workers=2 if suite.quick else STEP_WORKERS, pin_memory=suite.cuda, device=suite.device)

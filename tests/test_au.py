@@ -208,6 +208,17 @@ def test_an_impossible_demand_gives_a_low_au_without_a_hang(small_config, capsys
     assert "au" in format_au(result) and "does not pass" in format_au(result)
 
 
+def test_a_dry_run_takes_its_demand_from_a_calibration_file(small_config, tmp_path, capsys):
+    calibration = tmp_path / "calibration.json"
+    write_calibration(calibration, 3e-15, QWEN2_7B, attention="flex", device="NVIDIA H100")
+    assert main(["bench", str(small_config), "--au", "--dry", "--world-size", "4", "--runs", "1", "--calibration",
+                 str(calibration), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["demand"]["seconds_per_flop"] == 3e-15 and str(calibration) in result["demand"]["source"]
+    run = result["runs"][0]
+    assert run["compute_s"] == pytest.approx(run["wall_s"] - run["balance_wait_s"]) and run["data_stall_s"] == 0
+
+
 def test_the_tight_policy_wastes_less_accelerator_time_at_scale_than_bagels(small_config, tmp_path):
     spec = yaml.safe_load(small_config.read_text())
     results = {}
