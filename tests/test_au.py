@@ -15,7 +15,7 @@ from mmidx.index.accelerator import MODELS, DemandError, demand, read_calibratio
 from mmidx.index.cost import QWEN2_1_5B, QWEN2_7B
 from mmidx.toolkit.au import Received, WorkerClocks, dry_run, rank_packs, run_steps, summarize
 from mmidx.toolkit.au_bench import bench_au, format_au
-from mmidx.train.loader import GlobalBatchSampler
+from mmidx.train.shares import GlobalBatchSampler
 
 
 class VirtualWorld:

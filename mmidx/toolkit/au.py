@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from mmidx.index.cost import LLMGeometry, pack_costs
-from mmidx.train.loader import GlobalBatchSampler
+from mmidx.train.shares import GlobalBatchSampler
 
 CPU_PARTS = ("workers", "build", "trainer", "total")  # cpu_s_per_pack's keys (summarize)
 PASS_BAR = 0.9  # MLPerf Storage's minimum AU for a 3D U-Net or ResNet-50 run (Submission_guidelines.md, Table 1)
@@ -193,7 +193,7 @@ def combine(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def rank_packs(num_packs: int, global_batch_size: int, world_size: int, first_step: int, steps: int,
                pack_costs: np.ndarray | None = None) -> np.ndarray:
     """The pack each rank trains on at micro-steps ``first_step`` … ``first_step + steps - 1``, ``[step, rank]``: the
-    loader's own sampler (:class:`~mmidx.train.loader.GlobalBatchSampler`, balanced with ``pack_costs``)."""
+    loader's own sampler (:class:`~mmidx.train.shares.GlobalBatchSampler`, balanced with ``pack_costs``)."""
     packs = np.empty((steps, world_size), dtype=np.int64)
     for rank in range(world_size):
         sampler = GlobalBatchSampler(num_packs, global_batch_size=global_batch_size, rank=rank,
