@@ -9,7 +9,14 @@ import json
 import sys
 from typing import Any
 
-from mmidx.cli.common import PATHS_HELP, PREFIX_OR_DATA_YAML, Commands, _dataset_prefixes, add_command
+from mmidx.cli.common import (
+    PATHS_HELP,
+    PREFIX_OR_DATA_YAML,
+    Commands,
+    _dataset_prefixes,
+    add_cache_arguments,
+    add_command,
+)
 
 
 def _human_bytes(size: float) -> str:
@@ -122,6 +129,7 @@ def _register_fetch(commands: Commands) -> None:
                       "Copy a dataset from object storage (s3://bucket/prefix) into a local folder and verify it.")
     sub.add_argument("uri", metavar="URI", help="the dataset's prefix in object storage")
     sub.add_argument("folder", metavar="FOLDER", help="local folder; the copy keeps the prefix's last name")
+    add_cache_arguments(sub, limit=False)  # whole files are copied: no data block is cached
 
 
 def _register_inspect_and_verify(commands: Commands) -> None:
@@ -130,10 +138,12 @@ def _register_inspect_and_verify(commands: Commands) -> None:
     sub.add_argument("paths", nargs="+", metavar=PREFIX_OR_DATA_YAML, help=PATHS_HELP)
     sub.add_argument("--json", action="store_true",
                      help="print machine-readable JSON (one dataset: an object; several: a list)")
+    add_cache_arguments(sub)
     sub = add_command(commands, "verify", cmd_verify,
                       "Recompute checksums and structural invariants, probe every image; exit 1 on any problem.")
     sub.add_argument("paths", nargs="+", metavar=PREFIX_OR_DATA_YAML, help=PATHS_HELP)
     sub.add_argument("--decode", action="store_true", help="also decode every stored image (slower)")
+    add_cache_arguments(sub)
 
 
 def register(commands: Commands) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from mmidx.cli.common import PREFIX_OR_DATA_YAML, Commands, add_command, at_least, default_note
+from mmidx.cli.common import PREFIX_OR_DATA_YAML, Commands, add_cache_arguments, add_command, at_least, default_note
 
 SHORTHAND = ("encoder", "name")  # the single-encoder options: a one-entry config
 
@@ -65,3 +65,4 @@ def register(commands: Commands) -> None:
     sub.add_argument("--ray-address", help=default_note("Ray cluster to join", "RAY_ADDRESS, else a new local one"))
     sub.add_argument("--weights-version", help="a version or hash of the encoder's weights, recorded")
     sub.add_argument("--quiet", action="store_true", help="no progress line")
+    add_cache_arguments(sub)

@@ -13,6 +13,7 @@ from mmidx.cli.common import (
     PREFIX,
     PREFIX_HELP,
     Commands,
+    add_cache_arguments,
     add_command,
     add_pack_arguments,
     at_least,
@@ -97,6 +98,7 @@ def _register_toolkit(commands: Commands) -> None:
                      help="view number; epoch e reads view e mod views")
     sub.add_argument("-o", "--output", help=default_note("folder to write the sample's images to", "none written"))
     sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_cache_arguments(sub)
     sub = add_command(commands, "export", cmd_export,
                       "Write a dataset back to a raw layout BAGEL reads (t2i/edit parquet, LLaVA JSONL + images) "
                       "or to WebDataset tars or a Hugging Face datasets folder (load_from_disk), with the original "
@@ -104,6 +106,7 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("prefix", type=dataset_prefix, metavar=PREFIX, help=PREFIX_HELP)
     sub.add_argument("--to", required=True, choices=("parquet", "jsonl", "wds", "hf"), help="layout to write")
     sub.add_argument("output", metavar="FOLDER", help="folder to write (created; must not hold files already)")
+    add_cache_arguments(sub)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

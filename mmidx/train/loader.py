@@ -8,6 +8,7 @@ single-rank global batch whatever w is. Resume state is one integer: the packs c
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -32,13 +33,15 @@ class PackDataset(torch.utils.data.Dataset):
     ``packs`` is anything with ``len()`` and ``items(k) -> list[PackItem]``
     (a :class:`~mmidx.index.pack_index.PackIndex`).
     ``upcoming`` (set by :class:`PackLoader`): pack k -> the packs this worker builds next, whose bytes
-    are fetched ahead from datasets in object storage (:mod:`mmidx.read.prefetch`).
+    are fetched ahead from datasets in object storage (:mod:`mmidx.read.prefetch`); ``schedule`` (set by
+    it too): the packs this node trains on at each step (:class:`NodeSchedule`), which a data cache evicts by.
     """
 
     def __init__(self, packs: Any, builder: PackBuilder):
         self.packs = packs
         self.builder = builder
         self.upcoming: Callable[[int], list[int]] | None = None
+        self.schedule: NodeSchedule | None = None
         self._prefetcher: PackPrefetcher | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -52,7 +55,7 @@ class PackDataset(torch.utils.data.Dataset):
         if not any(dataset.remote_files for group in self.builder.datasets for dataset in group):
             return self.builder.build(index, items)
         if self._prefetcher is None:
-            self._prefetcher = PackPrefetcher(self.packs, self.builder.datasets)
+            self._prefetcher = PackPrefetcher(self.packs, self.builder.datasets, schedule=self.schedule)
         self._prefetcher.before(index, self.upcoming(index) if self.upcoming else [])
         try:
             return self.builder.build(index, items)
@@ -129,6 +132,38 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
             yield self.pack_of_step(step)
 
 
+class NodeSchedule:
+    """The packs the ranks of one node train on at each micro-step: when the node's data cache reads what.
+
+    Every process of the node (each rank's loader workers) computes the same schedule from the sampler's
+    arguments, so their caches evict by one order without talking. ``ranks``: the node's ranks, by default
+    those torchrun puts there (``LOCAL_WORLD_SIZE`` consecutive ranks around ``rank``, :func:`node_ranks`).
+    """
+
+    def __init__(self, sampler: GlobalBatchSampler, ranks: Sequence[int] | None = None):
+        ranks = node_ranks(sampler.rank, sampler.world_size) if ranks is None else ranks
+        self.samplers = [GlobalBatchSampler(sampler.num_packs, global_batch_size=sampler.global_batch_size, rank=rank,
+                                            world_size=sampler.world_size, start=sampler.start,
+                                            pack_costs=sampler.pack_costs) for rank in ranks]
+        self.steps = range(sampler.start, sampler.start + len(sampler))
+
+    def __call__(self, step: int) -> list[int]:
+        return [sampler.pack_of_step(step) for sampler in self.samplers]
+
+    def step_of(self, pack: int) -> int | None:
+        """The step at which a rank of the node trains on ``pack`` (None: no rank of this node does)."""
+        return next((step for sampler in self.samplers if (step := sampler.step_of_pack(pack)) is not None), None)
+
+
+def node_ranks(rank: int, world_size: int) -> range:
+    """The ranks on this rank's node: ``LOCAL_WORLD_SIZE`` consecutive ranks from ``rank - LOCAL_RANK`` (what
+    torchrun sets), or ``rank`` alone without them."""
+    local, size = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if not 0 <= local < size or local > rank:
+        return range(rank, rank + 1)
+    return range(rank - local, min(rank - local + size, world_size))
+
+
 def collate_pack(batch: list[PackedBatch]) -> PackedBatch:
     """DataLoader collate for one pack per micro-batch (BAGEL's batch_size=1)."""
     if len(batch) != 1:
@@ -202,6 +237,7 @@ class PackLoader:
         extra = {"prefetch_factor": self.prefetch_factor} if self.num_workers and self.prefetch_factor else {}
         sampler = self.sampler()
         self.dataset.upcoming = WorkerSchedule(sampler, self.num_workers)
+        self.dataset.schedule = NodeSchedule(sampler)
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_size=1, sampler=sampler, collate_fn=collate_pack,
             num_workers=self.num_workers, pin_memory=self.pin_memory, **extra)
