@@ -26,6 +26,7 @@ from mmidx.io.cache_folder import (
     cache_info,
     cache_settings,
     clear_cache,
+    create,
     folder_bytes,
     parse_size,
     read_state,
@@ -220,7 +221,7 @@ def _reader(folder, limit, seed, rounds, done):
 
 def test_several_processes_share_one_cache_under_eviction_within_its_limit(tmp_path):
     folder, limit = tmp_path / "cache", 40 * 2 * 4096
-    opened(tmp_path, limit)  # makes the folder with 4 KiB blocks
+    create(folder, BLOCK)
     done = multiprocessing.get_context("fork").Queue()
     peak, stop = [0], threading.Event()
 
@@ -265,7 +266,7 @@ while True:
 
 def test_kill_9_at_any_moment_leaves_a_cache_the_next_process_repairs_and_nothing_read_as_data(tmp_path):
     folder, limit = tmp_path / "cache", 24 << 20
-    opened(tmp_path, limit, block=1 << 20)
+    create(folder, 1 << 20)
     rng = np.random.default_rng(0)
     for attempt in range(8):
         writer = subprocess.Popen([sys.executable, "-c", WRITER, str(folder), str(limit), str(attempt)],

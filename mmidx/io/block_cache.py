@@ -115,26 +115,17 @@ class BlockCache:
         self._flushed, self._pid = time.monotonic(), os.getpid()
         self._lock = threading.Lock()  # the counters and the maps, across this process's threads
         try:
-            self.data.mkdir(parents=True, exist_ok=True)
-            if folder_.read_block_size(self.data) is None:
-                if (self.data / "cache.json").exists():
-                    raise CacheError(f"{self.data}: not a data cache of this mmidx version (cache.json): empty it "
-                                     "with `mmidx cache clear` or give another --cache-dir")
-                (self.data / "tmp").mkdir(exist_ok=True)
-                fresh = self.data / "tmp" / f"cache.json.{os.getpid()}"
-                fresh.write_text(json.dumps({"format": folder_.FORMAT, "block_size": block_size}))
-                os.replace(fresh, self.data / "cache.json")
-            self.block_size = folder_.read_block_size(self.data)
+            self.block_size = folder_.create(settings.folder, block_size)
+            smallest = folder_.MIN_BLOCKS * self.block_size
+            if self.limit < smallest:
+                raise CacheError(f"cache limit {self.limit:,} bytes holds fewer than {folder_.MIN_BLOCKS} blocks of "
+                                 f"{self.block_size:,}: give at least {smallest:,} (a node's cache is usually tens "
+                                 "of GB), or 0 to read uncached")
             self.accounting = folder_.Accounting(self.data, self.block_size)
             self._users = os.open(self.data / "users", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
             raise CacheError(f"{self.data}: the data cache cannot be written there ({error.strerror}): give a "
                              "writable --cache-dir (MMIDX_CACHE_DIR), or no --cache-limit to read uncached") from None
-        smallest = folder_.MIN_BLOCKS * self.block_size
-        if self.limit < smallest:
-            raise CacheError(f"cache limit {self.limit:,} bytes holds fewer than {folder_.MIN_BLOCKS} blocks of "
-                             f"{self.block_size:,}: give at least {smallest:,} (a node's cache is usually tens of "
-                             "GB), or 0 to read uncached")
         try:
             fcntl.flock(self._users, fcntl.LOCK_EX | fcntl.LOCK_NB)
             starting = True  # no other process has the cache open: a new run

@@ -29,6 +29,7 @@ machine's last boot rebuilds the accounting from the files (:func:`repair`), del
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -257,6 +258,9 @@ class Accounting:
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    def close(self) -> None:
+        os.close(self._fd)
+
     def _load(self) -> dict[str, Any] | None:
         try:
             state = json.loads((self.data / "state.json").read_text())
@@ -285,6 +289,25 @@ def read_block_size(data: Path) -> int | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return size if isinstance(size, int) and PAGE <= size <= 1 << 30 and size & (size - 1) == 0 else None
+
+
+def create(folder: str | os.PathLike, block_size: int = BLOCK_SIZE) -> int:
+    """Make the data cache of mmidx's cache folder ``folder`` unless it exists (its block size is fixed then:
+    ``block_size``, a power of two of 4 KiB or more); the block size it has."""
+    data = Path(folder) / "data"
+    if (data / "cache.json").exists():
+        recorded = read_block_size(data)
+        if recorded is None:
+            raise CacheError(f"{data}: not a data cache of this mmidx version (cache.json): empty it with "
+                             "`mmidx cache clear` or give another --cache-dir")
+        return recorded
+    if block_size < PAGE or block_size & (block_size - 1):
+        raise CacheError(f"a cache block of {block_size} bytes: give a power of two of {PAGE} or more")
+    (data / "tmp").mkdir(parents=True, exist_ok=True)
+    fresh = data / "tmp" / f"cache.json.{os.getpid()}"
+    fresh.write_text(json.dumps({"format": FORMAT, "block_size": block_size}))
+    os.replace(fresh, data / "cache.json")
+    return block_size
 
 
 def read_state(data: Path) -> dict[str, Any]:
@@ -338,17 +361,20 @@ def clear_cache(folder: str | os.PathLike, dataset: str | None = None) -> int:
         dataset is None or path.name in shas or _small_files_of(path, dataset))]
     block_size = read_block_size(data)
     if block_size is not None:
-        with Accounting(data, block_size).hold() as state:
+        accounting = Accounting(data, block_size)
+        with contextlib.closing(accounting), accounting.hold() as state:
             for path in data.glob("*"):
                 if SHA.fullmatch(path.name) and (dataset is None or path.name in shas):
                     shutil.rmtree(path, ignore_errors=True)
             state["bytes"] = folder_bytes(data)
-        if dataset is None:
-            _remove_idle(data)
+    if dataset is None and data.is_dir():
+        _remove_idle(data)
     for path in small:
         shutil.rmtree(path, ignore_errors=True)
     if dataset is None:
         shutil.rmtree(remote / "incoming", ignore_errors=True)
+        with contextlib.suppress(OSError):  # unless something that is not the cache's is left there
+            remote.rmdir()
     return before - folder_bytes(data) - folder_bytes(remote)
 
 
@@ -364,10 +390,8 @@ def _remove_idle(data: Path) -> None:
         shutil.rmtree(data / "tmp", ignore_errors=True)
         for name in ("cache.json", "state.json", "lock", "users"):
             (data / name).unlink(missing_ok=True)
-        try:
+        with contextlib.suppress(OSError):  # unless something that is not the cache's is left there
             data.rmdir()
-        except OSError:  # something that is not the cache's is left there
-            pass
     finally:
         os.close(fd)
 

@@ -166,11 +166,12 @@ class PackPrefetcher:
                     cache = file.cache
                     if cache is not None and cache not in self._policies:
                         self._policies[cache] = cache.policy = NextUse(
-                            self.packs, self._ranges, self.schedule, self.schedule.steps, self.schedule.step_of,
+                            self.packs, self.ranges, self.schedule, self.schedule.steps, self.schedule.step_of,
                             cache.block_size, cache.limit)
         return list(self._policies.values())
 
-    def _ranges(self, group: int, number: int, samples: np.ndarray) -> dict[Key, Ranges]:
+    def ranges(self, group: int, number: int, samples: np.ndarray) -> dict[Key, Ranges]:
+        """:func:`sample_ranges` of dataset ``number`` of group ``group``, by the cache's key of each file."""
         return {file.key[:2]: ranges for file, ranges in sample_ranges(self.datasets[group][number], samples).items()
                 if file.key is not None}
 
