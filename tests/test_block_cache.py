@@ -249,10 +249,38 @@ def test_several_processes_share_one_cache_under_eviction_within_its_limit(tmp_p
 
 
 WRITER = """
+import builtins
 import sys
+import time
 import numpy as np
+from mmidx.io import block_cache
 from mmidx.io.block_cache import BlockCache, FileKey
 from mmidx.io.cache_folder import CacheSettings
+
+
+class Slow:  # entries written 64 KiB at a time, slowly: most kills land in the middle of one
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, data):
+        view = memoryview(data)
+        for start in range(0, len(view), 1 << 16):
+            self.stream.write(view[start:start + (1 << 16)])
+            self.stream.flush()
+            time.sleep(0.001)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stream.close()
+
+
+block_cache.open = lambda path, mode="r", *rest: Slow(builtins.open(path, mode, *rest)) if mode == "wb" else \
+    builtins.open(path, mode, *rest)
 data = np.random.default_rng(0).integers(0, 256, 64 << 20, dtype=np.uint8).tobytes()
 key = FileKey("cd" * 32, "bin", "s3://b/x.bin", "s3://b/x", len(data))
 cache = BlockCache.of(CacheSettings(sys.argv[1], int(sys.argv[2])))

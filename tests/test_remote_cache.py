@@ -6,6 +6,7 @@ hits at least as often as LRU on the same trace; the commands take --cache-dir a
 
 import logging
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from mmidx.io.block_cache import NEVER, BlockCache
 from mmidx.io.cache_folder import CacheSettings, create, folder_bytes, read_state
 from mmidx.pack.builder import PackBuilder
 from mmidx.read import next_use
+from mmidx.read.dataset import MMIDXDataset
 from mmidx.read.next_use import block_uses, simulate
 from mmidx.read.prefetch import PackPrefetcher
 from mmidx.sources.elements import Element, StoredImage
@@ -125,11 +127,16 @@ def test_with_the_dataset_cached_a_second_epoch_reads_every_byte_from_the_cache_
     first = comparable(PackLoader(remote, global_batch_size=1, num_workers=2))
     fetched = read_state(data)["run"]["bytes_fetched"]
     server.stop()
-    second = comparable(PackLoader(remote, global_batch_size=1, num_workers=2))  # new workers open the datasets again
+    second = comparable(PackLoader(remote, global_batch_size=1, num_workers=2))
     assert_same_batches(first, local_batches)
     assert_same_batches(second, local_batches)
     run = read_state(data)["run"]
     assert stored["bytes"] <= fetched and run["bytes_fetched"] == run["misses"] == 0 and run["hits"] > 0
+    # A process that unpickles the dataset (spawned workers, Ray tasks) opens the version its parent opened, from
+    # the cached small files, with no request either.
+    unpickled, local = pickle.loads(pickle.dumps(remote.builder.datasets[0][0])), MMIDXDataset(stored["local"])
+    assert [bytes(unpickled[i].image(0).data) for i in range(150)] == [bytes(local[i].image(0).data)
+                                                                      for i in range(150)]
 
 
 def test_with_a_third_of_the_dataset_batches_equal_local_ones_and_the_folder_stays_within_its_limit(
