@@ -126,7 +126,8 @@ def simulate(uses: dict[Key, np.ndarray], sizes: dict[Key, int], block_size: int
              policy: str) -> dict[str, float]:
     """Replay every use, step by step, through a cache of ``limit`` bytes: ``policy`` "next-use" (the cache's
     own eviction, :func:`~mmidx.io.block_cache.keep_nearest` on :func:`next_reads`) or "lru" (the textbook
-    least recently used). Entries count as the cache counts them; the hit rate is in bytes read."""
+    least recently used). Entries count as the cache counts them; the hit rate is in bytes read; ``gets`` counts
+    a request per run of neighbouring blocks a step misses (what the cache fetches in one)."""
     keys = sorted(uses)
     base = np.cumsum([0] + [-(-sizes[key] // block_size) for key in keys])
     ids = np.concatenate([base[i] + uses[key] // STEP for i, key in enumerate(keys)] or [np.zeros(0, np.int64)])
@@ -140,7 +141,7 @@ def simulate(uses: dict[Key, np.ndarray], sizes: dict[Key, int], block_size: int
     ordered_ids, ordered_steps = ids[order], when[order]
     bounds = np.flatnonzero(np.diff(ordered_steps)) + 1
     firsts = np.concatenate([[0], bounds]).astype(np.int64) if len(order) else np.zeros(0, np.int64)
-    hits = total = used = 0
+    hits = total = used = gets = 0
     present = np.zeros(len(read), dtype=bool)
     touched = np.zeros(len(read), dtype=np.int64)
     lru: OrderedDict[int, None] = OrderedDict()
@@ -151,6 +152,7 @@ def simulate(uses: dict[Key, np.ndarray], sizes: dict[Key, int], block_size: int
         total += int(read[step_ids].sum())
         touched[step_ids] = step + 1
         new = step_ids[~hit]
+        gets += int(len(new) > 0) + int(np.count_nonzero(np.diff(new) != 1))
         if policy == "lru":  # a step's blocks used in ascending order, then the least recent evicted
             for number in step_ids.tolist():
                 if number in lru:
@@ -174,4 +176,4 @@ def simulate(uses: dict[Key, np.ndarray], sizes: dict[Key, int], block_size: int
             used = int(stored[present].sum())
         present[new] = True
         used += int(stored[new].sum())
-    return {"hit_rate": hits / total if total else 0.0, "bytes_read": total, "bytes_hit": hits}
+    return {"hit_rate": hits / total if total else 0.0, "bytes_read": total, "bytes_hit": hits, "gets": gets}

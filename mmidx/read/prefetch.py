@@ -189,7 +189,8 @@ class PackPrefetcher:
         for (group, number), samples in by_dataset.items():
             for file, (starts, stops, _) in sample_ranges(self.datasets[group][number], np.array(samples)).items():
                 ranges.setdefault(file, []).extend(zip(starts.tolist(), stops.tolist(), strict=True))
-        # Through a cache, ranges are merged only while no whole block lies between them (it would be stored).
+        # Through a cache, ranges merge only while no whole block lies between them: the cache then fetches and
+        # keeps only blocks packs read, each run of missing ones in one request, and eviction weighs only those.
         size = sum(file.fetch(pack, coalesce(found, GAP if file.cache is None else file.cache.block_size))
                    for file, found in ranges.items())
         return size, list(ranges)
