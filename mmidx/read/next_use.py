@@ -25,7 +25,6 @@ from mmidx.io.cache_folder import block_bytes, entry_bytes
 
 Key = tuple[str, str]  # a file as the cache names it: (sha, role)
 RangesOf = Callable[[int, int, np.ndarray], dict[Key, tuple[np.ndarray, np.ndarray, np.ndarray]]]
-SLACK = 4  # steps behind this process's own that other processes of the node may still be building
 WINDOW_STEPS = 256  # steps added to the window at a time
 MAX_USES = 2_000_000  # uses a process keeps (16 MB): further steps count as never
 STEP = 1 << 32
@@ -81,18 +80,19 @@ class NextUse:
                  step_of: Callable[[int], int | None], block_size: int, limit: int):
         self.packs, self.ranges_of, self.packs_at, self.steps = packs, ranges_of, packs_at, steps
         self.step_of, self.block_size, self.limit = step_of, block_size, limit
-        self.now = steps.start
+        self.now = self.front = steps.start
         self.window = range(0)
         self.uses: dict[Key, np.ndarray] = {}
         self._warned = False
 
-    def at(self, step: int) -> None:
-        """This process builds ``step`` now: the window moves on once it is half behind."""
-        self.now = step
+    def at(self, step: int, front: int | None = None) -> None:
+        """This process builds ``step`` now and has fetched the packs of steps up to ``front`` (default ``step``):
+        the window moves on once it is half behind."""
+        self.now, self.front = step, max(step, step if front is None else front)
         inside = self.window.start <= step < self.window.stop
         if inside and ((step - self.window.start) * 2 < len(self.window) or self.window.stop >= self.steps.stop):
             return
-        first = max(step - SLACK, self.steps.start)
+        first = max(step, self.steps.start)
         stop, uses, distinct = first, {}, 0
         while stop < self.steps.stop and sum(map(len, uses.values())) < MAX_USES and distinct < 2 * self.limit:
             chunk = range(stop, min(stop + WINDOW_STEPS, self.steps.stop))
@@ -104,10 +104,12 @@ class NextUse:
         self.window, self.uses = range(first, stop), uses
 
     def next_use(self, key: Key, blocks: np.ndarray, pack: int | None) -> np.ndarray:
-        """The step reading each of ``blocks`` of ``key`` next: after ``pack``'s step for blocks just fetched for
-        it, else from a few steps before this process's (others of the node may lag)."""
+        """The step whose fetch reads each of ``blocks`` of ``key`` next: after ``pack``'s step for blocks just
+        fetched for it, else from the front of this process's fetches on. The cache is read when packs are
+        fetched, some steps ahead of their build, and a fetched pack's bytes are in memory: the steps before
+        the front read nothing more from it (each process of the node fetches as far ahead)."""
         step = None if pack is None else self.step_of(pack)
-        after = self.now - SLACK if step is None else step + 1
+        after = self.front if step is None else step + 1
         return next_reads(self.uses.get(key, np.zeros(0, np.int64)), blocks, after)
 
     def _warn(self, steps: range) -> None:

@@ -144,11 +144,13 @@ class PackPrefetcher:
         """Called before ``pack`` is built: tell the data cache the step it is, fetch it (unless already
         fetched) and as many of the ``upcoming`` packs as fit the byte bound; drop what was fetched for packs
         no longer coming."""
+        wanted = [pack, *upcoming[: self.depth]]
         step = self.schedule.step_of(pack)
+        front = max((found for number in wanted if (found := self.schedule.step_of(number)) is not None),
+                    default=step)
         for policy in self._cache_policies():
             if step is not None:
-                policy.at(step)
-        wanted = [pack, *upcoming[: self.depth]]
+                policy.at(step, front)
         for stale in set(self._requested) - set(wanted):
             self.after(stale)
         for number in wanted:
