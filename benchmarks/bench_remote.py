@@ -28,7 +28,6 @@ table, whose ratios are withheld when other processes used more than half a core
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import random
 import socket
@@ -127,21 +126,14 @@ def loader_of(prefix: str, packs: int, workers: int, prefetch: bool):
     return PackLoader(dataset, global_batch_size=1, num_workers=workers)
 
 
-@contextlib.contextmanager
 def reading_through(folder: Path, cache: str | None, limits: dict[str, int]):
-    """Readers opened in the block read through the data cache ``cache`` ("cold", "warm", "half"; None: none):
-    its folder and limit in MMIDX_CACHE_DIR and MMIDX_CACHE_LIMIT, which every reader and worker takes."""
-    saved = {name: os.environ.get(name) for name in ("MMIDX_CACHE_DIR", "MMIDX_CACHE_LIMIT")}
-    if cache is not None:
-        os.environ.update(MMIDX_CACHE_DIR=str(folder / f"cache-{cache}"), MMIDX_CACHE_LIMIT=str(limits[cache]))
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    """Readers opened in the block read through the data cache ``cache`` ("cold", "warm", "half"; None: none),
+    as ``--cache-dir`` and ``--cache-limit`` make every reader of a command do (MMIDX_CACHE_DIR/LIMIT)."""
+    from mmidx.cli.common import cache_options
+
+    given = {"cache_dir": None, "cache_limit": None} if cache is None else \
+        {"cache_dir": str(folder / f"cache-{cache}"), "cache_limit": limits[cache]}
+    return cache_options(argparse.Namespace(**given))
 
 
 def measure(loader, packs: int) -> tuple[float, int]:

@@ -6,36 +6,27 @@ import argparse
 import json
 from typing import Any
 
-from mmidx.cli.common import Commands, add_command, default_note
-
-
-def _bytes(size: float | None) -> str:
-    if size is None:
-        return "?"
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    raise AssertionError("unreachable")
+from mmidx.cli.common import Commands, add_command, default_note, human_bytes
 
 
 def format_info(info: dict[str, Any]) -> str:
     """The human-readable form of :func:`mmidx.io.cache_folder.cache_info`."""
     block = f", blocks of {info['block_size']:,} bytes" if info["block_size"] else " (no data cache there)"
-    limit = f" of {_bytes(info['limit'])} (the last run's limit)" if info["limit"] else ""
-    lines = [f"mmidx data cache {info['folder']}: {_bytes(info['bytes'])}{limit}{block}"]
+    limit = f" of {human_bytes(info['limit'])} (the last run's limit)" if info["limit"] else ""
+    lines = [f"mmidx data cache {info['folder']}: {human_bytes(info['bytes'])}{limit}{block}"]
     for uri, entry in sorted(info["datasets"].items()):
         versions = f"{entry['versions']} version{'s' * (entry['versions'] != 1)}"
-        lines.append(f"  {uri}  {versions}, {entry['blocks']:,} blocks, {_bytes(entry['bytes'])}")
-    run = info["run"]
-    if run:
-        reads = run.get("hits", 0) + run.get("misses", 0)
-        rate = f" ({run.get('hits', 0) / reads:.1%} of block reads)" if reads else ""
-        lines.append(f"  last run (started {run.get('started', '?')}): hits {run.get('hits', 0):,}, misses "
-                     f"{run.get('misses', 0):,}{rate}; fetched {_bytes(run.get('bytes_fetched', 0))}, read from the "
-                     f"cache {_bytes(run.get('bytes_from_cache', 0))}; evicted {run.get('evicted', 0):,}, not stored "
-                     f"{run.get('bypassed', 0):,}, bad entries dropped {run.get('dropped', 0):,}")
-    lines.append(f"  remote datasets' small files: {_bytes(info['small_files'])}")
+        lines.append(f"  {uri}  {versions}, {entry['blocks']:,} blocks, {human_bytes(entry['bytes'])}")
+    run = {name: info["run"].get(name, 0) for name in ("hits", "misses", "bytes_fetched", "bytes_from_cache",
+                                                       "evicted", "bypassed", "dropped")}
+    if info["run"]:
+        reads = run["hits"] + run["misses"]
+        rate = f" ({run['hits'] / reads:.1%} of block reads)" if reads else ""
+        lines.append(f"  last run (started {info['run'].get('started', '?')}): hits {run['hits']:,}, misses "
+                     f"{run['misses']:,}{rate}; fetched {human_bytes(run['bytes_fetched'])}, read from the cache "
+                     f"{human_bytes(run['bytes_from_cache'])}; evicted {run['evicted']:,}, not stored "
+                     f"{run['bypassed']:,}, bad entries dropped {run['dropped']:,}")
+    lines.append(f"  remote datasets' small files: {human_bytes(info['small_files'])}")
     return "\n".join(lines)
 
 
@@ -50,7 +41,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=1) if args.json else format_info(info))
         return 0
     freed = clear_cache(folder, args.dataset)
-    print(f"{folder}: {_bytes(freed)} freed ({'every cached block' if args.dataset is None else args.dataset})")
+    print(f"{folder}: {human_bytes(freed)} freed ({'every cached block' if args.dataset is None else args.dataset})")
     return 0
 
 

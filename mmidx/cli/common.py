@@ -74,6 +74,15 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or ""
 
 
+def human_bytes(size: float) -> str:
+    """A size as people read it: ``123 B``, ``4.5 MB`` (powers of 1000)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
 def default_note(help: str, default: str) -> str:
     """``help`` ending in a default that is not a plain value, written as argparse writes the others."""
     return f"{help} (default: {default})"

@@ -16,15 +16,8 @@ from mmidx.cli.common import (
     _dataset_prefixes,
     add_cache_arguments,
     add_command,
+    human_bytes,
 )
-
-
-def _human_bytes(size: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    raise AssertionError("unreachable")
 
 
 def _describe(stats: dict[str, float]) -> str:
@@ -60,8 +53,8 @@ def format_summary(info: dict[str, Any]) -> str:
                       f"  image bytes      {_describe(images['bytes'])}"]
     for enc in info.get("encodings", []):
         lines.append(f"  encoding {enc['name']:<7} {enc['records']:,} {enc['modality']} records ({enc['store']}, "
-                     f"{enc['dtype']}, {_human_bytes(enc['bytes'])}) of {enc['encoder']}")
-    files = ", ".join(f"{name} {_human_bytes(size)}" for name, size in info["files"].items())
+                     f"{enc['dtype']}, {human_bytes(enc['bytes'])}) of {enc['encoder']}")
+    files = ", ".join(f"{name} {human_bytes(size)}" for name, size in info["files"].items())
     lines.append(f"  files            {files}")
     return "\n".join(lines)
 
