@@ -23,7 +23,7 @@ from mmidx.cli import main
 from mmidx.index.pack_index import build_pack_index
 from mmidx.ingest.writer import DatasetBuilder
 from mmidx.io.block_cache import NEVER, BlockCache
-from mmidx.io.cache_folder import CacheSettings, create, folder_bytes, read_state
+from mmidx.io.cache_folder import CacheError, CacheSettings, create, folder_bytes, read_state
 from mmidx.pack.builder import PackBuilder
 from mmidx.read import next_use
 from mmidx.read.dataset import MMIDXDataset
@@ -210,3 +210,12 @@ def test_commands_take_the_cache_options_and_cache_info_and_clear_report_and_emp
 def main_output(argv, capsys):
     assert main(argv) == 0
     return capsys.readouterr().out
+
+
+def test_a_cache_a_reader_cannot_use_is_one_line_when_it_opens_the_dataset(s3, stored, tmp_path, capsys):
+    with pytest.raises(CacheError, match=r"holds fewer than 4 blocks of 1,048,576: give at least"):
+        MMIDXDataset(stored["remote"], cache_dir=tmp_path, cache_limit="1M")
+    (tmp_path / "file").write_text("")
+    assert main(["sample", stored["remote"], "0", "--cache-dir", str(tmp_path / "file"), "--cache-limit", "1G"]) == 1
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "the data cache cannot be written there" in error

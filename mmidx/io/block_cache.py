@@ -105,7 +105,8 @@ class BlockCache:
         return _opened[key]
 
     def __init__(self, settings: CacheSettings, block_size: int = folder_.BLOCK_SIZE):
-        assert settings.limit is not None
+        if settings.limit is None:
+            raise CacheError(f"{settings.data}: a data cache needs a limit (cache_limit, MMIDX_CACHE_LIMIT)")
         self.settings, self.limit, self.data = settings, settings.limit, settings.data
         self.policy: EvictionPolicy | None = None
         self.counters = {name: 0 for name in folder_.new_run() if name != "started"}
@@ -114,18 +115,9 @@ class BlockCache:
         self._names = itertools.count()
         self._flushed, self._pid = time.monotonic(), os.getpid()
         self._lock = threading.Lock()  # the counters and the maps, across this process's threads
-        try:
-            self.block_size = folder_.create(settings.folder, block_size)
-            smallest = folder_.MIN_BLOCKS * self.block_size
-            if self.limit < smallest:
-                raise CacheError(f"cache limit {self.limit:,} bytes holds fewer than {folder_.MIN_BLOCKS} blocks of "
-                                 f"{self.block_size:,}: give at least {smallest:,} (a node's cache is usually tens "
-                                 "of GB), or 0 to read uncached")
-            self.accounting = folder_.Accounting(self.data, self.block_size)
-            self._users = os.open(self.data / "users", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise CacheError(f"{self.data}: the data cache cannot be written there ({error.strerror}): give a "
-                             "writable --cache-dir (MMIDX_CACHE_DIR), or no --cache-limit to read uncached") from None
+        self.block_size = folder_.checked(settings, block_size)
+        self.accounting = folder_.Accounting(self.data, self.block_size)
+        self._users = os.open(self.data / "users", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._users, fcntl.LOCK_EX | fcntl.LOCK_NB)
             starting = True  # no other process has the cache open: a new run

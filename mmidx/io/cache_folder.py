@@ -310,6 +310,25 @@ def create(folder: str | os.PathLike, block_size: int = BLOCK_SIZE) -> int:
     return block_size
 
 
+def checked(settings: CacheSettings, block_size: int = BLOCK_SIZE) -> int:
+    """The block size of the data cache ``settings`` names, made if need be; a :class:`CacheError` saying what to
+    do for a folder it cannot write or a limit too small to hold blocks."""
+    try:
+        block_size = create(settings.folder, block_size)
+        (settings.data / "tmp").mkdir(exist_ok=True)
+        if not os.access(settings.data, os.W_OK) or not os.access(settings.data / "tmp", os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as error:
+        raise CacheError(f"{settings.data}: the data cache cannot be written there ({error.strerror}): give a "
+                         "writable --cache-dir (MMIDX_CACHE_DIR), or no --cache-limit to read uncached") from None
+    smallest = MIN_BLOCKS * block_size
+    if settings.limit is not None and settings.limit < smallest:
+        raise CacheError(f"cache limit {settings.limit:,} bytes holds fewer than {MIN_BLOCKS} blocks of "
+                         f"{block_size:,}: give at least {smallest:,} (a node's cache is usually tens of GB), or 0 "
+                         "to read uncached")
+    return block_size
+
+
 def read_state(data: Path) -> dict[str, Any]:
     """The state as last saved (a snapshot read without the lock; {} when there is none)."""
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mmidx.io.block_cache import BlockCache, FileKey
-from mmidx.io.cache_folder import CacheSettings
+from mmidx.io.cache_folder import CacheSettings, checked
 from mmidx.io.storage import StorageError, cached_small_files, file_uri, filesystem, object_size, retrying
 
 FETCH_THREADS = 8  # ranged requests in flight per process
@@ -142,6 +142,8 @@ def remote_dataset(prefix: str, settings: CacheSettings,
     """The remote dataset ``prefix``: its metadata, the local copies of its small files (in ``settings.folder``)
     and its data files as byte sources (through the data cache when ``settings`` has a limit). ``known``: the
     ``meta_sha256`` the process that pickled it opened (a loader worker reads that version, or none)."""
+    if settings.limit is not None:  # a data cache it cannot use is one line now, not a failure in a worker
+        checked(settings)
     meta, local = cached_small_files(prefix, settings.folder, known)
     if known is not None and meta["meta_sha256"] != known:
         raise StorageError(f"{prefix}: replaced in storage since this job opened it (metadata {known[:12]}..., now "
