@@ -31,7 +31,7 @@ from mmidx.io.cache_folder import (
     parse_size,
     read_state,
 )
-from mmidx.read.next_use import STEP, next_reads, simulate
+from mmidx.read.next_use import STEP, NextUse, next_reads, simulate
 
 BLOCK = 4096
 SHA = "ab" * 32
@@ -398,3 +398,47 @@ def test_cache_info_and_clear_one_dataset_then_everything_keeping_other_files(tm
     assert cache_info(tmp_path / "cache")["datasets"] == {}
     assert (cache.data / "notes.txt").read_text() == "mine"
     assert consistent(cache)
+
+
+class Items:
+    """A pack index stand-in: pack k holds samples drawn at random from 60, of one dataset."""
+
+    def __init__(self, packs, seed=0):
+        rng = np.random.default_rng(seed)
+        self.samples = [rng.choice(60, 5, replace=False).tolist() for _ in range(packs)]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def items(self, pack):
+        from mmidx.index.pack_index import PackItem
+
+        return [PackItem(0, 0, sample, 0) for sample in self.samples[pack]]
+
+
+def sample_bytes(group, dataset, samples):
+    """Sample s holds bytes [3000 s, 3000 s + 2500) of one file."""
+    return {("f", "images"): (samples * 3000, samples * 3000 + 2500, np.arange(len(samples)))}
+
+
+def test_next_use_answers_as_a_scan_of_the_whole_run_however_far_its_window_has_moved():
+    packs = Items(700)
+    policy = NextUse(packs, sample_bytes, lambda step: [step], range(700), lambda pack: pack, BLOCK, 10**9)
+    blocks_of = [{block for sample in packs.samples[step] for block in range(3000 * sample // BLOCK,
+                                                                            (3000 * sample + 2499) // BLOCK + 1)}
+                 for step in range(700)]
+
+    def scanned(block, after):
+        return next((step for step in range(after, 700) if block in blocks_of[step]), NEVER)
+
+    blocks = np.arange(0, 60 * 3000 // BLOCK + 1)
+    for now in (0, 5, 200, 300, 555, 699):
+        policy.at(now, now + 3)
+        assert policy.next_use(("f", "images"), blocks, None).tolist() == [scanned(b, now + 3) for b in blocks]
+        assert policy.next_use(("f", "images"), blocks, now + 1).tolist() == [scanned(b, now + 2) for b in blocks]
+    short = NextUse(packs, sample_bytes, lambda step: [step], range(700), lambda pack: pack, BLOCK, 4 * BLOCK)
+    for now in range(0, 700, 37):  # a window of one chunk, rebuilt as the steps pass its middle
+        short.at(now)
+        assert now in short.window and len(short.window) <= 256
+        assert short.next_use(("f", "images"), blocks, None).tolist() == [
+            found if (found := scanned(b, now)) < short.window.stop else NEVER for b in blocks]

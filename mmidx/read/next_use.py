@@ -101,7 +101,7 @@ class NextUse:
             distinct = sum(len(np.unique(found // STEP)) for found in uses.values()) * self.block_size
             self._warn(chunk)
             stop = chunk.stop
-        self.window, self.uses = range(first, stop), uses
+        self.window, self.uses = range(first, stop), {key: np.sort(found) for key, found in uses.items()}
 
     def next_use(self, key: Key, blocks: np.ndarray, pack: int | None) -> np.ndarray:
         """The step whose fetch reads each of ``blocks`` of ``key`` next: after ``pack``'s step for blocks just
