@@ -163,7 +163,8 @@ def main() -> None:
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from mmidx.io.cache_folder import clear_cache, create
+    from mmidx.io.cache_admin import clear_cache
+    from mmidx.io.cache_folder import create
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -20,12 +20,11 @@ from hypothesis import strategies as st
 
 from mmidx.io import block_cache
 from mmidx.io.block_cache import NEVER, BlockCache, FileKey, keep_nearest
+from mmidx.io.cache_admin import cache_info, clear_cache
 from mmidx.io.cache_folder import (
     CacheError,
     CacheSettings,
-    cache_info,
     cache_settings,
-    clear_cache,
     create,
     folder_bytes,
     parse_size,

@@ -31,7 +31,8 @@ def format_info(info: dict[str, Any]) -> str:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from mmidx.io.cache_folder import cache_info, clear_cache, default_folder
+    from mmidx.io.cache_admin import cache_info, clear_cache
+    from mmidx.io.cache_folder import default_folder
 
     folder = default_folder(args.folder)
     if args.action == "info":
