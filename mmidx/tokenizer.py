@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mmidx.errors import MMIDXError
+from mmidx.errors import MMIDXError, option
 from mmidx.io.storage import cache_root
 
 BAGEL_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>")
@@ -52,6 +52,10 @@ _AGREEMENT_PROBES = ("", " ", "Hello world", "  two  spaces\n\ttab", "ünïcöd�
                      "<|vision_start|><|vision_end|>", "1234567890 3.14")
 _CACHE_FORMAT = 1
 _HASHED_FILE_BYTES = 64 << 20  # files up to this size are keyed by content, larger ones (weights) by size and time
+# The files a tokenizer folder written by save_pretrained holds at least one of: the fast tokenizer, the config, or
+# the vocabulary of a BPE (GPT-2, Qwen), WordPiece (BERT) or SentencePiece (Llama, T5, XLM-R) tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "vocab.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
 
 
 class TokenizerError(MMIDXError, ValueError):
@@ -71,6 +75,7 @@ class Tokenizer:
         self.name_or_path = os.fspath(name_or_path)
         self.added_tokens = tuple(added_tokens)
         self._hf: Any = None
+        _check_folder(self.name_or_path)  # before the cache key, which would hash every file of a wrong folder
         key = _cache_key(self.name_or_path, self.added_tokens)
         cached = _read_cache(key)
         if cached is not None:
@@ -165,6 +170,16 @@ def _names_a_path(name: str) -> bool:
     return name.endswith(("/", os.sep)) or name.startswith(("/", ".", "~")) or _REPO_ID.fullmatch(name) is None
 
 
+def _check_folder(name_or_path: str) -> None:
+    """Refuse a folder that holds none of :data:`TOKENIZER_FILES` (a folder of images, a model without its
+    tokenizer) in one line naming them, rather than in what transformers says when it tries every class."""
+    if os.path.isdir(name_or_path) and not any(os.path.isfile(os.path.join(name_or_path, name))
+                                               for name in TOKENIZER_FILES):
+        raise TokenizerError(f"{name_or_path}: holds no tokenizer files (looked for {', '.join(TOKENIZER_FILES)}); "
+                             f"{option('tokenizer')} is a folder written by save_pretrained, e.g. "
+                             "AutoTokenizer.from_pretrained(NAME).save_pretrained(FOLDER)")
+
+
 def _load_hf(name_or_path: str, added_tokens: Sequence[str] = ()) -> Any:
     """``AutoTokenizer.from_pretrained`` with BAGEL's special tokens added as BAGEL adds them, then
     ``added_tokens`` (those not in the vocabulary yet) as special tokens, each checked to encode as one id."""
@@ -172,8 +187,8 @@ def _load_hf(name_or_path: str, added_tokens: Sequence[str] = ()) -> Any:
 
     if not os.path.isdir(name_or_path) and _names_a_path(name_or_path):  # not Hugging Face's repo-id rules
         what = "not a directory" if os.path.exists(name_or_path) else "no such directory"
-        raise TokenizerError(f"{name_or_path}: {what}; --tokenizer is a folder written by save_pretrained (with "
-                             "tokenizer.json or vocab files), or the name of one in the local Hugging Face cache")
+        raise TokenizerError(f"{name_or_path}: {what}; {option('tokenizer')} is a folder written by save_pretrained "
+                             "(with tokenizer.json or vocab files), or the name of one in the local Hugging Face cache")
     try:
         hf = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as error:
@@ -284,7 +299,7 @@ def recorded_tokenizer(identity: dict[str, Any] | None, where: str) -> Tokenizer
     TokenizerError naming ``where``) unless it loads and is the very one the dataset was built with."""
     if not identity:
         raise TokenizerError(f"{where}: the dataset records no tokenizer, so its texts cannot be decoded; "
-                             "build it with --tokenizer")
+                             f"build it with a tokenizer ({option('tokenizer')})")
     try:
         tokenizer = _loaded(identity["name_or_path"], tuple(identity.get("added_tokens", ())))
     except (TokenizerError, OSError, ValueError) as error:

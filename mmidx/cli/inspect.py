@@ -17,14 +17,20 @@ from mmidx.cli.common import (
     add_cache_arguments,
     add_command,
     human_bytes,
+    named_output,
 )
+
+
+def _number(value: float) -> str:
+    """A statistic as the counts beside it are written: thousands separated, at most two decimals, none for a
+    whole number (``2,023,090``, ``50.45``), never in exponent notation."""
+    return f"{value:,.2f}".rstrip("0").rstrip(".")
 
 
 def _describe(stats: dict[str, float]) -> str:
     if not stats.get("count"):
         return "none"
-    return (f"min {stats['min']:g}  mean {stats['mean']:g}  p50 {stats['p50']:g}  "
-            f"p99 {stats['p99']:g}  max {stats['max']:g}")
+    return "  ".join(f"{name} {_number(stats[name])}" for name in ("min", "mean", "p50", "p99", "max"))
 
 
 def format_summary(info: dict[str, Any]) -> str:
@@ -107,7 +113,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from mmidx.io.storage import fetch_dataset
     from mmidx.read.checks import verify
 
-    local = fetch_dataset(args.uri, args.folder)
+    folder = named_output(args, args.folder, "the folder as a last argument (mmidx fetch URI FOLDER)")
+    local = fetch_dataset(args.uri, folder, force=args.force)
     problems = verify(local)
     for problem in problems:
         print(f"FAIL {problem}", file=sys.stderr)
@@ -121,7 +128,11 @@ def _register_fetch(commands: Commands) -> None:
     sub = add_command(commands, "fetch", cmd_fetch,
                       "Copy a dataset from object storage (s3://bucket/prefix) into a local folder and verify it.")
     sub.add_argument("uri", metavar="URI", help="the dataset's prefix in object storage")
-    sub.add_argument("folder", metavar="FOLDER", help="local folder; the copy keeps the prefix's last name")
+    sub.add_argument("-o", "--output", metavar="FOLDER", help="local folder; the copy keeps the prefix's last name")
+    sub.add_argument("folder", nargs="?", help=argparse.SUPPRESS)  # deprecated: the folder, named with --output now
+    sub.add_argument("--force", action="store_true",
+                     help="replace another dataset of the same name in the folder (a copy of the same dataset is "
+                          "fetched again without it)")
     add_cache_arguments(sub, limit=False)  # whole files are copied: no data block is cached
 
 

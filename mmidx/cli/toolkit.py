@@ -17,8 +17,9 @@ from mmidx.cli.common import (
     add_command,
     add_pack_arguments,
     at_least,
-    dataset_prefix,
     default_note,
+    named_output,
+    one_dataset,
 )
 from mmidx.cli.index import _data_config
 
@@ -62,7 +63,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from mmidx.toolkit.export import export
     from mmidx.toolkit.export_hf import export_hf
 
-    report = export_hf(args.prefix, args.output) if args.to == "hf" else export(args.prefix, args.to, args.output)
+    output = named_output(args, args.folder, "the folder as a last argument (mmidx export PREFIX --to LAYOUT FOLDER)")
+    report = export_hf(args.prefix, output) if args.to == "hf" else export(args.prefix, args.to, output)
     print(report.summary())
     return 0
 
@@ -92,7 +94,7 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("--json", action="store_true", help="print the results as JSON")
     sub = add_command(commands, "sample", cmd_sample,
                       "Show one sample as a person reads it: each element of a view, decoded texts, images, origin.")
-    sub.add_argument("prefix", type=dataset_prefix, metavar=PREFIX, help=PREFIX_HELP)
+    sub.add_argument("prefix", type=one_dataset, metavar=PREFIX, help=PREFIX_HELP)
     sub.add_argument("index", type=at_least(0), metavar="SAMPLE", help="sample number")
     sub.add_argument("--view", type=at_least(0), default=0,
                      help="view number; epoch e reads view e mod views")
@@ -103,9 +105,11 @@ def _register_toolkit(commands: Commands) -> None:
                       "Write a dataset back to a raw layout BAGEL reads (t2i/edit parquet, LLaVA JSONL + images) "
                       "or to WebDataset tars or a Hugging Face datasets folder (load_from_disk), with the original "
                       "image bytes.")
-    sub.add_argument("prefix", type=dataset_prefix, metavar=PREFIX, help=PREFIX_HELP)
+    sub.add_argument("prefix", type=one_dataset, metavar=PREFIX, help=PREFIX_HELP)
     sub.add_argument("--to", required=True, choices=("parquet", "jsonl", "wds", "hf"), help="layout to write")
-    sub.add_argument("output", metavar="FOLDER", help="folder to write (created; must not hold files already)")
+    sub.add_argument("-o", "--output", metavar="FOLDER", help="folder to write (created; must not hold files already)")
+    sub.add_argument("folder", nargs="?", help=argparse.SUPPRESS)  # deprecated: the folder, named with --output now
+    sub.set_defaults(late_positional="folder")  # the old form gave it after --to: mmidx export PREFIX --to X FOLDER
     add_cache_arguments(sub)
 
 
