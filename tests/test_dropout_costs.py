@@ -8,6 +8,7 @@ count, and a pickled copy (a worker's) prices alike.
 """
 
 import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from mmidx.read.dataset import MMIDXDataset
 from mmidx.sources.elements import Element
 from mmidx.train.loader import PackDataset, PackLoader
 from mmidx.train.shares import GlobalBatchSampler
+from mmidx.train.state import LoaderStateError
 
 PACKING = {"max_num_tokens": 8192, "expected_num_tokens": 4096, "max_num_tokens_per_sample": 8192}
 
@@ -190,6 +192,47 @@ def test_the_deal_is_the_same_on_every_rank_at_every_worker_count_and_in_a_pickl
             builder = PackBuilder(config)
             assert handed[workers, rank] == [builder.build(k, index.items(k)).packed_text_ids.tolist() for k in dealt]
     assert handed[0, 0] == handed[2, 0] and handed[0, 1] == handed[2, 1]
+
+
+class PackNumbers:
+    """A PackBuilder stand-in whose "batch" of pack k is k: which packs a loader hands out, without building them."""
+
+    datasets = ()
+
+    def build(self, pack, items):
+        return pack
+
+
+def test_a_state_saved_inside_a_global_batch_resumes_only_under_the_dropout_that_dealt_it(stream):
+    config, index = stream
+    world, g = 2, 8
+    per_rank = g // world
+    dropped = GlobalBatchSampler(len(index), global_batch_size=g, world_size=world, pack_costs=PackCosts(index))
+    kept_config = replace(config, dropout=DropoutConfig(text=0.0, vit=0.0, vae=0.0))
+    kept = GlobalBatchSampler(len(index), global_batch_size=g, world_size=world,
+                              pack_costs=PackCosts(index, config=kept_config))
+    # the micro-steps after which the two deals have handed out different packs of their global batch
+    steps = [b * per_rank + j for b in range(len(index) // g) for j in range(1, per_rank)
+             if sorted(dropped.deal(b)[:j * world]) != sorted(kept.deal(b)[:j * world])]
+    assert steps, "dropout changes no deal: the deal does not see it"
+    step = steps[0]
+
+    def loader(rank, dropout_config):
+        return PackLoader(PackDataset(index, PackNumbers()), global_batch_size=g, rank=rank, world_size=world,
+                          pack_costs=PackCosts(index, config=dropout_config))
+
+    whole = [list(loader(rank, config)) for rank in range(world)]
+    saved = loader(0, config)
+    assert list(zip(range(step), saved, strict=False)) == list(enumerate(whole[0][:step]))
+    state = saved.state_dict()
+    assert state["batch_consumed"] is not None
+    for rank in range(world):  # the same dropout deals the same: each rank goes on as if never stopped
+        resumed = loader(rank, config)
+        resumed.load_state_dict(state)
+        assert list(resumed) == whole[rank][step:]
+    other = loader(0, kept_config)  # another dropout prices another deal: refused inside the batch
+    with pytest.raises(LoaderStateError, match="deals to other micro-steps"):
+        other.load_state_dict(state)
 
 
 def test_costs_refuse_what_they_cannot_price(stream, groups):
