@@ -142,9 +142,65 @@ def test_quick_start_is_exactly_two_commands():
     assert len(quick_start_commands()) == 2
 
 
-def test_ci_runs_the_readme_test_command():
-    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    assert quick_start_commands()[1] in ci_lines
+def ci_quick_start_commands(folder: Path = ROOT) -> subprocess.CompletedProcess:
+    """What ``.ci/quickstart --commands`` of ``folder`` prints: the commands it reads from that folder's README.md."""
+    return subprocess.run(["bash", str(folder / ".ci" / "quickstart"), "--commands"], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_ci_runs_the_quick_start_read_from_the_readme_then_the_demo_again():
+    """.ci/quickstart reads the commands from README.md itself (its own parser, against this file's)."""
+    listed = ci_quick_start_commands()
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == [*quick_start_commands(), "mmidx demo"]
+
+
+def test_ci_reads_the_quick_start_block_wherever_it_is_and_refuses_a_readme_without_one(tmp_path):
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".ci" / "quickstart").write_bytes((ROOT / ".ci" / "quickstart").read_bytes())
+    (tmp_path / "README.md").write_text(textwrap.dedent("""\
+        # A project
+
+        ```bash
+        echo not this one
+        ```
+
+        ### Quick start
+
+        ```text
+        nor this
+        ```
+
+        ```bash
+          first command && second
+
+        # a comment is a command line too
+        ```
+
+        ```bash
+        not after the block
+        ```
+        """))
+    listed = ci_quick_start_commands(tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == ["first command && second", "# a comment is a command line too", "mmidx demo"]
+    (tmp_path / "README.md").write_text("# A project\n\n## Quick start\n\nRun the demo.\n")
+    listed = ci_quick_start_commands(tmp_path)
+    assert listed.returncode == 1 and listed.stdout == ""
+    assert listed.stderr == "README.md: no ```bash block under '## Quick start'\n"
+
+
+def test_ci_runs_the_quick_start_before_it_installs_or_checks_anything_else():
+    """The quick start must meet the machine as a newcomer's: nothing that .ci/run installs comes before it."""
+    steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    first = steps.index('bash .ci/quickstart "$work"')
+    assert not [step for step in steps[:first] if re.search(r"\b(pip|apt-get|python|pytest|ruff|sphinx|mmidx)\b", step)]
+    order = ["pip install -q -r requirements-dev.txt", "pip install -q --no-deps torchtitan==0.3.0",
+             "apt-get install", "ruff check .", "tools/skipped_tests.py", "python -m pytest", "python -m sphinx",
+             "bash .ci/wheel"]
+    where = [next(number for number, step in enumerate(steps) if later in step) for later in order]
+    assert first < where[0] and where == sorted(where), dict(zip(order, where, strict=True))
 
 
 def test_every_block_is_run_or_marked_for_reading():
