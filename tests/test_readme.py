@@ -345,6 +345,58 @@ def options_rejected(command: list[str]) -> str | None:
     return None
 
 
+DEMO_TOKENIZER = "mmidx-demo/raw/tokenizer"  # what `mmidx demo` leaves: a tokenizer every reader has
+TOKENIZER_NAMES = re.compile(r"--tokenizer[ =]+(\S+)|tokenizer=[\"']([^\"']+)"  # the CLI's, mmidx.write's
+                             r"|write_mmidx\([^,]+,[^,]+,\s*[\"']([^\"']+)")  # Ray Data's, third argument
+
+
+def tokenizers_not_shown(page: str, blocks: list[Block]) -> list[str]:
+    """The tokenizers that ``blocks`` (of the page of text ``page``) run with but the reader may not have: every
+    name but the demo's, unless the page shows, before the block, the one way to get it (``save_pretrained(NAME)``,
+    with the network: a block that runs without the hub must name a tokenizer the reader has)."""
+    lines, missing = page.splitlines(), []
+    for block in blocks:
+        if block.language not in RUN or block.needs:
+            continue
+        for match in TOKENIZER_NAMES.finditer(block.code):
+            name = next(group for group in match.groups() if group)
+            shown = f'save_pretrained("{name.rstrip("/")}")' in "\n".join(lines[:block.line])
+            if name != DEMO_TOKENIZER and not shown:
+                missing.append(f"{block.where}: {name}")
+    return missing
+
+
+def test_every_block_that_needs_a_tokenizer_names_one_the_reader_has_or_shows_how_to_get_it():
+    """Without the hub, a name is a folder or nothing (own-data's ``tokenizer="Qwen2-7B"`` spent 52 s retrying
+    the hub, then failed): each page names the demo's tokenizer, or first shows how to save Qwen2's."""
+    checked = [(path, page_blocks(path)) for path in pages()]
+    named = [match for _, blocks in checked for block in blocks if block.language in RUN and not block.needs
+             for match in TOKENIZER_NAMES.finditer(block.code)]
+    assert len(named) >= 10  # the pattern finds the CLI's, mmidx.write's and write_mmidx's
+    assert [problem for path, blocks in checked for problem in tokenizers_not_shown(path.read_text(), blocks)] == []
+
+
+def test_the_tokenizer_check_catches_a_name_the_page_never_shows_how_to_get():
+    page = textwrap.dedent("""\
+        # A page
+
+        ```python
+        report = mmidx.write(fn, rows, "out", tokenizer="Qwen2-7B", workers=2)
+        ```
+
+        Save it: `AutoTokenizer.from_pretrained("Qwen/Qwen2-7B").save_pretrained("Qwen2-7B")`.
+
+        ```bash
+        mmidx build --source t2i --input in/ --tokenizer Qwen2-7B/ --output ds/t2i
+        mmidx build --source t2i --input in/ --tokenizer mmidx-demo/raw/tokenizer --output ds/t2i
+        mmidx build --source t2i --input in/ --tokenizer=mine/ --output ds/t2i
+        ```
+        """)
+    blocks = [Block(language, code, line, "A page", "page.md") for language, code, line in
+              [("python", page.splitlines()[3] + "\n", 3), ("bash", "\n".join(page.splitlines()[9:12]) + "\n", 9)]]
+    assert tokenizers_not_shown(page, blocks) == ["page.md line 3 (A page): Qwen2-7B", "page.md line 9 (A page): mine/"]
+
+
 def test_blocks_that_are_not_run_parse_and_use_options_that_exist():
     """What cannot run here (a cluster, an hour, the Quick start) is at least valid: the shell parses it and
     each command accepts its options."""
