@@ -397,6 +397,22 @@ def test_the_tokenizer_check_catches_a_name_the_page_never_shows_how_to_get():
     assert tokenizers_not_shown(page, blocks) == ["page.md line 3 (A page): Qwen2-7B", "page.md line 9 (A page): mine/"]
 
 
+def test_the_extras_the_docs_list_are_pyprojects():
+    """The README's install line, Getting started's sentence and own-data's table name every extra (``chat`` was
+    left out), and only those."""
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    readme = re.search(r"# extras: ([\w ]+)", (ROOT / "README.md").read_text()).group(1).split()
+    started = (ROOT / "docs" / "getting-started.md").read_text()
+    sentence = started[started.index("Each optional framework is\nan extra"):].split("combined as", 1)[0]
+    own_data = (ROOT / "docs" / "guide" / "own-data.md").read_text()
+    table = re.findall(r"^\| `(\w+)` \|", own_data[own_data.index("| extra | for | install |"):].split("\n\n")[0], re.M)
+    assert sorted(readme) == sorted(extras - {"test"})
+    assert sorted(re.findall(r"`(\w+)`", sentence)) == sorted(extras - {"test"})
+    assert sorted(table) == sorted(extras)
+
+
 def test_blocks_that_are_not_run_parse_and_use_options_that_exist():
     """What cannot run here (a cluster, an hour, the Quick start) is at least valid: the shell parses it and
     each command accepts its options."""
