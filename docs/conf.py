@@ -31,3 +31,6 @@ autodoc_typehints = "description"
 nitpicky = False
 # Options such as --help stay two hyphens (docutils would typeset "--" as an en dash).
 smartquotes = False
+# mmidx.css: wide text blocks (the pipeline diagram, command output) fit the page at 1280 px (see the file).
+html_static_path = ["_static"]
+html_css_files = ["mmidx.css"]

@@ -25,7 +25,7 @@ _EXPORTS = {
     "PackedBatch": "mmidx.pack.batch",
     "PackDataset": "mmidx.train.loader",
     "PackLoader": "mmidx.train.loader",
-    "GlobalBatchSampler": "mmidx.train.loader",
+    "GlobalBatchSampler": "mmidx.train.shares",
     "PackSampler": "mmidx.train.sampler",
     "GPTTextDataset": "mmidx.train.gpt",
 }

@@ -7,8 +7,13 @@ a bug: ``except MMIDXError`` catches every error whose message is meant for the 
 Kinds that are also a built-in kind (a FormatError is a ValueError) keep that base too.
 """
 
+import contextlib
+import contextvars
 import importlib
+from collections.abc import Iterator
 from typing import Any
+
+_COMMAND_LINE = contextvars.ContextVar("mmidx_command_line", default=False)
 
 
 class MMIDXError(Exception):
@@ -29,3 +34,23 @@ def import_extra(module: str, extra: str, use: str) -> Any:
         return importlib.import_module(module)
     except ImportError as error:
         raise MissingExtraError(f'{use} needs {module.split(".")[0]}: pip install "mmidx[{extra}]"') from error
+
+
+def option(parameter: str, value: Any = None) -> str:
+    """How a message names the setting ``parameter`` (a Python parameter, e.g. ``max_skip_rate``), in the words of
+    the interface in use: the command line's option (``--max-skip-rate``; a flag as itself, ``--force``) while an
+    ``mmidx`` command runs (:func:`command_line`), else the parameter (``max_skip_rate``; with ``value``:
+    ``force=True``). One spelling rule joins them: the option is the parameter with hyphens, after ``--``."""
+    if _COMMAND_LINE.get():
+        return "--" + parameter.replace("_", "-")
+    return parameter if value is None else f"{parameter}={value!r}"
+
+
+@contextlib.contextmanager
+def command_line() -> Iterator[None]:
+    """Within this block, messages name settings as the command line's options (see :func:`option`)."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)

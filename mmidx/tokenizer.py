@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mmidx.errors import MMIDXError
+from mmidx.errors import MMIDXError, option
 from mmidx.io.storage import cache_root
 
 BAGEL_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>")
@@ -59,6 +59,10 @@ _AGREEMENT_PROBES = ("", " ", "Hello world", "  two  spaces\n\ttab", "ünïcöd�
                      "<|vision_start|><|vision_end|>", "1234567890 3.14")
 _CACHE_FORMAT = 1
 _HASHED_FILE_BYTES = 64 << 20  # files up to this size are keyed by content, larger ones (weights) by size and time
+# The files a tokenizer folder written by save_pretrained holds at least one of: the fast tokenizer, the config, or
+# the vocabulary of a BPE (GPT-2, Qwen), WordPiece (BERT) or SentencePiece (Llama, T5, XLM-R) tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "vocab.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
 
 
 class TokenizerError(MMIDXError, ValueError):
@@ -80,6 +84,7 @@ class Tokenizer:
         self.name_or_path = os.fspath(name_or_path)
         self.added_tokens = tuple(added_tokens)
         self._hf: Any = None
+        _check_folder(self.name_or_path)  # before the cache key, which would hash every file of a wrong folder
         key = _cache_key(self.name_or_path, self.added_tokens)
         cached = _read_cache(key)
         if cached is not None:
@@ -167,8 +172,12 @@ class Tokenizer:
 
 _REPO_ID = re.compile(r"[A-Za-z0-9_][\w.-]*(/[A-Za-z0-9_][\w.-]*)?")
 HUB_TIMEOUT = 3.0  # seconds the hub is given to say whether an org/name id exists (no retries)
-_GET_ONE = ("a tokenizer is a folder written by save_pretrained, a tokenizer.json file, or a Hugging Face org/name "
-            "id, cached or online (to keep one: AutoTokenizer.from_pretrained('Qwen/Qwen2-7B')"
+
+
+def _what_to_give() -> str:
+    """The end of every message about a tokenizer not found: what one is, and the one way to keep Qwen2's."""
+    return (f"{option('tokenizer')} is a folder written by save_pretrained, a tokenizer.json file, or a Hugging Face "
+            "org/name id, cached or online (to keep one: AutoTokenizer.from_pretrained('Qwen/Qwen2-7B')"
             ".save_pretrained('Qwen2-7B'))")
 
 
@@ -176,6 +185,16 @@ def _names_a_path(name: str) -> bool:
     """Whether a tokenizer name can only be a path: not a Hugging Face repo id (``Qwen/Qwen2-7B``), as a
     trailing slash, a leading ``/``, ``.`` or ``~``, or more than one ``/`` show."""
     return name.endswith(("/", os.sep)) or name.startswith(("/", ".", "~")) or _REPO_ID.fullmatch(name) is None
+
+
+def _check_folder(name_or_path: str) -> None:
+    """Refuse a folder that holds none of :data:`TOKENIZER_FILES` (a folder of images, a model without its
+    tokenizer) in one line naming them, rather than in what transformers says when it tries every class."""
+    if os.path.isdir(name_or_path) and not any(os.path.isfile(os.path.join(name_or_path, name))
+                                               for name in TOKENIZER_FILES):
+        raise TokenizerError(f"{name_or_path}: holds no tokenizer files (looked for {', '.join(TOKENIZER_FILES)}); "
+                             f"{option('tokenizer')} is a folder written by save_pretrained, e.g. "
+                             "AutoTokenizer.from_pretrained(NAME).save_pretrained(FOLDER)")
 
 
 def _locate(name_or_path: str) -> tuple[str, str]:
@@ -193,25 +212,26 @@ def _locate(name_or_path: str) -> tuple[str, str]:
         return "file", name_or_path
     looked = f"{name_or_path}: no folder or file {os.path.abspath(os.path.expanduser(name_or_path))}"
     if _names_a_path(name_or_path):
-        raise TokenizerError(f"{looked}; {_GET_ONE}")
+        raise TokenizerError(f"{looked}; {_what_to_give()}")
     from huggingface_hub import constants, try_to_load_from_cache
     from huggingface_hub.errors import HFValidationError
 
     try:
         cached = [try_to_load_from_cache(name_or_path, file) for file in ("tokenizer_config.json", "tokenizer.json")]
     except HFValidationError:  # not a repo id after all (Hugging Face's rules are stricter than _REPO_ID's)
-        raise TokenizerError(f"{looked}; {_GET_ONE}") from None
+        raise TokenizerError(f"{looked}; {_what_to_give()}") from None
     for path in cached:
         if isinstance(path, str):
             return "cache", os.path.dirname(path)
     looked += f", no model {name_or_path} in the Hugging Face cache {constants.HF_HUB_CACHE}"
     if constants.HF_HUB_OFFLINE:
-        raise TokenizerError(f"{looked}, and the hub was not asked (HF_HUB_OFFLINE is set); {_GET_ONE}")
+        raise TokenizerError(f"{looked}, and the hub was not asked (HF_HUB_OFFLINE is set); {_what_to_give()}")
     if "/" not in name_or_path:
-        raise TokenizerError(f"{looked}, and the hub was not asked (it is asked for an org/name id only); {_GET_ONE}")
+        raise TokenizerError(f"{looked}, and the hub was not asked (it is asked for an org/name id only); "
+                             f"{_what_to_give()}")
     answer = _ask_hub(name_or_path)
     if answer:
-        raise TokenizerError(f"{looked}, and the hub ({constants.ENDPOINT}) {answer}; {_GET_ONE}")
+        raise TokenizerError(f"{looked}, and the hub ({constants.ENDPOINT}) {answer}; {_what_to_give()}")
     return "hub", name_or_path
 
 
@@ -258,7 +278,7 @@ def _load_hf(name_or_path: str, added_tokens: Sequence[str] = ()) -> Any:
             hf = AutoTokenizer.from_pretrained(path, local_files_only=where != "hub")
     except unreadable as error:
         why = " ".join(str(error).split())[:300] or type(error).__name__  # one line, however many they wrote
-        raise TokenizerError(f"cannot load a tokenizer from the {where} {name_or_path!r}: {why}; {_GET_ONE}") \
+        raise TokenizerError(f"cannot load a tokenizer from the {where} {name_or_path!r}: {why}; {_what_to_give()}") \
             from error
     special = set()
     for value in hf.special_tokens_map.values():
@@ -363,7 +383,7 @@ def recorded_tokenizer(identity: dict[str, Any] | None, where: str) -> Tokenizer
     TokenizerError naming ``where``) unless it loads and is the very one the dataset was built with."""
     if not identity:
         raise TokenizerError(f"{where}: the dataset records no tokenizer, so its texts cannot be decoded; "
-                             "build it with --tokenizer")
+                             f"build it with a tokenizer ({option('tokenizer')})")
     try:
         tokenizer = _loaded(identity["name_or_path"], tuple(identity.get("added_tokens", ())))
     except (TokenizerError, OSError, ValueError) as error:

@@ -12,9 +12,14 @@ import pytest
 import torch
 import yaml
 from support.packing import GEOMETRY, SPECIAL, build_groups
+from support.packs import position
 
+from mmidx.config import DataConfig
+from mmidx.index.pack_index import build_pack_index, pack_index_costs
 from mmidx.pack.batch import PackedBatch
 from mmidx.train.bagel import LOADER_STATE_NAME, trainer_loader
+from mmidx.train.shares import GlobalBatchError
+from mmidx.train.state import LoaderStateError
 
 # Bagel.forward's parameters (modeling/bagel/bagel.py): everything the trainer passes as **data
 FORWARD_PARAMETERS = {
@@ -41,10 +46,10 @@ def config_file(tmp_path_factory):
     return path
 
 
-def loader_of(config_file, data_status=None, *, use_flex=True, num_workers=0, local_rank=0, world_size=1):
+def loader_of(config_file, data_status=None, *, use_flex=True, num_workers=0, local_rank=0, world_size=1, **more):
     return trainer_loader(config_file, BAGEL_DATA_CONFIG, local_rank=local_rank, world_size=world_size,
                           num_workers=num_workers, use_flex=use_flex, data_status=data_status,
-                          special_tokens=SPECIAL, data_seed=7, num_samples=200, **PACKING)
+                          special_tokens=SPECIAL, **{"data_seed": 7, "num_samples": 200, **PACKING, **more})
 
 
 def train(train_loader, total_steps, data_status=None, train_step=0, device="cpu"):
@@ -92,7 +97,8 @@ def test_the_trainer_loop_runs_unchanged_and_resumes_with_the_same_next_batches(
     uninterrupted, _ = train(loader_of(config_file, use_flex=use_flex), total_steps=5)
     assert len(uninterrupted) == 5
     first, data_status = train(loader_of(config_file, use_flex=use_flex), total_steps=2)
-    assert data_status[LOADER_STATE_NAME] == {0: {"packs_consumed": 2, "world_size": 1}}
+    assert list(data_status[LOADER_STATE_NAME]) == [0]
+    assert position(data_status[LOADER_STATE_NAME][0]) == {"packs_consumed": 2, "world_size": 1, "global_batch_size": 1}
     groups = set(data_status) - {LOADER_STATE_NAME}
     assert groups and groups <= {"t2i", "edit", "vlm"}
     assert all(set(status) == {0} for status in data_status.values())  # worker ids, as BAGEL records them
@@ -106,7 +112,7 @@ def test_worker_ids_are_the_dataloader_workers_that_built_the_packs(config_file)
     _, data_status = train(loader_of(config_file, num_workers=2), total_steps=4)
     sample_workers = {worker for name, status in data_status.items() if name != LOADER_STATE_NAME for worker in status}
     assert sample_workers == {0, 1}
-    assert data_status[LOADER_STATE_NAME] == {0: {"packs_consumed": 4, "world_size": 1}}
+    assert position(data_status[LOADER_STATE_NAME][0])["packs_consumed"] == 4
 
 
 def test_each_rank_resumes_from_its_own_data_status(config_file, tmp_path):
@@ -116,7 +122,7 @@ def test_each_rank_resumes_from_its_own_data_status(config_file, tmp_path):
     torch.save(statuses, path)
     for rank in range(2):
         status = torch.load(path, weights_only=True, map_location="cpu")[rank]
-        assert status[LOADER_STATE_NAME] == {0: {"packs_consumed": 2, "world_size": 2}}
+        assert position(status[LOADER_STATE_NAME][0]) == {"packs_consumed": 2, "world_size": 2, "global_batch_size": 2}
         rest, _ = train(loader_of(config_file, status, local_rank=rank, world_size=2), total_steps=3, train_step=1)
         assert rest == ranks[rank][1:]
 
@@ -139,3 +145,44 @@ def test_cuda_with_a_device_index_is_to_on_that_cuda_device(monkeypatch):
     batch.cuda(1)
     batch.cuda()
     assert calls == [torch.device("cuda", 1), torch.device("cuda")]
+
+
+def test_the_yamls_packing_policy_is_kept_and_the_trainers_budgets_replace_the_yamls(config_file, tmp_path):
+    tight = tmp_path / "tight.yaml"
+    data = yaml.safe_load(config_file.read_text())
+    data["packing"] = {"policy": "tight", "window": 32, "cost_slack": 0.02, "max_num_tokens": 9999,
+                       "max_num_tokens_per_sample": 9000, "expected_num_tokens": 5000}
+    tight.write_text(yaml.safe_dump(data))
+    index = loader_of(tight).dataset.packs
+    packing = index.config.packing
+    assert (packing.policy, packing.window, packing.cost_slack) == ("tight", 32, 0.02)
+    assert {key: getattr(packing, key) for key in PACKING} == PACKING  # the trainer's, not the YAML's 9999
+    by_hand = DataConfig.from_dict({**data, "packing": {**data["packing"], **PACKING}, "seed": 7})
+    expected = build_pack_index(by_hand, num_samples=200, progress=False)
+    packs = [index.items(k) for k in range(len(index))]
+    assert packs == [expected.items(k) for k in range(len(expected))]
+    bagel = build_pack_index(DataConfig.from_dict({**data, "packing": PACKING, "seed": 7}), num_samples=200,
+                             progress=False)
+    assert packs != [bagel.items(k) for k in range(len(bagel))]  # what the policy dropped would have trained
+
+
+def test_a_global_batch_over_the_world_size_deals_balanced_steps_and_one_it_cannot_share_is_refused(config_file):
+    loader = loader_of(config_file, local_rank=1, world_size=2, global_batch_size=4)
+    costs = pack_index_costs(loader.dataset.packs)
+    assert loader.pack_costs is not None and list(loader.pack_costs) == list(costs)
+    dealt = list(loader.sampler())
+    assert dealt[:2] == sorted(range(4), key=lambda k: (-costs[k], k))[1::2]  # rank 1: the 2nd and 4th dearest
+    assert loader_of(config_file, world_size=2).pack_costs is None  # BAGEL's loop: one pack per rank, no deal
+    with pytest.raises(GlobalBatchError, match="global_batch_size 8 must be a multiple of the world size 3"):
+        loader_of(config_file, world_size=3, global_batch_size=8)
+
+
+def test_a_data_status_of_another_seed_is_refused_unless_strict_is_off_and_an_older_one_is_warned(config_file):
+    _, data_status = train(loader_of(config_file), total_steps=3)
+    with pytest.raises(LoaderStateError, match=r"the seed \(7 → 8\) differs"):
+        loader_of(config_file, data_status, data_seed=8)
+    with pytest.warns(UserWarning, match="continuing this stream at pack 3 as strict=False asks"):
+        assert loader_of(config_file, data_status, data_seed=8, strict=False).steps_consumed == 3
+    older = {**data_status, LOADER_STATE_NAME: {0: {"packs_consumed": 3, "world_size": 1}}}  # as mmidx saved it
+    with pytest.warns(UserWarning, match="records no stream"):
+        assert loader_of(config_file, older, data_seed=8).steps_consumed == 3

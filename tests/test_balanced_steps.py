@@ -16,7 +16,8 @@ from mmidx.index.cost import pack_costs, step_balance
 from mmidx.index.pack_index import build_pack_index, view_token_counts
 from mmidx.index.packer import pack_samples
 from mmidx.read.dataset import MMIDXDataset
-from mmidx.train.loader import GlobalBatchSampler, steps_of_state
+from mmidx.train.shares import GlobalBatchSampler
+from mmidx.train.state import steps_of_state
 
 
 def schedule(costs, world_size, global_batch_size, start=0):
@@ -52,10 +53,12 @@ def test_resume_8_then_4_then_1_trains_each_global_batch_exactly_as_an_uninterru
     rng = np.random.default_rng(1)
     costs, g = rng.lognormal(0, 1, 64 * 10), 64
     full = {w: schedule(costs, w, g) for w in (8, 4, 1)}
-    state = {"packs_consumed": 3 * g, "world_size": 8}  # 3 optimizer steps at world 8
-    four = schedule(costs, 4, g, start=steps_of_state(state, global_batch_size=g, world_size=4))
-    state = {"packs_consumed": 3 * g + 4 * g, "world_size": 4}  # then 4 more at world 4
-    one = schedule(costs, 1, g, start=steps_of_state(state, global_batch_size=g, world_size=1))
+    state = {"packs_consumed": 3 * g, "world_size": 8, "global_batch_size": g}  # 3 optimizer steps at world 8
+    four = schedule(costs, 4, g, start=steps_of_state(state, GlobalBatchSampler(len(costs), global_batch_size=g,
+                                                                                world_size=4, pack_costs=costs)))
+    state = {"packs_consumed": 3 * g + 4 * g, "world_size": 4, "global_batch_size": g}  # then 4 more at world 4
+    one = schedule(costs, 1, g, start=steps_of_state(state, GlobalBatchSampler(len(costs), global_batch_size=g,
+                                                                               pack_costs=costs)))
     trained = [[full[8][r][b * 8:(b + 1) * 8] for r in range(8)] for b in range(3)]
     trained += [[four[r][b * 16:(b + 1) * 16] for r in range(4)] for b in range(4)]
     trained += [[one[0][b * 64:(b + 1) * 64]] for b in range(len(one[0]) // 64)]

@@ -205,7 +205,7 @@ def test_replacing_a_dataset_built_with_other_options_needs_force(t2i_input, tmp
     assert _build([t2i_input], tmp_path / "out", "--views", "2") == 1
     assert capsys.readouterr().err.strip() == (
         f"mmidx build: {tmp_path / 'out'} holds a dataset built from other inputs or options (see "
-        f"{tmp_path / 'out.report.json'}); pass --force (force=True) to replace it, or choose another output")
+        f"{tmp_path / 'out.report.json'}); pass --force to replace it, or choose another output")
     assert {path.name: path.read_bytes() for path in tmp_path.glob("out.*")} == before  # untouched
     assert _build([t2i_input], tmp_path / "out", "--views", "2", "--force") == 0
     assert MMIDXDataset(tmp_path / "out")[0].num_views == 2

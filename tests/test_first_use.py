@@ -222,8 +222,8 @@ def test_a_missing_tokenizer_folder_says_where_it_looked(name, tmp_path, capsys)
     assert main(["build", "--source", "text", "--input", str(path), "--tokenizer", name,
                  "--output", str(tmp_path / "ds"), "--quiet"]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith(f"mmidx build: {name}: no folder or file {os.path.abspath(name)}; a tokenizer is a folder "
-                           "written by save_pretrained, a tokenizer.json file, or a Hugging Face org/name id")
+    assert line.startswith(f"mmidx build: {name}: no folder or file {os.path.abspath(name)}; --tokenizer is a "
+                           "folder written by save_pretrained, a tokenizer.json file, or a Hugging Face org/name id")
 
 
 def test_sample_output_of_a_corrupt_image_writes_nothing_and_hints_at_verify(tmp_path, capsys):

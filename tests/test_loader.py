@@ -3,10 +3,13 @@
 import pytest
 import torch
 from support.packing import build_groups, config_of
+from support.packs import position
 
 from mmidx.index.pack_index import build_pack_index
 from mmidx.pack.builder import PackBuilder
-from mmidx.train.loader import GlobalBatchSampler, PackDataset, PackLoader
+from mmidx.train.loader import PackDataset, PackLoader
+from mmidx.train.sampler import PackSampler
+from mmidx.train.shares import GlobalBatchError, GlobalBatchSampler
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,8 @@ def test_resume_at_an_arbitrary_pack_continues_exactly(dataset):
         if len(taken) == 3:
             break
     state = loader.state_dict()
-    assert state == {"packs_consumed": 3, "world_size": 1}
+    assert position(state) == {"packs_consumed": 3, "world_size": 1, "global_batch_size": 2}
+    assert state["batch_consumed"] is not None  # inside a global batch: which of its packs were consumed
     resumed = PackLoader(dataset, global_batch_size=2)
     resumed.load_state_dict(state)
     assert taken + [fingerprint(b) for b in resumed] == full
@@ -63,6 +67,14 @@ def test_pinned_batches_move_to_the_device_and_build_masks_there(dataset):
     assert data["split_lens"][-1] == batch.max_num_tokens - batch.sequence_length
 
 
-def test_world_size_must_divide_the_global_batch():
-    with pytest.raises(ValueError, match="multiple of the world size"):
+def test_a_world_size_that_cannot_share_the_global_batch_is_refused_at_construction(dataset):
+    with pytest.raises(GlobalBatchError, match="multiple of the world size"):
         GlobalBatchSampler(10, global_batch_size=6, world_size=4)
+    for make in (PackLoader, PackSampler):  # not at iter() or len()
+        with pytest.raises(GlobalBatchError, match=r"^global_batch_size 8 must be a multiple of the world size 3, so "
+                                                   r"every rank gets the same share$"):
+            make(dataset, global_batch_size=8, rank=0, world_size=3)
+    with pytest.raises(GlobalBatchError, match="rank 3 is not in a world of 3"):
+        PackLoader(dataset, global_batch_size=6, rank=3, world_size=3)
+    with pytest.raises(GlobalBatchError, match="holds 2 costs for"):
+        PackLoader(dataset, global_batch_size=2, pack_costs=[1.0, 2.0])

@@ -176,3 +176,19 @@ def test_the_report_of_a_plain_index_is_one_phase_of_the_groups_weights(groups):
     assert sum(g["tokens"] for g in phase["groups"].values()) == index.stats["tokens"]
     assert [g["samples"] for g in phase["groups"].values()] == list(index.stats["groups"].values())
     assert all(g["weight"] == pytest.approx(1 / 3) for g in phase["groups"].values())
+
+
+def test_a_schedule_of_one_phase_blends_by_its_weights_not_the_groups_weight_keys(groups):
+    """As the groups of those weights without a schedule do, pack for pack (a history's index, which always
+    runs the phased stream, then keeps the packs before its takeovers)."""
+    weights = {"t2i": 0.5, "edit": 0.5, "vlm": 1.0}
+    scheduled = DataConfig.from_dict({"groups": groups, "geometry": GEOMETRY, "packing": PACKING,
+                                      "schedule": [{"weights": weights}]})
+    weighted = {name: {**spec, "weight": weights[name]} for name, spec in groups.items()}
+    weighted = DataConfig.from_dict({"groups": weighted, "geometry": GEOMETRY, "packing": PACKING})
+    index = build_pack_index(scheduled, num_samples=600, progress=False)
+    expected = build_pack_index(weighted, num_samples=600, progress=False)
+    assert index.stats["groups"] == expected.stats["groups"] == {"t2i": 150, "edit": 150, "vlm": 300}
+    assert [index.items(k) for k in range(len(index))] == [expected.items(k) for k in range(len(expected))]
+    (phase,) = mixture_report(index)["phases"]  # and the report weighs them so
+    assert [group["weight"] for group in phase["groups"].values()] == [0.25, 0.25, 0.5]

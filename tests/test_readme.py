@@ -508,7 +508,7 @@ def test_every_bash_and_python_block_runs_as_written(demo, s3, cluster, tmp_path
             assert result.returncode == 0 and "Traceback" not in output, f"{block.where}:\n{block.code}\n{output}"
     # the training loop's example: two steps after `mmidx demo`, resumable from the state it saved
     names = next(names for names in namespaces if "checkpoint" in names)
-    assert names["step"] == 1 and names["checkpoint"]["data"] == {"packs_consumed": 2, "world_size": 1}
+    assert names["step"] == 1 and names["checkpoint"]["data"]["packs_consumed"] == 2
     assert set(names["data"]) >= {"sequence_length", "sample_lens", "packed_text_ids"}
     assert len(names["bounds"]) == 4 and names["tokens"].size == names["bounds"][-1]
     # what the shell blocks wrote is what their commands say they write

@@ -143,7 +143,7 @@ def test_a_name_that_can_only_be_a_path_is_looked_for_on_disk_only(name, online)
     message, seconds = refused(name)
     assert seconds < FAST
     assert hub.requests == []
-    assert message.startswith(f"{name}: no folder or file {os.path.abspath(name)}; a tokenizer is a folder")
+    assert message.startswith(f"{name}: no folder or file {os.path.abspath(name)}; tokenizer is a folder")
 
 
 def test_the_command_line_says_it_in_one_line_at_once(online, tmp_path, capsys):

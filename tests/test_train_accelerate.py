@@ -5,7 +5,7 @@ with the batches an uninterrupted run has."""
 import pytest
 import torch
 from accelerate import Accelerator
-from support.packs import assert_same_batches, pack_dataset, write_data_config
+from support.packs import assert_same_batches, pack_dataset, position, write_data_config
 
 from mmidx.train.loader import PackLoader
 
@@ -43,8 +43,9 @@ def train(dataset, steps, *, save_to=None, resume_from=None):
 def test_load_state_resumes_the_loader_with_the_batches_of_an_uninterrupted_run(dataset, tmp_path):
     uninterrupted = train(dataset, 9)
     first = train(dataset, 4, save_to=tmp_path / "state")
-    assert torch.load(tmp_path / "state" / "custom_checkpoint_0.pkl", weights_only=True) == {
-        "packs_consumed": 4, "world_size": 1}
+    saved = torch.load(tmp_path / "state" / "custom_checkpoint_0.pkl", weights_only=True)
+    assert position(saved) == {"packs_consumed": 4, "world_size": 1, "global_batch_size": 1}
+    assert saved["stream"] == dataset.identity.parts(4)
     rest = train(dataset, 5, resume_from=tmp_path / "state")
     assert_same_batches(first + rest, uninterrupted)
 

@@ -3,14 +3,16 @@ worker count (PackSampler.resume_from) and of world size, and the DCP Stateful p
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from support.packs import assert_same_batches, pack_dataset, take, write_data_config
+from support.packs import assert_same_batches, pack_dataset, position, take, write_data_config
 from torch.distributed.checkpoint.stateful import Stateful
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mmidx import PackSampler
 from mmidx.train.loader import PackLoader
+from mmidx.train.state import LoaderStateError
 
 GLOBAL_BATCH = 2
 pytestmark = pytest.mark.filterwarnings("ignore:.set_vital. is deprecated")  # torchdata 0.11 on torch 2.13
@@ -80,8 +82,9 @@ def test_a_state_saved_inside_a_global_batch_resumes_only_at_its_world_size(data
     sampler = PackSampler(dataset, global_batch_size=4, world_size=2)
     take(sampler, 1)  # rank 0 drew pack 0 of packs 0-3; rank 1 drew pack 2
     state = sampler.state_dict()
-    assert state == {"packs_consumed": 2, "world_size": 2}
-    with pytest.raises(ValueError, match="resume it at world size 2, or from a checkpoint taken at an optimizer"):
+    assert position(state) == {"packs_consumed": 2, "world_size": 2, "global_batch_size": 4}
+    with pytest.raises(ValueError, match="resume it at world size 2 with global_batch_size 4, or from a checkpoint "
+                                         "taken at an optimizer"):
         PackSampler(dataset, global_batch_size=4).load_state_dict(state)
     same_world = PackSampler(dataset, global_batch_size=4, rank=1, world_size=2)
     same_world.load_state_dict(state)
@@ -95,6 +98,26 @@ def test_a_loader_state_without_a_pack_sampler_is_refused_with_the_way_out(datas
         PackSampler(dataset).resume_from(plain.state_dict())
     with pytest.raises(ValueError, match="not the sampler's"):
         PackSampler(dataset).resume_from({"packs_consumed": 2, "world_size": 1})
+
+
+def test_a_state_of_another_seed_is_refused_by_the_sampler_torchdata_and_resume_from(dataset):
+    folder = Path(dataset.packs.config.groups[0].datasets[0]).parent
+    other = folder / "other-seed.yaml"
+    other.write_text((folder / "data.yaml").read_text().replace("seed: 5", "seed: 6"))  # the same datasets
+    other = pack_dataset(other)
+    loader = loader_of(dataset, 2)
+    take(loader, 3)
+    saved = loader.state_dict()
+    resumed = loader_of(other, 2)
+    resumed.load_state_dict(saved)  # torchdata hands the sampler its state when it starts iterating
+    with pytest.raises(LoaderStateError, match=r"the seed \(5 → 6\) differs"):
+        next(iter(resumed))
+    with pytest.raises(LoaderStateError, match=r"the seed \(5 → 6\) differs"):
+        PackSampler(other, global_batch_size=GLOBAL_BATCH).resume_from(saved)
+    anyway = PackSampler(other, global_batch_size=GLOBAL_BATCH)
+    with pytest.warns(UserWarning, match="continuing this stream at pack 3 as strict=False asks"):
+        anyway.resume_from(saved, strict=False)
+    assert next(iter(anyway)) == 3
 
 
 def test_the_loader_and_the_sampler_are_dcp_stateful(dataset):

@@ -8,7 +8,7 @@ package asks for a newer torch and packages its dataloader never imports); the r
 
 import pytest
 import torch
-from support.packs import NUM_SAMPLES, assert_same_batches, pack_dataset, write_data_config
+from support.packs import NUM_SAMPLES, assert_same_batches, pack_dataset, position, write_data_config
 
 torchtitan_dataloader = pytest.importorskip(
     "torchtitan.components.dataloader", reason="torchtitan is not installed: pip install --no-deps torchtitan==0.3.0")
@@ -85,7 +85,8 @@ def test_it_resumes_on_another_dp_size_where_torchtitans_own_loader_refuses(conf
     ranks = [build(config, rank, 2, global_batch_size=2) for rank in range(2)]
     first = [trainer_steps(dataloader, 3) for dataloader in ranks]  # 3 optimizer steps of 2 packs
     state = ranks[0].state_dict()
-    assert state == ranks[1].state_dict() == {"packs_consumed": 6, "world_size": 2}
+    assert state == ranks[1].state_dict()
+    assert position(state) == {"packs_consumed": 6, "world_size": 2, "global_batch_size": 2}
     resumed = build(config, global_batch_size=2)
     resumed.load_state_dict(state)
     interleaved = [pair for step in zip(*first, strict=True) for pair in step]
@@ -97,3 +98,22 @@ def test_a_micro_batch_of_several_packs_or_no_data_yaml_is_refused_with_the_sett
         build(config, local_batch_size=8)
     with pytest.raises(ValueError, match=r"set dataloader\.dataset_path to mmidx's data\.yaml"):
         PackDataloader.Config().build(dp_rank=0, dp_world_size=1, local_batch_size=1)
+
+
+def test_a_global_batch_the_dp_size_cannot_share_is_refused_when_built(config):
+    with pytest.raises(ValueError, match="global_batch_size 8 must be a multiple of the world size 3"):
+        build(config, 0, 3, global_batch_size=8)
+
+
+def test_a_checkpoint_of_another_seed_is_refused_unless_strict_resume_is_off(config):
+    path, cache = config
+    other = path.with_name("other-seed.yaml")
+    other.write_text(path.read_text().replace("seed: 5", "seed: 6"))  # the same datasets, another seed
+    saved = build(config)
+    trainer_steps(saved, 2)
+    with pytest.raises(ValueError, match=r"the seed \(5 → 6\) differs\): resume with the config, seed and datasets"):
+        build((other, cache)).load_state_dict(saved.state_dict())
+    anyway = build((other, cache), strict_resume=False)
+    with pytest.warns(UserWarning, match="continuing this stream at pack 2 as strict=False asks"):
+        anyway.load_state_dict(saved.state_dict())
+    assert position(anyway.state_dict())["packs_consumed"] == 2

@@ -1,4 +1,4 @@
-"""The mmidx command line: build, merge, inspect, verify, sample, export, fetch, precache, index, show, bench...
+"""The mmidx command line: one command per step from raw data to training (:data:`mmidx.cli.common.PIPELINE`).
 
 Each subcommand is a small function taking the parsed arguments and returning an exit code;
 ``main`` wires them to argparse and turns any error that escapes them into one line and exit status 1.
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import mmidx
 from mmidx.cli import build, index, inspect, precache, toolkit, view
-from mmidx.cli.common import EXIT_STATUSES, HelpFormatter, in_pipeline_order
-from mmidx.errors import MMIDXError
+from mmidx.cli.common import EXIT_STATUSES, PIPELINE, HelpFormatter, in_pipeline_order
+from mmidx.errors import MMIDXError, command_line
 
 # What a rerun of an interrupted command does, where it keeps finished work.
 RESUMES = {
@@ -24,8 +24,8 @@ RESUMES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmidx", description=__doc__.splitlines()[0], epilog=EXIT_STATUSES,
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(prog="mmidx", description=f"The mmidx command line: {', '.join(PIPELINE)}.",
+                                     epilog=EXIT_STATUSES, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"mmidx {mmidx.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for family in (inspect, index, toolkit, build, precache, view):
@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     name = f"mmidx {args.command}"
     try:
-        code = args.handler(args)
+        with command_line():  # messages name the options (--max-skip-rate), not the Python parameters
+            code = args.handler(args)
         sys.stdout.flush()  # a closed pipe is met here, not at exit where it could only be ignored noisily
         return code
     except BrokenPipeError:  # the reader went away (``| head``): nothing more to say to it

@@ -7,8 +7,36 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mmidx.cli.common import PREFIX, Commands, add_command, at_least, dataset_prefix, default_note
+from mmidx.cli.common import (
+    EXIT_STATUSES,
+    PREFIX,
+    Commands,
+    add_command,
+    at_least,
+    dataset_prefix,
+    default_note,
+    fraction,
+    one_dataset,
+    size_note,
+)
 from mmidx.cli.url_options import add_url_arguments, max_skip_rate, url_source_options
+
+# What each --source reads, in the help itself (a wheel install has no docs folder); a test keeps every source here.
+INPUT_SCHEMAS = """input schemas (--source: files; what one row holds):
+
+  t2i        .parquet: image (encoded bytes), captions ({"0": "a cat", ...})
+  edit       .parquet: image_list (n >= 2 images), instruction_list (n-1 lists)
+  vlm        .jsonl: LLaVA conversations + image(s) or video, under --image-root
+  chat       .jsonl: conversations, and keys of --extra-keys or --chat-config
+  text       .jsonl: a text field (--text-key)
+  prompts    .txt (one a line), .jsonl, .json: prompt (--prompt-key) or caption
+  wds        .tar, .tar.gz, .tgz: KEY.jpg (any image) + KEY.txt and/or KEY.json
+  video_gen  .jsonl: video (file or frames folder/), caption, condition_frames
+  hf         .parquet, .arrow, save_to_disk: image + captions, or conversations
+  urls       .parquet, .csv, .tsv, .jsonl (each also .gz): URL + caption columns
+
+Images with a captions file, or any other layout: a Python function over your inputs, built by mmidx.write
+(help(mmidx.write))."""
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -71,13 +99,15 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _register_build(commands: Commands) -> None:
+    from mmidx.images.decode import DEFAULT_MAX_PIXELS
     from mmidx.sources import SOURCE_NAMES, SourceOptions
 
     defaults = SourceOptions()
     sub = add_command(commands, "build", cmd_build,
                       "Build an mmidx dataset from raw sources (t2i/edit parquet, VLM/chat/text JSONL, RL prompt "
                       "files, WebDataset tars, Hugging Face datasets, URL tables downloaded while building), or every "
-                      "group of a BAGEL data config. Each source's input schema: docs/reference/sources.md.")
+                      "group of a BAGEL data config. Each source's input schema: at the end of this help.")
+    sub.epilog = f"{INPUT_SCHEMAS}\n\n{EXIT_STATUSES}"
     what = sub.add_argument_group("what to build", "--source, --input and --output; or --config, --dataset-info "
                                                    "and --output-dir")
     what.add_argument("--source", choices=SOURCE_NAMES, metavar="SOURCE",
@@ -103,13 +133,14 @@ def _register_build(commands: Commands) -> None:
     run.add_argument("--num-nodes", type=at_least(1), default=1,
                      help="split the units over this many nodes; each builds its share, then mmidx merge")
     run.add_argument("--node-rank", type=at_least(0), default=0, help="this node's number in 0..num-nodes-1")
-    run.add_argument("--max-skip-rate", type=at_least(0.0, float),
+    run.add_argument("--max-skip-rate", type=fraction,
                      help=default_note("fail when a larger fraction of the rows is skipped",
                                        "0.01; --source urls: 1.0"))
     run.add_argument("--rows-per-shard", type=at_least(1), default=defaults.rows_per_shard,
                      help="parquet rows per work unit (row groups are never split)")
     run.add_argument("--bytes-per-shard", type=at_least(1), default=defaults.bytes_per_shard,
-                     help="JSONL bytes per work unit (cut at line starts)")
+                     help=default_note("JSONL bytes per work unit (cut at line starts)",
+                                       size_note(defaults.bytes_per_shard, "bytes")))
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--force", action="store_true",
                      help="replace a dataset at the output built from other inputs or options (a rerun with the "
@@ -119,10 +150,12 @@ def _register_build(commands: Commands) -> None:
     samples.add_argument("--seed", type=int, default=defaults.seed, help="seed of every random draw")
     samples.add_argument("--image-root", metavar="FOLDER",
                          help="folder that image and video names in JSONL rows are relative to")
-    samples.add_argument("--max-image-size", "--max-image-side", type=at_least(1),
+    samples.add_argument("--max-image-size", type=at_least(1), metavar="PIXELS",
                          help="downsize and re-encode images whose long edge is larger (lossy; recorded)")
-    samples.add_argument("--max-image-pixels", type=at_least(1),
-                         help=default_note("refuse images with more pixels (decompression bombs)", "2^27"))
+    samples.add_argument("--max-image-side", type=at_least(1), dest="max_image_size", help=argparse.SUPPRESS)
+    samples.add_argument("--max-image-pixels", type=at_least(1), metavar="PIXELS",
+                         help=default_note("refuse images with more pixels (decompression bombs)",
+                                           size_note(DEFAULT_MAX_PIXELS, "pixels")))
     samples.add_argument("--max-text-tokens", type=at_least(1), default=defaults.max_text_tokens, metavar="N",
                          help="skip rows with a text longer than N tokens (counted as text_too_long)")
     samples.add_argument("--min-frames", type=at_least(1), default=defaults.min_frames,
@@ -138,7 +171,8 @@ def _register_build(commands: Commands) -> None:
                        help="chat: comma-separated fields placed before the conversation, without loss")
     jsonl.add_argument("--chat-config", metavar="CHAT_YAML",
                        help="chat: YAML of special_tokens, loss_masking_jq_patterns, message_construction and "
-                            "eos_after, which decide the training text (docs: guide/chat)")
+                            "eos_after, which decide the training text (each key: python -m pydoc "
+                            "mmidx.sources.chat_config)")
     jsonl.add_argument("--prompt-key", default=defaults.prompt_key, help="prompts: JSON field of the prompt")
     jsonl.add_argument("--caption-key", default=defaults.caption_key,
                        help="wds: caption field of .json members; video_gen: caption field of a row")
@@ -176,9 +210,9 @@ def _register_merge(commands: Commands) -> None:
                       "PREFIX.shards folder), named in any order, into its dataset; or concatenate whole datasets "
                       "of one kind and tokenizer.")
     sub.add_argument("output", type=dataset_prefix, metavar=PREFIX, help="output dataset prefix")
-    sub.add_argument("input", nargs="+", type=dataset_prefix, metavar="PREFIX_OR_SHARDS",
+    sub.add_argument("input", nargs="+", type=one_dataset, metavar="PREFIX_OR_SHARDS",
                      help="the prefixes (or shard folders) each node of one build wrote, or dataset prefixes")
-    sub.add_argument("--max-skip-rate", type=at_least(0.0, float),
+    sub.add_argument("--max-skip-rate", type=fraction,
                      help=default_note("shard folders: fail when a larger fraction of the rows was skipped",
                                        "0.01; --source urls: 1.0"))
 

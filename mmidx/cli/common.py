@@ -9,6 +9,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mmidx.errors import MMIDXError
 from mmidx.format import SUFFIXES
 
 EXIT_STATUSES = """exit status: 0 success; 1 failure (bad or missing file, bad data, a problem found), reported in
@@ -23,6 +24,28 @@ def dataset_prefix(value: str) -> str:
         if value.endswith(suffix) and not os.path.exists(value + SUFFIXES["idx"]):
             return value.removesuffix(suffix)
     return value
+
+
+def one_dataset(value: str) -> str:
+    """An argparse type: the prefix of one dataset (:func:`dataset_prefix`), where a data YAML cannot stand for
+    it (``sample``, ``export``, ``merge``); a YAML file is a usage error naming the datasets a data YAML lists."""
+    if value.endswith((".yaml", ".yml")) and os.path.isfile(value) and not os.path.exists(value + SUFFIXES["idx"]):
+        raise argparse.ArgumentTypeError(_one_dataset_expected(value))
+    return dataset_prefix(value)
+
+
+def _one_dataset_expected(path: str) -> str:
+    """Why a YAML file cannot stand where one dataset prefix is expected, naming the datasets a data YAML lists."""
+    import yaml
+
+    try:
+        prefixes = _dataset_prefixes([path])
+    except (MMIDXError, OSError, ValueError, yaml.YAMLError):  # not a data YAML (a BAGEL config, a typo)
+        return f"{path} is a YAML file, not a dataset; give one dataset's prefix (the path without .idx/.bin)"
+    if not os.path.isabs(path):  # named as the user named the YAML: relative to here
+        prefixes = [prefix if "://" in prefix else os.path.relpath(prefix) for prefix in prefixes]
+    shown = ", ".join(prefixes[:8]) + (f" ... ({len(prefixes)} in all)" if len(prefixes) > 8 else "")
+    return f"{path} is a data YAML, not one dataset; give one of its datasets' prefixes: {shown}"
 
 
 def _dataset_prefixes(paths: Sequence[str]) -> list[str]:
@@ -52,30 +75,73 @@ PIPELINE = ("build", "merge", "inspect", "verify", "sample", "export", "fetch", 
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """The help of every command: paragraphs wrapped at the terminal's width (at most 100 columns), and every
-    option's help ending in argparse's ``(default: …)``, unless it has none (None, False) or says it already.
+    """The help of every command: a short usage line, paragraphs wrapped at the terminal's width (at most 100
+    columns), and every option's help ending in argparse's ``(default: …)``, unless it has none (None, False) or
+    says it already.
 
-    Help that must say more than a value (``None`` meaning "the source's choice") writes it the same way:
-    ``(default: …)`` at the end, as :func:`default_note` does."""
+    The usage line names the required options and the positional arguments, and ``[options]`` for the rest
+    (listed below it), so a usage error is two lines, not argparse's list of every option. Help that must say
+    more than a value (``None`` meaning "the source's choice", a size) writes its default the same way:
+    ``(default: …)`` at the end, as :func:`default_note` does. A paragraph whose every line is indented (a
+    table) is kept as written."""
 
     def __init__(self, prog: str, **kwargs: Any) -> None:
         kwargs.setdefault("width", max(40, min(shutil.get_terminal_size().columns - 2, 100)))
         super().__init__(prog, **kwargs)
 
+    def add_usage(self, usage: str | None, actions: Any, groups: Any, prefix: str | None = None) -> None:
+        if usage is None:
+            parts = ["%(prog)s"]
+            parts += [f"{action.option_strings[0]} {self._format_args(action, action.dest.upper())}"
+                      for action in actions if action.option_strings and action.required]
+            if any(action.option_strings and not action.required for action in actions):
+                parts.append("[options]")
+            parts += [self._format_args(action, action.dest) for action in actions if not action.option_strings]
+            usage = " ".join(parts)
+        super().add_usage(usage, actions, groups, prefix)
+
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        """Each paragraph (blank-line separated) wrapped on its own."""
-        return "\n\n".join(super(HelpFormatter, self)._fill_text(paragraph, width, indent)
-                           for paragraph in text.split("\n\n"))
+        """Each paragraph (blank-line separated) wrapped on its own, unless every line of it is indented."""
+        return "\n\n".join(
+            paragraph if all(line.startswith(" ") for line in paragraph.splitlines())
+            else super(HelpFormatter, self)._fill_text(paragraph, width, indent) for paragraph in text.split("\n\n"))
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False or action.default == ():
+        if action.default is None or action.default is False or action.default == () or "(default: " in (
+                action.help or ""):
             return action.help or ""
+        if isinstance(action.default, int) and not isinstance(action.default, bool) and action.default >= 10_000:
+            return default_note(action.help or "", f"{action.default:,}")  # as the commands print counts: 20,000
         return super()._get_help_string(action) or ""
 
 
 def default_note(help: str, default: str) -> str:
     """``help`` ending in a default that is not a plain value, written as argparse writes the others."""
     return f"{help} (default: {default})"
+
+
+def size_note(value: int, unit: str) -> str:
+    """A size default as every help text writes one: a readable form, then the exact number the option takes
+    with its unit: "256 MiB = 268,435,456 bytes" (bytes in whole MiB), "2^27 = 134,217,728 pixels" (another
+    power of two), else "100,000 rows"."""
+    if unit == "bytes" and value and value % (1 << 20) == 0:
+        readable = f"{value >> 20:,} MiB"
+    elif value and value & (value - 1) == 0:
+        readable = f"2^{value.bit_length() - 1}"
+    else:
+        return f"{value:,} {unit}"
+    return f"{readable} = {value:,} {unit}"
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a fraction in [0, 1], or a usage error (exit 2) saying so."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1] (0.05: 5% of the rows)")
+    return value
 
 
 def at_least(minimum: float, kind: type = int) -> Callable[[str], float]:

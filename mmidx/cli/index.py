@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -124,6 +125,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from mmidx.pack.builder import PackBuilder
     from mmidx.toolkit.show import render
 
+    _check_picture_path(args)
     index = build_pack_index(_data_config(args), num_samples=args.num_samples, cache_dir=args.cache_dir)
     config = index.config
     if not 0 <= args.pack < len(index):
@@ -135,6 +137,19 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"{args.output}: pack {args.pack}, {counted(batch.sequence_length, 'token')} in "
           f"{counted(len(batch.sample_lens), 'sample')}{_dropped(config, args.pack, index, batch.sequence_length)}")
     return 0
+
+
+def _check_picture_path(args: argparse.Namespace) -> None:
+    """``-o`` names a picture file of a format PIL writes (known by its extension), before any work is done."""
+    from PIL import Image
+
+    output = args.output
+    if os.path.isdir(output):
+        args.usage_error(f"-o {output}: a folder; -o names the picture file to write, e.g. "
+                         f"{os.path.join(output, f'pack{args.pack}.png')}")
+    if os.path.splitext(output)[1].lower() not in Image.registered_extensions():
+        args.usage_error(f"-o {output}: not a picture file name (its extension says the format); name the PNG file "
+                         f"to write, e.g. {output.rstrip('.')}.png")
 
 
 def _dropped(config: Any, pack: int, index: Any, tokens: int) -> str:

@@ -20,11 +20,16 @@ def _human_bytes(size: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _number(value: float) -> str:
+    """A statistic as the counts beside it are written: thousands separated, at most two decimals, none for a
+    whole number (``2,023,090``, ``50.45``), never in exponent notation."""
+    return f"{value:,.2f}".rstrip("0").rstrip(".")
+
+
 def _describe(stats: dict[str, float]) -> str:
     if not stats.get("count"):
         return "none"
-    return (f"min {stats['min']:g}  mean {stats['mean']:g}  p50 {stats['p50']:g}  "
-            f"p99 {stats['p99']:g}  max {stats['max']:g}")
+    return "  ".join(f"{name} {_number(stats[name])}" for name in ("min", "mean", "p50", "p99", "max"))
 
 
 def format_summary(info: dict[str, Any]) -> str:

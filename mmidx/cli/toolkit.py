@@ -16,8 +16,8 @@ from mmidx.cli.common import (
     add_command,
     add_pack_arguments,
     at_least,
-    dataset_prefix,
     default_note,
+    one_dataset,
 )
 from mmidx.cli.index import _data_config
 
@@ -91,7 +91,7 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("--json", action="store_true", help="print the results as JSON")
     sub = add_command(commands, "sample", cmd_sample,
                       "Show one sample as a person reads it: each element of a view, decoded texts, images, origin.")
-    sub.add_argument("prefix", type=dataset_prefix, metavar=PREFIX, help=PREFIX_HELP)
+    sub.add_argument("prefix", type=one_dataset, metavar=PREFIX, help=PREFIX_HELP)
     sub.add_argument("index", type=at_least(0), metavar="SAMPLE", help="sample number")
     sub.add_argument("--view", type=at_least(0), default=0,
                      help="view number; epoch e reads view e mod views")
@@ -101,7 +101,7 @@ def _register_toolkit(commands: Commands) -> None:
                       "Write a dataset back to a raw layout BAGEL reads (t2i/edit parquet, LLaVA JSONL + images) "
                       "or to WebDataset tars or a Hugging Face datasets folder (load_from_disk), with the original "
                       "image bytes.")
-    sub.add_argument("prefix", type=dataset_prefix, metavar=PREFIX, help=PREFIX_HELP)
+    sub.add_argument("prefix", type=one_dataset, metavar=PREFIX, help=PREFIX_HELP)
     sub.add_argument("--to", required=True, choices=("parquet", "jsonl", "wds", "hf"), help="layout to write")
     sub.add_argument("output", metavar="FOLDER", help="folder to write (created; must not hold files already)")
 

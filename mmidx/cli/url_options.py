@@ -9,7 +9,7 @@ from typing import Any
 
 def add_url_arguments(sub: argparse.ArgumentParser) -> None:
     """The URL-ingest options of ``mmidx build`` (they apply to --source urls; fetch options also to prompts)."""
-    from mmidx.cli.common import at_least
+    from mmidx.cli.common import at_least, default_note, size_note
     from mmidx.sources import SourceOptions
 
     defaults = SourceOptions()
@@ -26,7 +26,8 @@ def add_url_arguments(sub: argparse.ArgumentParser) -> None:
     group.add_argument("--fetch-retries", type=at_least(0), default=defaults.fetch_retries,
                        help="tries after the first for transient failures (timeouts, resets, DNS, 429, 5xx)")
     group.add_argument("--max-image-bytes", type=at_least(1), default=defaults.max_image_bytes,
-                       help="stop reading a body past this many bytes (fetch:too_large)")
+                       help=default_note("stop reading a body past this many bytes (fetch:too_large)",
+                                         size_note(defaults.max_image_bytes, "bytes")))
     group.add_argument("--ignore-opt-out", action="store_true",
                        help="download images whose server says X-Robots-Tag noai/noimageai (each counted as a "
                             "warning in the report)")

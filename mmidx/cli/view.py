@@ -76,7 +76,8 @@ def register(commands: Any) -> None:
                           "machines (a warning says so)")
     sub.add_argument("--port", type=_port, default=8765, help="port to listen on (0: any free port)")
     add_geometry_arguments(sub)  # the packs of a data YAML
-    group = sub.add_argument_group("limits (docs/guide/viewer-security.md)")
+    group = sub.add_argument_group("limits", "what one client may take of the viewer, so that slow, greedy or "
+                                             "absurd requests cannot stall it; each says what happens at its limit")
     group.add_argument("--time-limit", type=_positive(float), default=limits.TIME_LIMIT, metavar="SECONDS",
                         help="a page not ready in this time is answered 503; its work goes on and a reload gets it")
     group.add_argument("--request-timeout", type=_positive(float), default=limits.REQUEST_TIMEOUT, metavar="SECONDS",

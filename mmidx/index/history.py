@@ -1,12 +1,13 @@
 """The mixture history of a run: which data config was in force from which pack — ``MixtureHistory``.
 
 A resumed run whose data.yaml was edited (new weights, a new schedule) is the old config up to the pack it
-resumed at and the new one after it: a new phase at the checkpoint. The history records every config with
-the pack where it took over (fully resolved, so editing the YAML again cannot change a recorded one), and
-the pack index of a history is the one schedule that strings them together
-(:func:`MixtureHistory.phases`). Packs already consumed can never change: an edit of anything but the
-groups' weights and the schedule — datasets of a group, transforms, packing budgets, geometry, seed — is
-refused with one line saying what to do.
+resumed at and the new one after it: a new phase at the checkpoint. A checkpoint saved inside a global batch
+resumes the old config to the batch's end, where the new one takes over (:func:`takeover_pack`). The history
+records every config with the pack where it took over (fully resolved, so editing the YAML again cannot change
+a recorded one), and the pack index of a history is the one schedule that strings them together
+(:func:`MixtureHistory.phases`). Packs already consumed can never change: an edit of anything but the groups'
+weights and the schedule — datasets of a group, transforms, packing budgets, geometry, seed — is refused with
+one line saying what to do.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -101,9 +103,9 @@ class MixtureHistory:
                                "(trainer_loader(history=...)) or MixtureHistory.save") from None
 
 
-def _mixture_free(config: DataConfig, num_groups: int | None = None) -> DataConfig:
+def mixture_free(config: DataConfig, num_groups: int | None = None) -> DataConfig:
     """``config`` (its first ``num_groups`` groups) without what a resume may change: the weights, the
-    schedule, dropout, duplicate policy."""
+    schedule, dropout, duplicate policy (what is left made the packs consumed, with the mixture)."""
     groups = tuple(replace(g, weight=1.0) for g in config.groups[:num_groups])
     return replace(config, groups=groups, schedule=(), dropout=type(config.dropout)(), allow_duplicates=False)
 
@@ -112,7 +114,7 @@ def check_edit(old: DataConfig, new: DataConfig, at_pack: int) -> None:
     """Refuse (``HistoryError``, one line) a ``new`` config that would change packs consumed under ``old``.
     New groups after the old ones are an edit like weights: a group's samples, numbers and permutations
     do not depend on the groups after it, and it had weight 0 before it was added."""
-    before, after = _mixture_free(old), _mixture_free(new, len(old.groups))
+    before, after = mixture_free(old), mixture_free(new, len(old.groups))
     names = [g.name for g in old.groups], [g.name for g in new.groups]
     if before == after and names[1][:len(names[0])] == names[0]:
         return
@@ -129,20 +131,43 @@ def check_edit(old: DataConfig, new: DataConfig, at_pack: int) -> None:
     raise HistoryError(f"the edited config changes {what}, which made {consumed}; {fix}")
 
 
-def resumed_history(path: str | os.PathLike, config: DataConfig, packs_consumed: int, *,
+def takeover_pack(resumed_at: int | Mapping[str, Any]) -> int:
+    """The pack where a config edited at a resume takes over: ``resumed_at`` itself for a pack number (the
+    first ``resumed_at`` packs consumed, as at an optimizer step); for a loader's state (``state_dict()``),
+    the end of the global batch it was saved in. Inside a global batch each rank has used the first packs of
+    its own share, and the rest of the batch was dealt under the config before, so that config finishes the
+    batch: every pack trained is then the one the history's pack index holds."""
+    if not isinstance(resumed_at, Mapping):
+        return _count(resumed_at, "packs consumed")
+    consumed = _count(resumed_at.get("packs_consumed"), "the loader state's packs_consumed")
+    batch = resumed_at.get("global_batch_size", 1)  # older states lack it: their count as it is
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise HistoryError(f"the loader state's global_batch_size must be a positive integer, got {batch!r}")
+    return -(-consumed // batch) * batch
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HistoryError(f"{what} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def resumed_history(path: str | os.PathLike, config: DataConfig, resumed_at: int | Mapping[str, Any], *,
                     write: bool = True) -> MixtureHistory:
-    """The history at ``path`` resumed at ``packs_consumed`` with ``config`` (a new phase there if it
-    changed the mixture), written back when ``write`` (one rank writes; every rank computes the same).
-    A run starts its history at pack 0; a resume without one is refused, as its first config is unknown."""
+    """The history at ``path`` resumed with ``config``, which takes over at :func:`takeover_pack` of
+    ``resumed_at`` (the loader's state, or a pack number at an optimizer step) if it changed the mixture;
+    written back when ``write`` (one rank writes; every rank computes the same). A run starts its history
+    at pack 0; a resume without one is refused, as its first config is unknown."""
     path = Path(path)
+    at_pack = takeover_pack(resumed_at)
     if path.exists():
         history = MixtureHistory.load(path)
-    elif packs_consumed == 0:
+    elif at_pack == 0:
         history = MixtureHistory.of(config)
     else:
-        raise HistoryError(f"no mixture history at {path} for a run resumed at pack {packs_consumed:,}: pass the "
+        raise HistoryError(f"no mixture history at {path} for a run resumed at pack {at_pack:,}: pass the "
                            "history the run started with, or save MixtureHistory.of(<the config it ran>) there")
-    history = history.take_over(config, packs_consumed)
+    history = history.take_over(config, at_pack)
     if write:
         history.save(path)
     return history

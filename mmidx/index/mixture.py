@@ -33,8 +33,8 @@ def mixture_report(index: PackIndex, *, share_points: int = 200) -> dict[str, An
     sizes = np.diff(index.dataset_starts[group_starts])
     logs = stats.get("mixture") or [{
         "phase": 0, "start_pack": 0, "start_position": 0, "end_position": stats["samples"], "until_packs": None,
-        "until_tokens": None, "weights": {g.name: g.weight for g in config.groups}, "items": stats["groups"],
-        "tokens": None}]
+        "until_tokens": None, "weights": dict(zip(names, config.phase_weights()[0][0], strict=True)),
+        "items": stats["groups"], "tokens": None}]
     phases = []
     for number, log in enumerate(logs):
         end_pack = logs[number + 1]["start_pack"] if number + 1 < len(logs) else num_packs

@@ -35,13 +35,15 @@ from mmidx.images.transform import ImageTransform, num_image_tokens
 from mmidx.index.cache import ArraySink, cached_build
 from mmidx.index.cost import LLMGeometry, pack_costs
 from mmidx.index.history import MixtureHistory
+from mmidx.index.identity import StreamIdentity
 from mmidx.index.pack_stream import PackStream
 from mmidx.index.schedule import Phase
 from mmidx.index.stream import ViewTable
 from mmidx.index.subsets import selected_views, used_samples
 from mmidx.read.dataset import MMIDXDataset
 
-INDEX_VERSION = 2
+# 3: a schedule of one phase blends by that phase's weights (2 took the groups' weight keys instead)
+INDEX_VERSION = 3
 
 
 def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
@@ -136,6 +138,7 @@ class PackIndex:
     path: Path | None = None
     reused: bool = False
     selections: list[list[np.ndarray | None]] | None = None  # per group and dataset: used samples (None: all)
+    identity: StreamIdentity | None = None  # the stream's, for loader states (None: an index built by hand)
 
     def __post_init__(self) -> None:
         sizes = [len(g.datasets) for g in self.config.groups]
@@ -226,7 +229,8 @@ def build_pack_index(config: DataConfig | MixtureHistory, *, num_samples: int | 
     if progress and reused:  # a build says so with its progress bar
         print(f"mmidx: pack index reused from {folder}", file=sys.stderr)
     used = selections if any(s is not None for group in selections for s in group) else None
-    return PackIndex(config, arrays, stats, dataset_starts, folder, reused, used)
+    identity = StreamIdentity(history, num_samples, tuple(tuple(group) for group in checksums), INDEX_VERSION)
+    return PackIndex(config, arrays, stats, dataset_starts, folder, reused, used, identity)
 
 
 def _check_duplicates(config: DataConfig, checksums: list[list[str]]) -> None:
@@ -276,7 +280,7 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
     if phases is None:
         phases = [Phase(tuple(w), p, t) for w, p, t in config.phase_weights()]
     plain = len(phases) == 1 and min(phases[0].weights) > 0  # today's one blend: weights checked as before
-    stream = PackStream(table, [g.weight for g in config.groups], num_samples, config.seed,
+    stream = PackStream(table, list(phases[0].weights), num_samples, config.seed,
                         mandatory=[g.is_mandatory for g in config.groups], max_num_tokens=packing.max_num_tokens,
                         expected_num_tokens=packing.expected_num_tokens,
                         max_num_tokens_per_sample=packing.max_num_tokens_per_sample,

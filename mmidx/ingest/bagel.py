@@ -82,6 +82,12 @@ def build_from_config(config: str | os.PathLike, dataset_info: str | os.PathLike
                          "folder; build there and upload each dataset (mmidx build --source ... --output s3://...), "
                          "or train from the local folder")
     groups, info = _load_yaml(config), _load_yaml(dataset_info)
+    if isinstance(groups.get("groups"), dict):  # mmidx's own data.yaml: its groups under one key, not at the top
+        raise BuildError(f"{config} looks like an mmidx data config (its groups are under groups:, with the "
+                         "datasets' prefixes); it is what a build writes and mmidx index reads. The BAGEL config to "
+                         "build from has the groups at the top level (t2i_pretrain:, unified_edit:, vlm_sft:) with "
+                         "dataset_names, as in BAGEL's data/configs/*.yaml (mmidx demo writes one: "
+                         "mmidx-demo/bagel.yaml)")
     info_folder = os.path.dirname(os.path.abspath(dataset_info))
     settings = {"tokenizer": tokenizer, "source_options": source_options or SourceOptions(), "workers": workers,
                 "max_skip_rate": max_skip_rate, "progress": progress, "engine": engine,

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from mmidx.errors import option
 from mmidx.ingest.engines import BuildProgress, Engine, LocalEngine
 from mmidx.ingest.merge import finish_build
 from mmidx.ingest.plan import (
@@ -69,7 +70,7 @@ def build_dataset(options: BuildOptions, on_shard: Callable[[Path], None] | None
                 return BuildReport({**judged, "already_built": True, "message": "already built: " + judged["message"]})
             if finished and not options.force:
                 raise BuildError(f"{output} holds a dataset built from other inputs or options (see "
-                                 f"{report_path(output)}); pass --force (force=True) to replace it, or choose "
+                                 f"{report_path(output)}); pass {option('force', True)} to replace it, or choose "
                                  "another output")
         os.makedirs(plan.shards, exist_ok=True)
         write_json(Path(plan.shards, PLAN_NAME), plan_record(plan))

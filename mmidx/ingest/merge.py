@@ -23,7 +23,7 @@ import numpy as np
 from mmidx import format as fmt
 from mmidx.fetch.ledger import merge_ledgers
 from mmidx.ingest.plan import PLAN_NAME, BuildError, finished_shard, meta_sha256, shard_dir, shard_prefix
-from mmidx.ingest.report import BuildReport, add_counts, judge, new_counts, report_path
+from mmidx.ingest.report import BuildReport, add_counts, counted, judge, new_counts, report_path
 from mmidx.ingest.writer import _DatasetWriter
 from mmidx.io.files import read_json, write_json
 from mmidx.io.lock import output_lock
@@ -137,8 +137,8 @@ def _merge_datasets(output: str, inputs: list[str], started: float) -> BuildRepo
     totals = {**new_counts(), "samples": len(dataset), "rows": len(dataset), "tokens": counts.get("tokens", 0),
               "views": counts.get("views", len(dataset)), "images": counts.get("images", 0)}
     totals["seconds"]["wall"] = time.perf_counter() - started
-    return BuildReport({**totals, "output": output, "units": len(inputs), "reused_units": len(inputs), "ok": True,
-                        "message": f"merged {len(inputs)} datasets"})
+    return BuildReport({**totals, "output": output, "datasets": len(inputs), "ok": True,
+                        "message": f"merged {counted(len(inputs), 'dataset')}"})
 
 
 def merge_datasets(prefixes: Iterable[str | os.PathLike], output_prefix: str | os.PathLike,

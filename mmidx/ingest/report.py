@@ -3,7 +3,7 @@
 Counts are plain JSON dicts so that shard reports (``report.json`` of each shard), the build report
 (``OUTPUT.report.json``) and the reports that cross process and node boundaries are the same thing.
 The verdict is judged from the counts and the limit given *now*, so a rerun with another
-``--max-skip-rate`` is judged by that limit.
+limit (``max_skip_rate``, ``mmidx build --max-skip-rate``) is judged by that limit.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmidx.errors import option
 from mmidx.fetch.outcomes import failure_warning
 from mmidx.sources import SKIP_REASONS, WARNING_REASONS, Skip
 
@@ -72,7 +73,7 @@ def judge(data: dict[str, Any], max_skip_rate: float) -> dict[str, Any]:
         ok, message = False, (f"nothing was built from {counted(rows, 'row')}, so no dataset was written; see the skip "
                               "reasons above" if rows else "the inputs hold no rows, so no dataset was written")
     elif skip_rate > max_skip_rate:
-        ok, message = False, (f"{skip_rate:.2%} of the rows were skipped, more than --max-skip-rate "
+        ok, message = False, (f"{skip_rate:.2%} of the rows were skipped, more than {option('max_skip_rate')} "
                               f"{max_skip_rate:.2%}; the dataset was written, but check the inputs")
     else:
         ok, message = True, f"skipped {skip_rate:.2%} of the rows (limit {max_skip_rate:.2%})"
@@ -101,10 +102,15 @@ class BuildReport:
     def summary(self) -> str:
         """A few human-readable lines: what was built, what was skipped or warned about and why."""
         d = self.data
-        lines = [f"{d['output']}: {counted(d['samples'], 'sample')} ({counted(d['views'], 'view')}, "
-                 f"{counted(d['images'], 'image')}, {counted(d['tokens'], 'token')}) from {counted(d['rows'], 'row')} "
-                 f"{'built earlier ' if d.get('already_built') else ''}in {d['seconds'].get('wall', 0):.1f} s; "
-                 f"{counted(d['units'], 'unit')}, {d['reused_units']} reused"]
+        built = (f"{counted(d['samples'], 'sample')} ({counted(d['views'], 'view')}, {counted(d['images'], 'image')}, "
+                 f"{counted(d['tokens'], 'token')})")
+        if "datasets" in d:  # whole datasets merged: no rows or work units, only their samples
+            lines = [f"{d['output']}: {built} from {counted(d['datasets'], 'dataset')} in "
+                     f"{d['seconds'].get('wall', 0):.1f} s"]
+        else:
+            lines = [f"{d['output']}: {built} from {counted(d['rows'], 'row')} "
+                     f"{'built earlier ' if d.get('already_built') else ''}in {d['seconds'].get('wall', 0):.1f} s; "
+                     f"{counted(d['units'], 'unit')}, {d['reused_units']:,} reused"]
         for kind, table, reasons in (("skipped", "skips", SKIP_REASONS), ("warning:", "warnings", WARNING_REASONS)):
             for reason, entry in sorted(d.get(table, {}).items(), key=lambda item: -item[1]["count"]):
                 example = f" (e.g. {_where(entry['examples'][0])})" if entry["examples"] else ""

@@ -14,6 +14,7 @@ extensions, sorted by name.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import posixpath
@@ -67,11 +68,23 @@ def list_inputs(inputs: Sequence[str], extensions: Sequence[str]) -> list[str]:
             found = sorted(entry.path for entry in fs.get_file_info(pafs.FileSelector(path, recursive=False))
                            if entry.type == pafs.FileType.File and entry.path.endswith(tuple(extensions)))
             if not found:
-                raise SourceError(f"input directory {location!r} holds no {'/'.join(extensions)} files")
+                raise SourceError(_no_inputs_message(location, extensions, fs, path))
             files.extend(_uri_of(location, entry) for entry in found)
         else:
             files.append(location)
     return files
+
+
+def _no_inputs_message(location: str, extensions: Sequence[str], fs: Any, path: str) -> str:
+    """Why a folder gives a source no input: what it holds instead, and what builds such files."""
+    held = collections.Counter(posixpath.splitext(entry.path)[1].lower() or "(no extension)"
+                               for entry in fs.get_file_info(pafs.FileSelector(path, recursive=False))
+                               if entry.type == pafs.FileType.File)
+    holds = ", ".join(f"{count} {kind}" for kind, count in held.most_common(5)) or "no files"
+    return (f"input directory {location!r} holds no {'/'.join(extensions)} files, the ones this source reads (it "
+            f"holds {holds}; the input schema of each source: mmidx build --help). Images with a captions file, or "
+            "any other layout, are built by mmidx.write from a Python function (help(mmidx.write), or the "
+            "documentation's guide 'Your own data')")
 
 
 def file_identity(location: str) -> str:

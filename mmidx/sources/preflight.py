@@ -32,6 +32,9 @@ READS: dict[str, tuple[str, ...]] = {
     "video_gen": ("jsonl", "text"), "prompts": ("jsonl", "text"), "wds": ("tar", "gzip"),
     "urls": ("parquet", "jsonl", "text", "gzip"),
 }
+# Formats whose files cannot be empty: a 0-byte one is a copy or download that did not finish.
+NEVER_EMPTY = {".parquet": "parquet", ".arrow": "an Arrow file", ".tar": "a tar archive", ".tgz": "gzip-compressed",
+               ".gz": "gzip-compressed"}
 TYPE_NAMES = {"parquet": "parquet", "arrow": "an Arrow file", "tar": "a tar archive", "gzip": "gzip-compressed",
               "jsonl": "JSON lines", "text": "text", "binary": "binary data (not parquet, Arrow, tar or text)"}
 
@@ -70,7 +73,8 @@ def check(source: str, files: Sequence[str]) -> None:
     for location in list(dict.fromkeys(files))[:FILES_CHECKED]:
         head = _head(location)
         if not head:
-            continue  # an empty file: no rows, as the build reports
+            _check_empty(location)
+            continue  # an empty text file: no rows, as the build reports
         kind = file_type(head)
         if kind in READS[source]:
             continue
@@ -84,11 +88,23 @@ def check(source: str, files: Sequence[str]) -> None:
         _check_t2i(files[0])
 
 
+def _check_empty(location: str) -> None:
+    """Refuse an empty file of a format that is never empty (:data:`NEVER_EMPTY`), saying what to do."""
+    what = next((name for suffix, name in NEVER_EMPTY.items() if location.split("?")[0].endswith(suffix)), None)
+    if what is not None:
+        raise SourceError(f"{location}: the file is empty (0 bytes), so it is not {what}: a copy or download that "
+                          "did not finish? Write it again, or leave it out of the inputs")
+
+
 def _check_t2i(location: str) -> None:
     """The first file of a t2i build has ``image`` and ``captions`` columns, its captions BAGEL's JSON objects."""
     fs, path = filesystem(location)
     with fs.open_input_file(path) as stream:
-        parquet = pq.ParquetFile(stream)
+        try:
+            parquet = pq.ParquetFile(stream)
+        except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError; it names no file
+            raise SourceError(f"{location}: not a readable parquet file ({' '.join(str(error).split())}); write it "
+                              "again, or leave it out of the inputs") from error
         names = parquet.schema_arrow.names
         missing = [name for name in ("image", "captions") if name not in names]
         if missing:

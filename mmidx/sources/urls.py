@@ -5,7 +5,7 @@ Input: tables (:mod:`mmidx.sources.tables`: parquet, CSV/TSV, JSONL, optionally 
 row whose image downloads (:mod:`mmidx.fetch.client`) becomes a t2i sample exactly as the ``t2i`` source
 builds it from the same bytes (:func:`mmidx.sources.t2i` rules, same helpers): the image passes
 :func:`mmidx.sources.media.ingest_image` (header probed, pixel limit applied before any decode, then
-decoded once as a check) and is stored as served, unless ``--max-image-side`` asks for a downscale; a
+decoded once as a check) and is stored as served, unless ``--max-image-size`` asks for a downscale; a
 caption cell is either BAGEL's JSON object of captions or a plain string (one caption). Columns named by
 ``--keep-columns`` are stored as the sample's extra data, beside its origin (table, row).
 

@@ -16,6 +16,7 @@ cells are white.
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
@@ -126,8 +127,7 @@ def mask_pixels(predicate: Any, positions: np.ndarray, kinds: np.ndarray) -> np.
 
 def _vertical_text(image: Image.Image, text: str, x_centre: int, bottom: int, font: Any, room: int) -> None:
     """``text`` rotated to read bottom-up, its baseline centred on ``x_centre``, ending at ``bottom``."""
-    while text and font.getlength(text) > room:
-        text = text[:-1]
+    text = _fit(text, font, room)
     if not text:
         return
     width = int(font.getlength(text)) + 2
@@ -138,9 +138,61 @@ def _vertical_text(image: Image.Image, text: str, x_centre: int, bottom: int, fo
 
 
 def _fit(text: str, font: Any, room: float) -> str:
-    while text and font.getlength(text) > room:
+    """``text`` cut to ``room`` pixels, ending in "..." where it was cut (so a cut never reads as the whole; Pillow's
+    bitmap font, without FreeType, has no "…")."""
+    if font.getlength(text) <= room:
+        return text
+    while text and font.getlength(text + "...") > room:
         text = text[:-1]
-    return text
+    return text + "..." if text else ""
+
+
+def split_runs(modes: list[str], lengths: list[int]) -> list[str]:
+    """A sample's splits as ``mode:tokens``, a run of equal ones written once with its count (``full:731 x11``; the
+    default font has no ×)."""
+    words = []
+    for (mode, length), run in itertools.groupby(zip(modes, lengths, strict=True)):
+        count = len(list(run))
+        words.append(f"{mode}:{length}" + (f" x{count}" if count > 1 else ""))
+    return words
+
+
+def _wrap(words: list[str], font: Any, room: float) -> list[str]:
+    """``words`` joined by spaces into lines of at most ``room`` pixels (a word wider than a line is cut)."""
+    lines = [""]
+    for word in words:
+        joined = f"{lines[-1]} {word}" if lines[-1] else word
+        if lines[-1] and font.getlength(joined) > room:
+            lines.append(word)
+        else:
+            lines[-1] = joined
+    return [_fit(line, font, room) for line in lines]
+
+
+def sample_table(batch: PackedBatch, font: Any, width: int) -> list[list[tuple[float, str]]]:
+    """The table under the pack: its lines, each a list of (x, text) placed in columns (the font is proportional,
+    so columns are pixel positions, not padded strings); a sample's splits wrap onto lines of their own column
+    rather than running off the picture's right edge."""
+    gap = font.getlength("  ")
+    name_x = 6 + max(font.getlength("sample"), font.getlength("s000")) + gap
+    name_room = min(230.0, width / 4)
+    ends = list(itertools.accumulate([name_x + name_room + gap + font.getlength("sample"),
+                                      gap + font.getlength("view"), gap + font.getlength("000,000")]))
+    splits_x = ends[-1] + gap
+    header = "sample", "view", "tokens"
+    lines = [[(6.0, "sample"), (name_x, "group / dataset"),
+              *((end - font.getlength(text), text) for end, text in zip(ends, header, strict=True)),
+              (splits_x, _fit("splits (attention mode:tokens; xN: N in a row)", font, width - 6 - splits_x))]]
+    for position, entry in enumerate(batch.batch_data_indexes):
+        numbers = (f"{entry['sample']:,}", f"{entry['view']}", f"{batch.sample_lens[position]:,}")
+        splits = _wrap(split_runs(batch.attn_modes[position], batch.split_lens[position]), font,
+                       width - 6 - splits_x)
+        name = _fit(f"{entry['dataset_name']} / {os.path.basename(str(entry['dataset']))}", font, name_room)
+        lines.append([(6.0, f"s{position}"), (name_x, name),
+                      *((end - font.getlength(text), text) for end, text in zip(ends, numbers, strict=True)),
+                      (splits_x, splits[0])])
+        lines += [[(splits_x, more)] for more in splits[1:]]
+    return lines
 
 
 def header(head: str, pad: int, real: int, crop: bool, font: Any, room: float) -> str:
@@ -219,7 +271,8 @@ def render(batch: PackedBatch, *, width: int = 1024, zoom_sample: int | None = N
     labels = sample_labels(batch) + ([] if len(shown) == samples else ["padding"])
     font, bold = _font(12), _font(14)
     zoom_splits = batch.split_lens[zoom_sample] if samples else []
-    table_height = LINE * (samples + 1) + 8
+    table = sample_table(batch, font, width)
+    table_height = LINE * len(table) + 8
     main_top, zoom_gap = 2 * LINE + 10, 3 * LINE
     zoom_top = main_top + TOP_LABELS + STRIP + LOSS_BAR + 2 + size + 8 + table_height + zoom_gap
     height = zoom_top + (TOP_LABELS + STRIP + LOSS_BAR + 2 + size + 8 if samples else 0)
@@ -235,15 +288,10 @@ def render(batch: PackedBatch, *, width: int = 1024, zoom_sample: int | None = N
     _axes(image, main_top, size, edges, labels, font)
     draw = ImageDraw.Draw(image)
     y = main_top + TOP_LABELS + STRIP + LOSS_BAR + 2 + size + 8
-    draw.text((6, y), "sample  group / dataset" + " " * 24 + "sample   view   tokens   splits (attention mode: tokens)",
-              fill=(0, 0, 0), font=font)
-    for position, entry in enumerate(batch.batch_data_indexes):
+    for line in table:
+        for x, text in line:
+            draw.text((x, y), text, fill=(0, 0, 0), font=font)
         y += LINE
-        splits = " ".join(f"{m}:{n}" for m, n in zip(batch.attn_modes[position], batch.split_lens[position],
-                                                        strict=True))
-        row = (f"s{position:<6} {entry['dataset_name']} / {os.path.basename(str(entry['dataset']))}"[:42].ljust(42)
-               + f"{entry['sample']:>7} {entry['view']:>6} {batch.sample_lens[position]:>8,}   {splits}")
-        draw.text((6, y), _fit(row, font, width - 12), fill=(0, 0, 0), font=font)
     if not samples:
         return image
     entry = batch.batch_data_indexes[zoom_sample]

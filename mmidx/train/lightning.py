@@ -10,7 +10,8 @@ the packs out itself (Lightning replaces the samplers of torch DataLoaders only)
 from __future__ import annotations
 
 from mmidx.errors import import_extra
-from mmidx.train.loader import GlobalBatchSampler, PackDataset, PackLoader
+from mmidx.train.loader import PackDataset, PackLoader
+from mmidx.train.shares import GlobalBatchSampler
 
 LightningDataModule = import_extra("lightning.pytorch", "lightning", "mmidx.train.lightning").LightningDataModule
 

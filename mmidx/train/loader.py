@@ -1,9 +1,9 @@
-"""torch integration: a map-style dataset of packs, a rank-aware sampler, and a resumable loader.
+"""torch integration: a map-style dataset of packs and a resumable loader of one rank's share of them.
 
 Order is a pure function of (config, seed, pack number): pack k is the same batch in any process,
-worker or run. A *global batch* is ``global_batch_size`` consecutive packs; rank r of world w takes
-the r-th contiguous share of each, so the union of the ranks' packs of a global batch is the
-single-rank global batch whatever w is. Resume state is one integer: the packs consumed so far.
+worker or run; which rank trains it at which micro-step is :mod:`mmidx.train.shares`'. The resume
+state is the packs consumed so far, with the shares it was saved with and the stream's identity
+(:mod:`mmidx.train.state`).
 """
 
 from __future__ import annotations
@@ -14,16 +14,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmidx.errors import MMIDXError
-from mmidx.index.cost import deal_by_cost
+from mmidx.index.identity import StreamIdentity
 from mmidx.index.pack_index import PackItem
 from mmidx.pack.batch import PackedBatch
 from mmidx.pack.builder import PackBuilder
 from mmidx.read.prefetch import PackPrefetcher, WorkerSchedule
-
-
-class LoaderStateError(MMIDXError, ValueError):
-    """A saved loader state that cannot resume here (another world size mid-batch, another loader's state)."""
+from mmidx.train.shares import GlobalBatchSampler
+from mmidx.train.state import state_after, steps_of_state
 
 
 class PackDataset(torch.utils.data.Dataset):
@@ -47,6 +44,11 @@ class PackDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.packs)
 
+    @property
+    def identity(self) -> StreamIdentity | None:
+        """The packs' stream identity, which loader states carry (None: packs that are no pack index)."""
+        return getattr(self.packs, "identity", None)
+
     def __getitem__(self, index: int) -> PackedBatch:
         items: Sequence[PackItem] = self.packs.items(index)
         if not any(dataset.remote_files for group in self.builder.datasets for dataset in group):
@@ -60,75 +62,6 @@ class PackDataset(torch.utils.data.Dataset):
             self._prefetcher.after(index)
 
 
-class GlobalBatchSampler(torch.utils.data.Sampler[int]):
-    """Pack numbers for one rank: its contiguous share of every global batch, from ``start`` on.
-
-    ``global_batch_size`` packs make one global batch; each rank takes ``global_batch_size //
-    world_size`` of them per global batch (its micro-batches, one pack each, as BAGEL trains).
-    ``start`` counts micro-steps already taken by every rank (packs consumed // world_size).
-    Incomplete trailing global batches are dropped.
-
-    Balanced steps: with ``pack_costs`` (one cost per pack, e.g. :func:`mmidx.index.cost.pack_costs`
-    of the index's packs), each global batch is dealt by cost instead (:func:`mmidx.index.cost.deal_by_cost`):
-    micro-step j of every rank runs packs of about the same cost, so no rank waits for a dearer one.
-    A global batch holds the same packs either way, and the deal depends only on the batch and the
-    world size, so a resume at an optimizer step is exact at any world size.
-    """
-
-    def __init__(self, num_packs: int, *, global_batch_size: int, rank: int = 0, world_size: int = 1,
-                 start: int = 0, pack_costs: np.ndarray | None = None):
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in a world of {world_size}")
-        if global_batch_size % world_size:
-            raise ValueError(f"global_batch_size {global_batch_size} must be a multiple of the world size "
-                             f"{world_size}, so every rank gets the same share")
-        self.num_packs = num_packs
-        self.global_batch_size = global_batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.start = start
-        self.pack_costs = None if pack_costs is None else np.asarray(pack_costs, dtype=np.float64)
-        if self.pack_costs is not None and len(self.pack_costs) < num_packs:
-            raise ValueError(f"pack_costs holds {len(self.pack_costs)} costs for {num_packs} packs")
-        self._dealt: tuple[int, np.ndarray] | None = None  # (global batch, its packs in dealt order)
-
-    def _deal(self, global_batch: int) -> np.ndarray:
-        """Global batch ``global_batch``'s packs in (micro-step, rank) order."""
-        if self._dealt is None or self._dealt[0] != global_batch:
-            first = global_batch * self.global_batch_size
-            order = deal_by_cost(self.pack_costs[first:first + self.global_batch_size], self.world_size)
-            self._dealt = (global_batch, first + order)
-        return self._dealt[1]
-
-    @property
-    def per_rank(self) -> int:
-        return self.global_batch_size // self.world_size
-
-    def __len__(self) -> int:
-        return max(0, (self.num_packs // self.global_batch_size) * self.per_rank - self.start)
-
-    def pack_of_step(self, step: int) -> int:
-        """The pack this rank trains on at micro-step ``step``."""
-        global_batch, position = divmod(step, self.per_rank)
-        if self.pack_costs is not None:
-            return int(self._deal(global_batch)[position * self.world_size + self.rank])
-        return global_batch * self.global_batch_size + self.rank * self.per_rank + position
-
-    def step_of_pack(self, pack: int) -> int | None:
-        """The micro-step at which this rank trains on ``pack`` (None: another rank's pack)."""
-        global_batch, offset = divmod(pack, self.global_batch_size)
-        if self.pack_costs is not None:
-            slot = int(np.flatnonzero(self._deal(global_batch) == pack)[0])
-            position, rank = divmod(slot, self.world_size)
-            return global_batch * self.per_rank + position if rank == self.rank else None
-        position = offset - self.rank * self.per_rank
-        return global_batch * self.per_rank + position if 0 <= position < self.per_rank else None
-
-    def __iter__(self) -> Iterator[int]:
-        for step in range(self.start, self.start + len(self)):
-            yield self.pack_of_step(step)
-
-
 def collate_pack(batch: list[PackedBatch]) -> PackedBatch:
     """DataLoader collate for one pack per micro-batch (BAGEL's batch_size=1)."""
     if len(batch) != 1:
@@ -136,36 +69,17 @@ def collate_pack(batch: list[PackedBatch]) -> PackedBatch:
     return batch[0]
 
 
-def steps_of_state(state: Mapping[str, int], *, global_batch_size: int, world_size: int) -> int:
-    """The micro-steps each rank of ``world_size`` has taken, from a loader state saved at any world size.
-
-    ``state`` is ``{"packs_consumed": n}``, with the ``"world_size"`` it was saved at when known (older
-    states lack it). At a global-batch boundary (an optimizer step) the packs consumed are the first n
-    of the stream, so any world size resumes there. Inside a global batch each rank has consumed the
-    first few packs of its own share, which another world size shares out differently: such a state
-    resumes only at the world size that saved it.
-    """
-    consumed = int(state["packs_consumed"])
-    saved_world_size = int(state.get("world_size", world_size))
-    if saved_world_size != world_size and consumed % global_batch_size:
-        raise LoaderStateError(f"the state was saved {consumed % global_batch_size} packs into a global batch of "
-                         f"{global_batch_size} at world size {saved_world_size}: resume it at world size "
-                         f"{saved_world_size}, or from a checkpoint taken at an optimizer step")
-    if consumed % world_size:
-        raise LoaderStateError(f"{consumed} packs consumed is not a whole number of micro-steps for world size "
-                         f"{world_size}")
-    return consumed // world_size
-
-
 class PackLoader:
     """Iterate one rank's packed batches through a DataLoader; ``state_dict()`` is the packs consumed.
 
     Counts only batches actually handed to the caller (not those prefetched by workers), so
     ``load_state_dict(state_dict())`` in a new process resumes exactly after the last batch used, at
-    this or another world size (:func:`steps_of_state`). It is a ``torch.distributed.checkpoint``
-    ``Stateful``: ``dcp.save({"data": loader})`` stores one global integer, the same on every rank.
-    ``device``: when given, batches are moved there (``non_blocking`` from pinned memory).
-    ``pack_costs``: one cost per pack to balance steps by (see :class:`GlobalBatchSampler`); None: contiguous shares.
+    this or another world size at an optimizer step (:mod:`mmidx.train.state`), and refuses a state of
+    another stream. It is a ``torch.distributed.checkpoint`` ``Stateful``: ``dcp.save({"data": loader})``
+    stores the same small state on every rank. ``device``: when given, batches are moved there
+    (``non_blocking`` from pinned memory). ``pack_costs``: one cost per pack to balance steps by (see
+    :class:`~mmidx.train.shares.GlobalBatchSampler`); None: contiguous shares. A world size that does not
+    divide ``global_batch_size`` is refused here (``GlobalBatchError``), not at the first batch.
     """
 
     def __init__(self, dataset: PackDataset, *, global_batch_size: int, rank: int = 0, world_size: int = 1,
@@ -181,15 +95,18 @@ class PackLoader:
         self.prefetch_factor = prefetch_factor
         self.device = device
         self.steps_consumed = 0
+        self._shares = self.sampler()  # checks the shares now
 
-    def state_dict(self) -> dict[str, int]:
-        """``{"packs_consumed": n, "world_size": w}``: global packs consumed (every rank's micro-steps × world
-        size), the same on every rank, and the world size it was saved at (see :func:`steps_of_state`)."""
-        return {"packs_consumed": self.steps_consumed * self.world_size, "world_size": self.world_size}
+    def state_dict(self) -> dict[str, Any]:
+        """``{"packs_consumed": n, "world_size": w, "global_batch_size": G, "stream": {...}, "batch_consumed":
+        ...}``: the global packs consumed (every rank's micro-steps × world size), the same on every rank,
+        with the shares and the stream they were consumed in (:mod:`mmidx.train.state`)."""
+        return state_after(self._shares, self.steps_consumed, self.dataset.identity)
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        self.steps_consumed = steps_of_state(state, global_batch_size=self.global_batch_size,
-                                             world_size=self.world_size)
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
+        """Continue after the packs ``state`` consumed (:func:`~mmidx.train.state.steps_of_state`); a state of
+        another stream is refused, or with ``strict=False`` continued on this one, warned."""
+        self.steps_consumed = steps_of_state(state, self._shares, self.dataset.identity, strict=strict)
 
     def sampler(self) -> GlobalBatchSampler:
         return GlobalBatchSampler(len(self.dataset), global_batch_size=self.global_batch_size, rank=self.rank,

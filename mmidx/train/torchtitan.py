@@ -7,8 +7,9 @@ moved to the device and passed to the model as a keyword), and its checkpointer 
 with ``torch.distributed.checkpoint`` under the key ``"dataloader"``. Its own
 ``ParallelAwareDataloader`` keys the state by rank (``{"dp_rank_<r>": <pickled StatefulDataLoader
 state>, "world_size": w}``) and refuses to load it at another dp size. :class:`PackDataloader` saves
-``{"packs_consumed": n, "world_size": w}`` instead: one global integer, the same on every rank (DCP
-keeps one copy), that loads at any dp size at an optimizer step (:func:`mmidx.train.loader.steps_of_state`).
+the :class:`~mmidx.train.loader.PackLoader`'s state instead: the global packs consumed, the same on every
+rank (DCP keeps one copy), that loads at any dp size at an optimizer step and refuses another stream
+(:mod:`mmidx.train.state`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from mmidx.errors import import_extra
 from mmidx.index.pack_index import build_pack_index
 from mmidx.pack.builder import PackBuilder
 from mmidx.train.loader import PackDataset, PackLoader
+from mmidx.train.shares import GlobalBatchSampler
 
 BaseDataLoader = import_extra("torchtitan.components.dataloader", "torchtitan", "mmidx.train.torchtitan").BaseDataLoader
 
@@ -53,6 +55,8 @@ class PackDataloader(BaseDataLoader):
         prefetch_factor: int | None = None
         pin_memory: bool = False
         use_flex: bool = True
+        strict_resume: bool = True
+        """Refuse a checkpoint of another stream (another seed, config or datasets); False: continue, warned."""
 
     def __init__(self, config: Config, *, dp_rank: int, dp_world_size: int, local_batch_size: int = 1,
                  tokenizer: Any = None, seq_len: int | None = None, snapshot_every_n_steps: int | None = None):
@@ -63,9 +67,12 @@ class PackDataloader(BaseDataLoader):
         if not path:
             raise ValueError("set dataloader.dataset_path to mmidx's data.yaml")
         data_config = DataConfig.from_yaml(path)
+        global_batch_size = config.global_batch_size or dp_world_size
+        GlobalBatchSampler(0, global_batch_size=global_batch_size, rank=dp_rank, world_size=dp_world_size)  # checked
+        self.strict_resume = config.strict_resume
         index = build_pack_index(data_config, num_samples=config.num_samples, cache_dir=config.cache_dir)
         self.loader = PackLoader(PackDataset(index, PackBuilder(data_config, use_flex=config.use_flex)),
-                                 global_batch_size=config.global_batch_size or dp_world_size, rank=dp_rank,
+                                 global_batch_size=global_batch_size, rank=dp_rank,
                                  world_size=dp_world_size, num_workers=config.num_workers,
                                  pin_memory=config.pin_memory, prefetch_factor=config.prefetch_factor)
 
@@ -75,9 +82,9 @@ class PackDataloader(BaseDataLoader):
             labels = data.get("packed_label_ids", torch.empty(0, dtype=torch.int64))
             yield {"input": data["packed_text_ids"], **data}, labels
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()
 
-    def load_state_dict(self, state_dict: Mapping[str, int]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         if state_dict:  # empty: nothing was saved, as ParallelAwareDataloader accepts
-            self.loader.load_state_dict(state_dict)
+            self.loader.load_state_dict(state_dict, strict=self.strict_resume)

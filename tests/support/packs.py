@@ -113,6 +113,11 @@ def assert_same_batches(got: list, expected: list, *, drop_worker_ids: bool = Fa
         _same(a, b, f"batch {number}")
 
 
+def position(state: dict[str, Any]) -> dict[str, Any]:
+    """Where a loader state is: the packs consumed and the shares, without the stream it names."""
+    return {key: state[key] for key in ("packs_consumed", "world_size", "global_batch_size")}
+
+
 def take(iterable, count: int) -> list:
     """The first ``count`` items of ``iterable`` (a loader), without drawing one more."""
     taken = []

@@ -1,0 +1,99 @@
+"""Which pack each rank trains at each micro-step: ``GlobalBatchSampler``, a rank's share of every global batch.
+
+Order is a pure function of (config, seed, pack number): pack k is the same batch in any process, worker
+or run. A *global batch* is ``global_batch_size`` consecutive packs; rank r of world w takes the r-th
+contiguous share of each (or, with balanced steps, the packs dealt to it by cost), so the union of the
+ranks' packs of a global batch is the single-rank global batch whatever w is.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from mmidx.errors import MMIDXError
+from mmidx.index.cost import deal_by_cost
+
+
+class GlobalBatchError(MMIDXError, ValueError):
+    """A global batch the world size cannot share out evenly, a rank outside the world, or costs that do not
+    cover the packs: refused where the loader or sampler is made, not at its first batch."""
+
+
+class GlobalBatchSampler(torch.utils.data.Sampler[int]):
+    """Pack numbers for one rank: its contiguous share of every global batch, from ``start`` on.
+
+    ``global_batch_size`` packs make one global batch; each rank takes ``global_batch_size //
+    world_size`` of them per global batch (its micro-batches, one pack each, as BAGEL trains).
+    ``start`` counts micro-steps already taken by every rank (packs consumed // world_size).
+    Incomplete trailing global batches are dropped.
+
+    Balanced steps: with ``pack_costs`` (one cost per pack, e.g. :func:`mmidx.index.cost.pack_costs`
+    of the index's packs), each global batch is dealt by cost instead (:func:`mmidx.index.cost.deal_by_cost`):
+    micro-step j of every rank runs packs of about the same cost, so no rank waits for a dearer one.
+    A global batch holds the same packs either way, and the deal depends only on the batch and the
+    world size, so a resume at an optimizer step is exact at any world size.
+    """
+
+    def __init__(self, num_packs: int, *, global_batch_size: int, rank: int = 0, world_size: int = 1,
+                 start: int = 0, pack_costs: np.ndarray | None = None):
+        for name, value in (("global_batch_size", global_batch_size), ("world_size", world_size)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise GlobalBatchError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 <= rank < world_size:
+            raise GlobalBatchError(f"rank {rank} is not in a world of {world_size}")
+        if global_batch_size % world_size:
+            raise GlobalBatchError(f"global_batch_size {global_batch_size} must be a multiple of the world size "
+                                   f"{world_size}, so every rank gets the same share")
+        self.num_packs = num_packs
+        self.global_batch_size = int(global_batch_size)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.start = start
+        self.pack_costs = None if pack_costs is None else np.asarray(pack_costs, dtype=np.float64)
+        if self.pack_costs is not None and len(self.pack_costs) < num_packs:
+            raise GlobalBatchError(f"pack_costs holds {len(self.pack_costs)} costs for {num_packs} packs: give one "
+                                   "per pack of the index (pack_index_costs(index))")
+        self._dealt: tuple[int, np.ndarray] | None = None  # (global batch, its packs in dealt order)
+
+    def deal(self, global_batch: int) -> np.ndarray:
+        """Global batch ``global_batch``'s packs in (micro-step, rank) order: entry ``j * world_size + r`` is
+        what rank r trains at its j-th micro-step of the batch."""
+        first = global_batch * self.global_batch_size
+        if self.pack_costs is None:
+            return first + np.arange(self.global_batch_size).reshape(self.world_size, self.per_rank).T.ravel()
+        if self._dealt is None or self._dealt[0] != global_batch:
+            order = deal_by_cost(self.pack_costs[first:first + self.global_batch_size], self.world_size)
+            self._dealt = (global_batch, first + order)
+        return self._dealt[1]
+
+    @property
+    def per_rank(self) -> int:
+        return self.global_batch_size // self.world_size
+
+    def __len__(self) -> int:
+        return max(0, (self.num_packs // self.global_batch_size) * self.per_rank - self.start)
+
+    def pack_of_step(self, step: int) -> int:
+        """The pack this rank trains on at micro-step ``step``."""
+        global_batch, position = divmod(step, self.per_rank)
+        if self.pack_costs is not None:
+            return int(self.deal(global_batch)[position * self.world_size + self.rank])
+        return global_batch * self.global_batch_size + self.rank * self.per_rank + position
+
+    def step_of_pack(self, pack: int) -> int | None:
+        """The micro-step at which this rank trains on ``pack`` (None: another rank's pack)."""
+        global_batch, offset = divmod(pack, self.global_batch_size)
+        if self.pack_costs is not None:
+            slot = int(np.flatnonzero(self.deal(global_batch) == pack)[0])
+            position, rank = divmod(slot, self.world_size)
+            return global_batch * self.per_rank + position if rank == self.rank else None
+        position = offset - self.rank * self.per_rank
+        return global_batch * self.per_rank + position if 0 <= position < self.per_rank else None
+
+    def __iter__(self) -> Iterator[int]:
+        for step in range(self.start, self.start + len(self)):
+            yield self.pack_of_step(step)
