@@ -23,6 +23,7 @@ here or says why it cannot.
 
 import ast
 import contextlib
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -325,6 +326,14 @@ def command_lines(code: str) -> list[list[str]]:
     return commands
 
 
+@functools.cache
+def script_help(script: str) -> str:
+    """What ``python SCRIPT --help`` prints. A benchmark imports torch and its peers before it parses (10 CPU-s for
+    bench_index.py): a minute and more on 2 cores shared with a load of 20, hence the long limit."""
+    return subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600).stdout
+
+
 def options_rejected(command: list[str]) -> str | None:
     """Why the program named by ``command`` would refuse its options before doing anything; None if it accepts."""
     if command[0] == "mmidx":
@@ -338,8 +347,7 @@ def options_rejected(command: list[str]) -> str | None:
             return stderr.getvalue() or f"exit status {exit_.code}"
         return None
     if command[0] == "python" and command[1].endswith(".py"):
-        help_text = subprocess.run([sys.executable, command[1], "--help"], cwd=ROOT, capture_output=True,
-                                   text=True, timeout=60).stdout
+        help_text = script_help(command[1])
         unknown = [option for option in command[2:] if option.startswith("--") and option not in help_text]
         return f"not in {command[1]} --help: {unknown}" if unknown else None
     return None
