@@ -17,13 +17,13 @@
 #   for f in __init__.py data_utils.py; do git --git-dir=$B show HEAD:data/$f > .bagel/data/$f; done
 #   git --git-dir=$B rev-parse HEAD > .bagel/COMMIT
 #
-# Then the one call, from a checkout of main after the gpusuite branch is merged (the suite's H100 budget is
-# 435 s with the install and the CUDA tests, item by item in gpu_suite.py's docstring; 480 s leaves a rerun of
-# the failed items, `bash benchmarks/gpu_suite.sh --items NAME ...`, inside the 15 minutes with the start):
+# Then the one call, from a checkout of main (the suite's H100 budget is 475 s with the install and the CUDA
+# tests, item by item in gpu_suite.py's docstring; 540 s leaves a rerun of the failed items,
+# `bash benchmarks/gpu_suite.sh --items NAME ...`, inside the 15 minutes with the machine's start):
 #
-#   run(command="bash benchmarks/gpu_suite.sh", carry=[".whl", ".bagel"], timeout_s=480)
+#   run(command="bash benchmarks/gpu_suite.sh", carry=[".whl", ".bagel"], timeout_s=540)
 #
-# Arguments are passed to gpu_suite.py (e.g. --items masks latents). Everything it writes lands in
+# Arguments are passed to gpu_suite.py (e.g. --items decode step). Everything it writes lands in
 # $OUT: report.md, report.json, pytest.txt (the CUDA tests) and suite.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."

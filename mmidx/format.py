@@ -202,7 +202,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from mmidx.errors import MMIDXError
+from mmidx.errors import MMIDXError, option
 
 FORMAT_NAME = "mmidx"
 FORMAT_VERSION = 1
@@ -261,6 +261,7 @@ IMAGE_DTYPE = np.dtype(
 IMAGE_FLAG_TRANSPARENCY = 1
 KNOWN_IMAGE_FLAGS = IMAGE_FLAG_TRANSPARENCY  # every other bit of image_info.flags is 0, and pad is 0
 PACK_SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "start_of_image", "end_of_image")  # ids packing needs
+IMAGE_SPECIAL_TOKENS = ("start_of_image", "end_of_image")  # of those, the ones only images need
 
 # Codes of image formats and modes in IMAGE records (index = code; 0 = unknown).
 IMAGE_FORMATS = ("unknown", "JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "MPO", "JPEG2000")
@@ -300,9 +301,43 @@ class FormatError(MMIDXError, ValueError):
     """A dataset file is missing, truncated, corrupted or inconsistent with the other files."""
 
 
+class PrefixError(MMIDXError, ValueError):
+    """A dataset prefix that cannot name a dataset's files: it ends in a folder (``out/``), not a name."""
+
+
 def file_path(prefix: str | os.PathLike, role: str) -> Path:
     """The path of the file that plays ``role`` (a key of ``SUFFIXES``) for dataset ``prefix``."""
     return Path(os.fspath(prefix) + SUFFIXES[role])
+
+
+def holds_dataset(prefix: str | os.PathLike) -> bool:
+    """Whether ``prefix`` holds a dataset, whole or not: its index or its metadata exists (what a command writing
+    there would replace)."""
+    return file_path(prefix, "idx").exists() or file_path(prefix, "meta").exists()
+
+
+REPORT_SUFFIX = ".report.json"  # the build report beside a dataset (mmidx.ingest.report): not one of its files
+
+
+def report_path(prefix: str | os.PathLike) -> Path:
+    """Where the build report of the dataset at ``prefix`` lives (written by ``mmidx build`` and ``merge``)."""
+    return Path(os.fspath(prefix) + REPORT_SUFFIX)
+
+
+def output_prefix(prefix: str | os.PathLike, parameter: str = "output") -> str:
+    """``prefix`` as a string, or a :class:`PrefixError` when its last part is no name (``out/``, ``out/.``, a URI
+    ending in ``/``): a dataset's files are the prefix plus a suffix, so ``out/`` would write hidden files
+    (``out/.idx``, ``out/.bin``) that ``ls`` does not show. ``parameter`` is the setting the message names
+    (``--output`` on the command line, ``output=`` in Python)."""
+    text = os.fspath(prefix)
+    path = (text.partition("?")[0] if "://" in text else text).replace(os.sep, "/")
+    if path.rpartition("/")[2] in ("", ".", ".."):
+        meant = f"{path.rstrip('/') or '.'}/NAME"
+        named = option(parameter, meant)
+        raise PrefixError(f"{text!r} names a folder, not a dataset: a dataset's files are its prefix plus a "
+                          f"suffix (PREFIX.idx, PREFIX.bin...), so this one would write hidden files such as "
+                          f"{path}.idx; did you mean {f'{named} {meant}' if named.startswith('--') else named}?")
+    return text
 
 
 def encoding_path(prefix: str | os.PathLike, name: str, role: str) -> Path:

@@ -1,5 +1,6 @@
 """An interrupted build never leaves files that open as a dataset, and never damages an old one."""
 
+import json
 import os
 import signal
 import subprocess
@@ -80,25 +81,98 @@ def test_kill_9_mid_build_then_rebuild(tmp_path):
     assert not any(path.name.endswith(".partial") for path in tmp_path.iterdir())
 
 
-def test_a_rerun_removes_the_report_partial_a_killed_build_left_but_not_a_live_writers(tmp_path):
-    from support.sources import build, write_jsonl
+def _ended_pid():
+    """The pid of a process that has ended (as a writer killed with -9 has)."""
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
 
+
+def _report_partials(prefix):
     from mmidx.ingest.report import report_path
 
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid = int(gone.stdout)  # a process that has ended: kill -9 mid-write leaves a partial like its
+    report = report_path(prefix)
+    return sorted(path.name for path in report.parent.glob(report.name + ".*.partial"))
+
+
+KILL_AT_THE_REPORTS_RENAME = """
+import json, os, signal, sys
+from pathlib import Path
+from mmidx import cli
+
+real = os.replace
+def replace(source, target):  # the build's report is on disk under its temporary name: die before the rename
+    if Path(target).name.endswith(".report.json"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(source, target)
+os.replace = replace
+cli.main(json.loads(sys.argv[1]))
+"""
+
+
+def test_kill_9_during_the_reports_write_then_an_immediate_rerun_leaves_no_partial(tmp_path):
+    from support.build_cases import build_command
+
+    from mmidx import cli
+    from mmidx.ingest.report import report_path
+
+    output, command = tmp_path / "out", build_command("text", tmp_path / "out")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    killed = subprocess.run([sys.executable, "-c", KILL_AT_THE_REPORTS_RENAME, json.dumps(command)], env=env,
+                            capture_output=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert len(_report_partials(output)) == 1 and not report_path(output).exists()  # what kill -9 left
+    assert cli.main(command) == 0  # the same command at once: the partial is seconds old, its writer dead
+    assert _report_partials(output) == [] and report_path(output).exists()
+    assert MMIDXDataset(output).metadata["meta_sha256"] == json.loads(report_path(output).read_text())["meta_sha256"]
+
+
+def test_a_rerun_that_finds_the_dataset_built_removes_every_partial_of_its_report(tmp_path):
+    from support.build_cases import build_command
+
+    from mmidx import cli
+    from mmidx.ingest.report import report_path
+
+    output = tmp_path / "out"
+    assert cli.main(build_command("text", output)) == 0
+    report = report_path(output)
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        report = report_path(tmp_path / "out")
-        killed = report.with_name(f"{report.name}.{dead_pid}-0a1b2c3d.partial")
-        running = report.with_name(f"{report.name}.{live.pid}-0a1b2c3d.partial")
-        fresh = report.with_name(f"{report.name}.{dead_pid}-ffffffff.partial")  # maybe another node's, writing
-        for path in (killed, running, fresh):
-            path.write_text("{")
-        for path in (killed, running):
-            os.utime(path, (time.time() - 3600, time.time() - 3600))
-        build("text", [write_jsonl(tmp_path / "docs.jsonl", [{"text": "one"}, {"text": "two"}])], tmp_path / "out")
-        assert report.exists() and not killed.exists() and running.exists() and fresh.exists()
+    try:  # under the output's lock no writer of the report is alive: a pid now running is another process's
+        for pid, age in ((_ended_pid(), 0), (_ended_pid(), 3600), (live.pid, 0)):
+            partial = report.with_name(f"{report.name}.{pid}-0a1b2c3d.partial")
+            partial.write_text("{")
+            os.utime(partial, (time.time() - age, time.time() - age))
+        assert len(_report_partials(output)) == 3
+        assert cli.main(build_command("text", output)) == 0  # "already built": it still looks
+        assert _report_partials(output) == []
     finally:
         live.kill()
         live.wait()
+
+
+HOLD_THE_OUTPUT = """
+import os, sys, time
+from mmidx.io.lock import output_lock
+from mmidx.ingest.report import report_path
+with output_lock(sys.argv[1]):  # a build that is writing its report
+    report = report_path(sys.argv[1])
+    report.with_name(f"{report.name}.{os.getpid()}-0a1b2c3d.partial").write_text("{")
+    print("writing", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_build_never_removes_the_partial_report_of_a_build_that_runs(tmp_path):
+    from support.build_cases import build_command
+
+    from mmidx import cli
+
+    output = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    writer = subprocess.Popen([sys.executable, "-c", HOLD_THE_OUTPUT, str(output)], env=env, stdout=subprocess.PIPE)
+    try:
+        assert writer.stdout.readline().strip() == b"writing"
+        assert cli.main(build_command("text", output)) == 1  # refused: another build holds the output
+        assert _report_partials(output) == [f"out.report.json.{writer.pid}-0a1b2c3d.partial"]
+    finally:
+        writer.kill()
+        writer.wait()

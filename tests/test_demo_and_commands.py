@@ -108,7 +108,7 @@ def test_a_prefix_may_name_one_of_its_files(demo, tmp_path, capsys):
     (tmp_path / "x.bin.idx").write_bytes(b"")  # a prefix that itself ends in .bin keeps it
     assert dataset_prefix(str(tmp_path / "x.bin")) == str(tmp_path / "x.bin")
     assert dataset_prefix("out/new.idx") == "out/new"
-    merge = build_parser().parse_args(["merge", "out/m.idx", "a.bin", "out/m.shards"])
+    merge = build_parser().parse_args(["merge", "a.bin", "out/m.shards", "--output", "out/m.idx"])
     assert (merge.output, merge.input) == ("out/m", ["a", "out/m.shards"])
     build_args = build_parser().parse_args(["build", "--output", "out/b.meta.json", "--tokenizer", "t"])
     assert build_args.output == "out/b"

@@ -6,6 +6,7 @@ import pytest
 import torch
 from support.packing import build_groups, config_of
 
+from mmidx.errors import MMIDXError
 from mmidx.index.pack_index import build_pack_index
 from mmidx.pack.builder import PackBuilder
 from mmidx.train.loader import PackDataset, PackLoader
@@ -67,3 +68,34 @@ def test_deferred_images_decode_on_the_gpu(setup):
 def test_an_unknown_decode_mode_is_refused(setup):
     with pytest.raises(ValueError, match="decode_images"):
         PackBuilder(setup[0], decode_images="gpu")
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+MEASURED = "the GPU suite at abc1234: 134 of 200 decodes with the caller's stream busy were inexact"
+
+
+def test_decoding_on_a_gpu_measured_inexact_is_refused_with_the_measured_reason(monkeypatch):
+    from mmidx.images import device
+
+    monkeypatch.setattr(device, "INEXACT_GPUS", {H100: MEASURED})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _=None: H100)
+    monkeypatch.delenv("MMIDX_DEVICE_DECODE", raising=False)
+    jpeg = b"\xff\xd8\xff\xe0" + bytes(100)
+    with pytest.raises(device.DeviceDecodeError) as refused:
+        device.decode_jpeg_batch([jpeg], "cuda")
+    message = str(refused.value)
+    assert H100 in message and MEASURED in message and "decode_images='loader'" in message
+    assert "MMIDX_DEVICE_DECODE=allow" in message and "\n" not in message
+
+
+def test_the_refusal_names_only_listed_gpus_and_lifts_with_the_allow_variable(monkeypatch):
+    from mmidx.images.device import check_device_decode
+
+    monkeypatch.setattr("mmidx.images.device.INEXACT_GPUS", {H100: MEASURED})
+    monkeypatch.delenv("MMIDX_DEVICE_DECODE", raising=False)
+    check_device_decode("NVIDIA A100-SXM4-80GB")  # not listed: decoded there
+    monkeypatch.setenv("MMIDX_DEVICE_DECODE", "yes")
+    with pytest.raises(MMIDXError, match="is refused"):
+        check_device_decode(H100)  # only "allow" lifts it
+    monkeypatch.setenv("MMIDX_DEVICE_DECODE", "allow")
+    check_device_decode(H100)

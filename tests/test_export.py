@@ -138,11 +138,23 @@ def test_edit_with_several_instructions_keeps_the_drawn_ones_and_counts_the_rows
     assert all(options and set(options) <= set(steps[k]) for k, options in enumerate(row["instruction_list"]))
 
 
+def test_export_names_its_folder_with_output_and_the_old_last_argument_still_works_with_a_warning(t2i, tmp_path,
+                                                                                                  capsys):
+    assert main(["export", t2i.prefix, "--to", "parquet", "--output", str(tmp_path / "new")]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["export", t2i.prefix, "--to", "parquet", str(tmp_path / "old")]) == 0
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith("mmidx export: warning: the folder as a last argument") and \
+        warning.endswith(f"-o/--output {tmp_path / 'old'}")
+    assert sorted(path.name for path in (tmp_path / "old").iterdir()) == sorted(
+        path.name for path in (tmp_path / "new").iterdir())
+
+
 def test_export_refuses_a_used_folder_and_a_layout_the_source_has_not(t2i, tmp_path, capsys):
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "file").write_text("x")
-    assert main(["export", t2i.prefix, "--to", "parquet", str(tmp_path / "used")]) == 1
-    assert main(["export", t2i.prefix, "--to", "jsonl", str(tmp_path / "new")]) == 1
+    assert main(["export", t2i.prefix, "--to", "parquet", "-o", str(tmp_path / "used")]) == 1
+    assert main(["export", t2i.prefix, "--to", "jsonl", "-o", str(tmp_path / "new")]) == 1
     err = capsys.readouterr().err
     assert "not an empty folder" in err and "exports --to parquet or wds" in err and "Traceback" not in err
     assert not (tmp_path / "new").exists() and not (tmp_path / "new.partial").exists()

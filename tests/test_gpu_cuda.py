@@ -7,17 +7,22 @@ equalities are proven against references in test_masks.py, test_precache.py and 
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from bench_masks import ALL_KINDS, bagel_pack
+from gpu_suite import decode_exactness
 
 from mmidx.encodings.noise import philox4x32, sample_latents
+from mmidx.images.device import INEXACT_GPUS, DeviceDecodeError, decode_jpeg_batch
 from mmidx.pack.masks import block_mask, dense_masks, mask_predicate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -134,3 +139,27 @@ def test_loader_batches_are_pinned_and_move_to_cuda_unchanged_with_non_blocking_
         assert moved.tensors[key].is_cuda and torch.equal(moved.tensors[key].cpu(), tensor), key
     on_device = next(iter(PackLoader(dataset, global_batch_size=1, num_workers=1, pin_memory=True, device="cuda")))
     assert all(tensor.is_cuda for tensor in on_device.tensors.values())
+
+
+def test_device_decode_with_the_callers_stream_busy_equals_the_idle_decode_or_is_refused():
+    datas = []
+    for seed in range(8):  # PIL writes baseline 4:2:0 JPEGs: nvJPEG's hardware path decodes them where it has one
+        image = Image.merge("RGB", [Image.effect_noise((512, 384), 20 + 10 * c + seed) for c in range(3)])
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG", quality=90)
+        datas.append(np.frombuffer(buffer.getvalue(), dtype=np.uint8))
+    if torch.cuda.get_device_name() in INEXACT_GPUS:  # measured inexact there: refused by default
+        with pytest.raises(DeviceDecodeError, match="is refused"):
+            decode_jpeg_batch(datas, "cuda")
+        return
+    reference = decode_jpeg_batch(datas, "cuda")
+    torch.cuda.synchronize()
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+
+    def stall():  # ~10 ms of matrix products on an H100, queued before each decode
+        for _ in range(50):
+            torch.mm(a, a, out=out)
+
+    assert decode_exactness(datas, reference, "cuda", "busy", 50, stall) == \
+        {"iterations": 50, "pixels differ": 0, "memory damaged": 0, "inexact": 0}

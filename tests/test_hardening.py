@@ -372,7 +372,7 @@ def test_verify_decode_decodes_every_image(tmp_path):
     data[-20] ^= 0xFF  # inside the compressed pixels: the header still probes
     from mmidx.sources.elements import Element, StoredImage
 
-    with DatasetBuilder(tmp_path / "d", vocab_size=100) as builder:
+    with DatasetBuilder(tmp_path / "d", vocab_size=100, check_images=False) as builder:  # as if damaged later
         builder.add_sample([[1]], [StoredImage(bytes(data), 64, 48, "PNG", "RGB")], [[Element("vae_image", 0)]])
         builder.finalize()
     assert verify(tmp_path / "d") == []
@@ -420,3 +420,32 @@ def test_relative_dataset_prefixes_of_a_config_are_named_as_written_not_joined_t
     assert config.groups[0].datasets == ("ds", "./ds", str(prefix))
     assert DataConfig.from_dict({"groups": {"g": {"datasets": ["ds"]}}}, base_dir="/data").groups[0].datasets \
         == ("/data/ds",)
+
+
+def _text_dataset(prefix, **special):
+    with DatasetBuilder(prefix, kind="text", vocab_size=100,
+                        special_tokens={"bos_token_id": 1, "eos_token_id": 2, "start_of_image": 3,
+                                        "end_of_image": 4, **special}) as builder:
+        for n in range(6):
+            builder.add_document([[10 + n, 11, 12]])
+        builder.finalize()
+    return prefix
+
+
+def test_a_text_dataset_without_image_ids_passes_verify_and_every_pack_of_it_builds(tmp_path):
+    prefix = _text_dataset(tmp_path / "text", start_of_image=None, end_of_image=None)  # a text pack holds no image
+    assert verify(prefix, decode=True) == []
+    config = config_of({"text": {"datasets": [str(prefix)], "is_mandatory": True}})
+    index = build_pack_index(config, cache_dir=None)
+    builder = PackBuilder(config)  # the ids from the dataset, as a job takes them
+    batches = [builder.build(pack, index.items(pack)) for pack in range(len(index))]
+    assert len(batches) == len(index) >= 1
+    assert sum(batch.sequence_length for batch in batches) == 6 * (3 + 2)  # each text framed by bos and eos
+
+
+def test_a_text_dataset_with_a_null_bos_fails_verify_as_the_packer_refuses_it(tmp_path):
+    prefix = _text_dataset(tmp_path / "text", bos_token_id=None)
+    assert verify(prefix) == [f"{prefix}.meta.json: special_tokens ['bos_token_id'] are null: the packer cannot "
+                              "build a batch of this dataset (rebuild it with a tokenizer that has them)"]
+    with pytest.raises(ValueError, match=r"\['bos_token_id'\] are unknown"):
+        PackBuilder(config_of({"text": {"datasets": [str(prefix)], "is_mandatory": True}}))

@@ -18,14 +18,23 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
-from support.images import encode, noise, palette_image, transcribed_to_tensor_normalize
+from support.images import (
+    encode,
+    junk_before_the_end_marker,
+    noise,
+    palette_image,
+    transcribed_to_tensor_normalize,
+)
 
 from mmidx.format import IMAGE_DTYPE, IMAGE_FORMATS, IMAGE_MODES
 from mmidx.images.decode import (
     ImageError,
     ImageInfo,
+    check_decodes,
     decode_rgb,
+    decode_rgb_pixels,
     downsize_and_reencode,
+    open_image,
     probe,
     rgb_pixels,
     to_rgb,
@@ -182,6 +191,50 @@ def test_truncated_images_are_rejected(fmt):
 
 def test_verify_decodable_returns_the_probed_info():
     assert verify_decodable(encode(noise("RGBA", 30, 20), "WEBP")) == ImageInfo(30, 20, "WEBP", "RGBA", True)
+
+
+def test_verify_decodable_refuses_a_jpeg_the_loader_refuses_though_pil_decodes_it():
+    data = junk_before_the_end_marker(encode(noise("RGB", 64, 48), "JPEG"))
+    assert decode_rgb(data).size == (64, 48)  # PIL's decoder passes it
+    with pytest.raises(ImageError, match="extraneous bytes before marker 0xd9"):
+        decode_rgb_pixels(data)  # the loader's strict decode refuses it: every pack holding it would fail
+    with pytest.raises(ImageError, match="extraneous bytes before marker 0xd9"):
+        verify_decodable(data)
+
+
+JPEG_BASES = [encode(noise(mode, 40 + 8 * k, 24 + 8 * k, seed=k), "JPEG", **options)
+              for k, (mode, options) in enumerate([("RGB", {}), ("RGB", {"progressive": True}),
+                                                   ("RGB", {"subsampling": 0}), ("L", {}),
+                                                   ("L", {"progressive": True})])]
+
+
+def _passes(check, *args) -> bool:
+    try:
+        check(*args)
+    except ImageError:
+        return False
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(JPEG_BASES), st.sampled_from(["flip", "insert", "truncate"]),
+       st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), min_size=1, max_size=3))
+def test_the_builds_check_refuses_exactly_the_jpegs_the_loaders_decode_refuses(base, kind, edits):
+    data = bytearray(base)
+    for where, value in edits:
+        offset = int(where * len(data))
+        if kind == "flip":
+            data[offset] ^= value
+        elif kind == "insert":  # junk bytes anywhere (before the end marker, inside a scan, in a header)
+            data[offset:offset] = bytes([value]) * (1 + value % 8)
+        else:
+            del data[max(offset, 1):]
+    data = bytes(data)
+    try:
+        image, info = open_image(data)
+    except ImageError:
+        return  # the header does not parse: both refuse it before any check
+    assert _passes(check_decodes, image, data, info) == _passes(decode_rgb_pixels, data)
 
 
 def test_verify_refuses_to_run_while_pil_pads_truncated_images(monkeypatch):

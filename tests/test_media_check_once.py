@@ -1,5 +1,5 @@
 """The build's image check parses an image's header once: ``open_image`` probes and keeps the opened image,
-``verify_opened`` decodes that same image; PNG/WebP/GIF are still refused when truncated or corrupt."""
+``check_decodes`` decodes that same image; PNG/WebP/GIF are still refused when truncated or corrupt."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from PIL import Image, ImageFile
 from support.sources import image_bytes
 
 from mmidx.images import decode
-from mmidx.images.decode import ImageError, open_image, probe, verify_decodable, verify_opened
+from mmidx.images.decode import ImageError, check_decodes, open_image, probe, verify_decodable
 from mmidx.sources import Skipped, SourceContext, SourceOptions
 from mmidx.sources.media import ingest_image
 
@@ -21,21 +21,21 @@ def _context() -> SourceContext:
 
 
 @pytest.mark.parametrize(("fmt", "mode"), FORMATS)
-def test_open_image_gives_probes_info_and_verify_opened_agrees_with_verify_decodable(fmt, mode):
+def test_open_image_gives_probes_info_and_check_decodes_agrees_with_verify_decodable(fmt, mode):
     data = image_bytes(60, 40, mode, fmt, seed=3)
     image, info = open_image(data)
     assert info == probe(data) == verify_decodable(data)
-    verify_opened(image, data)  # decodes without raising, as verify_decodable did
+    check_decodes(image, data, info)  # decodes without raising, as verify_decodable did
 
 
 @pytest.mark.parametrize(("fmt", "mode"), [("PNG", "RGB"), ("PNG", "RGBA"), ("GIF", "P")])
-def test_a_truncated_image_passes_open_image_and_is_refused_by_verify_opened(fmt, mode):
+def test_a_truncated_image_passes_open_image_and_is_refused_by_check_decodes(fmt, mode):
     data = image_bytes(200, 150, mode, fmt, seed=4)
     truncated = data[:len(data) * 2 // 3]
     image, info = open_image(truncated)
     assert (info.width, info.height) == (200, 150)  # the header is intact
     with pytest.raises(ImageError):
-        verify_opened(image, truncated)
+        check_decodes(image, truncated, info)
     with pytest.raises(Skipped) as skipped:
         ingest_image(truncated, _context())
     assert skipped.value.reason == "undecodable_image"
@@ -49,12 +49,12 @@ def test_a_truncated_webp_is_refused_by_ingest(cut):
     assert skipped.value.reason == "undecodable_image"
 
 
-def test_verify_opened_refuses_to_run_while_pil_pads_truncated_images(monkeypatch):
+def test_check_decodes_refuses_to_run_while_pil_pads_truncated_images(monkeypatch):
     data = image_bytes(8, 8, "RGB", "PNG")
-    image, _ = open_image(data)
+    image, info = open_image(data)
     monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
     with pytest.raises(RuntimeError, match="LOAD_TRUNCATED_IMAGES"):
-        verify_opened(image, data)
+        check_decodes(image, data, info)
 
 
 @pytest.mark.parametrize(("fmt", "mode"), FORMATS)

@@ -406,3 +406,22 @@ def test_a_second_precache_of_the_same_stream_is_refused_while_one_runs(data):
           pytest.raises(OutputLockedError, match="another precache")):
         precache_dataset(str(data / "t2i"), Job("busy", "support.encoders:vae"), VAE, progress=False)
     assert not list(data.glob("t2i.enc.busy.*"))  # nothing written
+
+
+def test_a_finished_stream_of_other_options_is_replaced_only_with_force(data, capsys):
+    from mmidx.cli import main
+
+    prefix = str(data / "t2i")
+    argv = ["precache", prefix, "--encoder", "support.encoders:vae", "--name", "kept", "--quiet", "--dtype"]
+    assert main([*argv, "fp32", "--batch-size", "2"]) == 0
+    stream = {role: fmt.encoding_path(prefix, "kept", role).read_bytes() for role in fmt.ENCODING_ROLES}
+    assert main([*argv, "fp32", "--batch-size", "4"]) == 0  # the same options (another batch): the same stream
+    assert {role: fmt.encoding_path(prefix, "kept", role).read_bytes() for role in fmt.ENCODING_ROLES} == stream
+    capsys.readouterr()
+    assert main([*argv, "bf16"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"mmidx precache: {prefix}.enc.kept.json: encoding 'kept' was computed with other options (dtype 'fp32' vs "
+        "'bf16'); pass --force to replace it, or choose another --name")
+    assert {role: fmt.encoding_path(prefix, "kept", role).read_bytes() for role in fmt.ENCODING_ROLES} == stream
+    assert main([*argv, "bf16", "--force"]) == 0
+    assert json.loads(fmt.encoding_path(prefix, "kept", "json").read_text())["dtype"] == "bf16"

@@ -1,6 +1,7 @@
 """Datasets in object storage (moto's S3 server on 127.0.0.1): the same batches and samples as from
 local files, reads fetched ahead by the known order (requests counted), one line per bad URI."""
 
+import shutil
 import socket
 
 import numpy as np
@@ -185,6 +186,50 @@ def test_build_to_s3_uploads_index_and_metadata_last_and_a_rerun_reuses_it(s3, t
     assert again.message.endswith(f"already at {uri}")
 
 
+def test_a_build_to_s3_replaces_another_builds_dataset_there_only_with_force(s3, tmp_path):
+    from support.sources import build, write_jsonl
+
+    from mmidx.ingest import BuildError
+    from mmidx.ingest.remote import scratch_prefix
+
+    uri = "s3://mmidx/occupied/docs"
+    first = write_jsonl(tmp_path / "first.jsonl", [{"text": f"first {i}"} for i in range(4)])
+    second = write_jsonl(tmp_path / "second.jsonl", [{"text": f"second {i}"} for i in range(6)])
+    build("text", [first], uri)
+    shutil.rmtree(scratch_prefix(uri).parent)  # the second build runs on another machine: no local scratch
+    with pytest.raises(BuildError, match=f"{uri} holds a dataset built from other inputs or options; pass "
+                                         "force=True to replace it"):
+        build("text", [second], uri)
+    assert len(MMIDXDataset(uri)) == 4  # untouched
+    remote, report = build("text", [second], uri, force=True)
+    assert report.ok and len(remote) == 6
+
+
+def test_fetch_replaces_another_dataset_of_the_same_name_only_with_force(s3, tmp_path, capsys):
+    from support.helpers import small_dataset
+
+    from mmidx.cli import main
+    from mmidx.ingest import report_path
+
+    small_dataset(tmp_path / "remote" / "vlm", seed=1)
+    uri = s3.upload(tmp_path / "remote" / "vlm", "s3://mmidx/fetched/vlm")
+    small_dataset(tmp_path / "copy" / "vlm", seed=2)  # another dataset of that name, with a report of its own
+    report_path(tmp_path / "copy" / "vlm").write_text('{"about": "the local dataset"}')
+    before = {path.name: path.read_bytes() for path in (tmp_path / "copy").iterdir()}
+    assert main(["fetch", uri, "-o", str(tmp_path / "copy")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"mmidx fetch: {tmp_path / 'copy' / 'vlm'} holds another dataset than {uri} (its metadata differs); pass "
+        "--force to replace it, or fetch into another folder")
+    assert {path.name: path.read_bytes() for path in (tmp_path / "copy").iterdir()} == before
+    assert main(["fetch", uri, "-o", str(tmp_path / "copy"), "--force"]) == 0
+    assert not report_path(tmp_path / "copy" / "vlm").exists()  # it described the dataset replaced
+    for suffix in (".idx", ".bin", ".images", ".plan", ".meta.json"):
+        assert (tmp_path / "copy" / f"vlm{suffix}").read_bytes() == (tmp_path / "remote" / f"vlm{suffix}").read_bytes()
+    assert main(["fetch", uri, "-o", str(tmp_path / "copy")]) == 0  # the same dataset: fetched again, no --force
+    assert main(["fetch", uri, str(tmp_path / "old-form")]) == 0  # the folder last: deprecated, one line says so
+    assert "mmidx fetch: warning: the folder as a last argument" in capsys.readouterr().err
+
+
 def test_fetch_inspect_and_verify_take_uris(s3, tmp_path, capsys):
     from support.helpers import small_dataset
 
@@ -199,11 +244,11 @@ def test_fetch_inspect_and_verify_take_uris(s3, tmp_path, capsys):
     assert verify_images(dataset, decode=True) == []
     images = dataset.remote_files["images"]
     assert (images.requests, images.misses) == (1, 0)  # verify reads the images by windows, not one by one
-    assert main(["fetch", uri, str(tmp_path / "copy")]) == 0
+    assert main(["fetch", uri, "-o", str(tmp_path / "copy")]) == 0
     assert f"fetched from {uri} and verified" in capsys.readouterr().out
     for suffix in (".idx", ".bin", ".images", ".plan", ".meta.json"):
         assert (tmp_path / "copy" / f"vlm{suffix}").read_bytes() == open(original + suffix, "rb").read()
-    assert main(["fetch", "s3://mmidx/data/nothing", str(tmp_path / "none")]) == 1
+    assert main(["fetch", "s3://mmidx/data/nothing", "-o", str(tmp_path / "none")]) == 1
     error = capsys.readouterr().err.strip()
     assert error.startswith("mmidx fetch: s3://mmidx/data/nothing.meta.json: no such object") and "\n" not in error
 
@@ -337,7 +382,7 @@ def test_a_build_to_s3_rerun_on_another_machine_reuses_the_shards_it_uploaded(s3
 SECRET_URI = "s3://AKIAEXAMPLE:wJalrXUtnFEMIsecret@mmidx/{}?endpoint_override=127.0.0.1:1&scheme=http"
 
 
-@pytest.mark.parametrize("argv", [["inspect", "{uri}"], ["verify", "{uri}"], ["fetch", "{uri}", "{out}"],
+@pytest.mark.parametrize("argv", [["inspect", "{uri}"], ["verify", "{uri}"], ["fetch", "{uri}", "-o", "{out}"],
                                   ["build", "--source", "text", "--input", "{uri}.jsonl", "--output", "{out}/x"],
                                   ["build", "--source", "text", "--input", "{local}", "--output", "{uri}"]])
 def test_credentials_inside_a_uri_are_refused_in_one_line_that_never_shows_them(argv, tmp_path, capsys):

@@ -85,7 +85,7 @@ def test_export_to_hf_is_what_load_from_disk_opens_with_the_same_rows(saved, row
 
 def test_hf_to_mmidx_to_hf_to_mmidx_writes_the_same_files(saved, tmp_path):
     dataset = saved[0]
-    assert main(["export", "--to", "hf", dataset.prefix, str(tmp_path / "export")]) == 0
+    assert main(["export", "--to", "hf", dataset.prefix, "-o", str(tmp_path / "export")]) == 0
     assert (tmp_path / "export" / "data-00000-of-00001.arrow").exists()
     again, _ = build("hf", [tmp_path / "export"], tmp_path / "out", views=VIEWS, keep_columns=("score",))
     assert same_data_files(dataset.prefix, again.prefix)

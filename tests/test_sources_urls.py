@@ -232,7 +232,7 @@ def test_a_build_split_over_two_nodes_merges_to_identical_files(mixed, tmp_path)
         build_dataset(BuildOptions("urls", (table,), tokenizer_dir(), str(tmp_path / "out"), SourceOptions(
             url_column="URL", caption_columns=("TEXT",), rows_per_shard=5, **FAST), num_nodes=2, node_rank=rank,
             progress=False))
-    assert main(["merge", str(tmp_path / "out"), str(tmp_path / "out.shards")]) == 0
+    assert main(["merge", str(tmp_path / "out.shards"), "--output", str(tmp_path / "out")]) == 0
     assert _same_files(serial, tmp_path / "out")
 
 

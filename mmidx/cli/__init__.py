@@ -52,7 +52,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every error ends in one line on stderr and exit status 1 (2: usage)."""
     import yaml
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    late = getattr(args, "late_positional", None)  # a deprecated argument that may follow the options
+    if late is not None and getattr(args, late) is None and len(extras) == 1 and not extras[0].startswith("-"):
+        setattr(args, late, extras.pop())  # argparse gave it up: an optional positional matches nothing first
+    if extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
     name = f"mmidx {args.command}"
     try:
         with command_line():  # messages name the options (--max-skip-rate), not the Python parameters

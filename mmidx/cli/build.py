@@ -13,10 +13,11 @@ from mmidx.cli.common import (
     Commands,
     add_command,
     at_least,
-    dataset_prefix,
     default_note,
     fraction,
+    named_output,
     one_dataset,
+    output_prefix,
     size_note,
 )
 from mmidx.cli.url_options import add_url_arguments, max_skip_rate, url_source_options
@@ -114,7 +115,7 @@ def _register_build(commands: Commands) -> None:
                       help=f"the kind of input: {', '.join(SOURCE_NAMES)}")
     what.add_argument("--input", nargs="+", action="extend", metavar="PATH",
                       help="input files or folders (local or pyarrow URIs)")
-    what.add_argument("--output", type=dataset_prefix, metavar=PREFIX,
+    what.add_argument("--output", type=output_prefix, metavar=PREFIX,
                       help="output dataset prefix (a report goes to PREFIX.report.json)")
     what.add_argument("--config", metavar="BAGEL_YAML", help="BAGEL data config (data/configs/*.yaml shape)")
     what.add_argument("--dataset-info", metavar="INFO_YAML",
@@ -199,7 +200,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
     """``mmidx merge``: the shard folders of a build split over nodes, or whole datasets, into one."""
     from mmidx.ingest import merge_into
 
-    report = merge_into(args.output, args.input, max_skip_rate=args.max_skip_rate)
+    inputs, first = args.input, None
+    if args.output is None and len(inputs) > 1:  # the deprecated form: the output first, then the inputs
+        first, inputs = inputs[0], inputs[1:]
+    output = named_output(args, first, "the output first (mmidx merge OUTPUT INPUT...)")
+    report = merge_into(output, inputs, max_skip_rate=args.max_skip_rate, force=args.force)
     print(report.summary())
     return 0 if report.ok else 1
 
@@ -208,10 +213,16 @@ def _register_merge(commands: Commands) -> None:
     sub = add_command(commands, "merge", cmd_merge,
                       "Merge the shards of a build split with --num-nodes (each node's --output prefix, or its "
                       "PREFIX.shards folder), named in any order, into its dataset; or concatenate whole datasets "
-                      "of one kind and tokenizer.")
-    sub.add_argument("output", type=dataset_prefix, metavar=PREFIX, help="output dataset prefix")
+                      "of one kind and tokenizer. --output names the dataset written; one already there is replaced "
+                      "only with --force, unless it is this merge's result.")
     sub.add_argument("input", nargs="+", type=one_dataset, metavar="PREFIX_OR_SHARDS",
                      help="the prefixes (or shard folders) each node of one build wrote, or dataset prefixes")
+    sub.add_argument("-o", "--output", type=output_prefix, metavar=PREFIX,
+                     help="the dataset to write (a report goes to PREFIX.report.json); the old form that gave it "
+                          "first, mmidx merge OUTPUT INPUT..., is deprecated")
+    sub.add_argument("--force", action="store_true",
+                     help="replace a dataset at the output that is not this merge's result (a rerun of the same "
+                          "merge reuses its result without it)")
     sub.add_argument("--max-skip-rate", type=fraction,
                      help=default_note("shard folders: fail when a larger fraction of the rows was skipped",
                                        "0.01; --source urls: 1.0"))

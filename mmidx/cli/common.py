@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,34 @@ def dataset_prefix(value: str) -> str:
         if value.endswith(suffix) and not os.path.exists(value + SUFFIXES["idx"]):
             return value.removesuffix(suffix)
     return value
+
+
+def output_prefix(value: str) -> str:
+    """An output dataset prefix (as :func:`dataset_prefix` reads it), or a usage error when it names a folder
+    (``out/``: its files would be hidden, ``out/.idx``...)."""
+    from mmidx.errors import command_line
+    from mmidx.format import PrefixError
+    from mmidx.format import output_prefix as checked
+
+    try:
+        with command_line():  # arguments are parsed before the command runs in this context
+            return checked(dataset_prefix(value))
+    except PrefixError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def named_output(args: argparse.Namespace, positional: str | None, old_form: str) -> str:
+    """The output a command names with ``-o/--output``; the deprecated form that gave it as an argument
+    (``positional``, spelled ``old_form`` in the line that says so) still works, with one warning on stderr."""
+    if args.output is not None and positional is not None:
+        args.usage_error(f"give the output once, as --output {args.output} (not also as {positional!r})")
+    if args.output is not None:
+        return args.output
+    if positional is None:
+        args.usage_error("give the output as -o/--output")
+    print(f"mmidx {args.command}: warning: {old_form} is deprecated and will be removed; name the output with "
+          f"-o/--output {positional}", file=sys.stderr)
+    return positional
 
 
 def one_dataset(value: str) -> str:
@@ -96,7 +125,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
                       for action in actions if action.option_strings and action.required]
             if any(action.option_strings and not action.required for action in actions):
                 parts.append("[options]")
-            parts += [self._format_args(action, action.dest) for action in actions if not action.option_strings]
+            parts += [self._format_args(action, action.dest) for action in actions
+                      if not action.option_strings and action.help != argparse.SUPPRESS]  # not a deprecated form
             usage = " ".join(parts)
         super().add_usage(usage, actions, groups, prefix)
 

@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from mmidx.cli.common import PATHS_HELP, PREFIX_OR_DATA_YAML, Commands, _dataset_prefixes, add_command
+from mmidx.cli.common import PATHS_HELP, PREFIX_OR_DATA_YAML, Commands, _dataset_prefixes, add_command, named_output
 
 
 def _human_bytes(size: float) -> str:
@@ -112,7 +112,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from mmidx.io.storage import fetch_dataset
     from mmidx.read.checks import verify
 
-    local = fetch_dataset(args.uri, args.folder)
+    folder = named_output(args, args.folder, "the folder as a last argument (mmidx fetch URI FOLDER)")
+    local = fetch_dataset(args.uri, folder, force=args.force)
     problems = verify(local)
     for problem in problems:
         print(f"FAIL {problem}", file=sys.stderr)
@@ -126,7 +127,11 @@ def _register_fetch(commands: Commands) -> None:
     sub = add_command(commands, "fetch", cmd_fetch,
                       "Copy a dataset from object storage (s3://bucket/prefix) into a local folder and verify it.")
     sub.add_argument("uri", metavar="URI", help="the dataset's prefix in object storage")
-    sub.add_argument("folder", metavar="FOLDER", help="local folder; the copy keeps the prefix's last name")
+    sub.add_argument("-o", "--output", metavar="FOLDER", help="local folder; the copy keeps the prefix's last name")
+    sub.add_argument("folder", nargs="?", help=argparse.SUPPRESS)  # deprecated: the folder, named with --output now
+    sub.add_argument("--force", action="store_true",
+                     help="replace another dataset of the same name in the folder (a copy of the same dataset is "
+                          "fetched again without it)")
 
 
 def _register_inspect_and_verify(commands: Commands) -> None:

@@ -28,7 +28,7 @@ def cmd_precache(args: argparse.Namespace) -> int:
                     dtype=args.dtype, batch_size=args.batch_size or 16, weights_version=args.weights_version,
                     input=args.input)]
     metas = precache(args.path, jobs, device=args.device, workers=args.workers, progress=not args.quiet,
-                     engine=args.engine, ray_address=args.ray_address)
+                     engine=args.engine, ray_address=args.ray_address, force=args.force)
     for meta in metas:
         print(f"{meta['name']}: {meta['counts']['records']} {meta['modality']} encodings ({meta['store']}, "
               f"{meta['dtype']}) of dataset {meta['dataset']['checksum'][:12]}")
@@ -65,3 +65,6 @@ def register(commands: Commands) -> None:
     sub.add_argument("--ray-address", help=default_note("Ray cluster to join", "RAY_ADDRESS, else a new local one"))
     sub.add_argument("--weights-version", help="a version or hash of the encoder's weights, recorded")
     sub.add_argument("--quiet", action="store_true", help="no progress line")
+    sub.add_argument("--force", action="store_true",
+                     help="replace a finished encoding of the same name that another encoder or other options "
+                          "computed (the same options compute it again without it)")

@@ -17,6 +17,7 @@ from mmidx.cli.common import (
     add_pack_arguments,
     at_least,
     default_note,
+    named_output,
     one_dataset,
 )
 from mmidx.cli.index import _data_config
@@ -61,7 +62,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from mmidx.toolkit.export import export
     from mmidx.toolkit.export_hf import export_hf
 
-    report = export_hf(args.prefix, args.output) if args.to == "hf" else export(args.prefix, args.to, args.output)
+    output = named_output(args, args.folder, "the folder as a last argument (mmidx export PREFIX --to LAYOUT FOLDER)")
+    report = export_hf(args.prefix, output) if args.to == "hf" else export(args.prefix, args.to, output)
     print(report.summary())
     return 0
 
@@ -103,7 +105,9 @@ def _register_toolkit(commands: Commands) -> None:
                       "image bytes.")
     sub.add_argument("prefix", type=one_dataset, metavar=PREFIX, help=PREFIX_HELP)
     sub.add_argument("--to", required=True, choices=("parquet", "jsonl", "wds", "hf"), help="layout to write")
-    sub.add_argument("output", metavar="FOLDER", help="folder to write (created; must not hold files already)")
+    sub.add_argument("-o", "--output", metavar="FOLDER", help="folder to write (created; must not hold files already)")
+    sub.add_argument("folder", nargs="?", help=argparse.SUPPRESS)  # deprecated: the folder, named with --output now
+    sub.set_defaults(late_positional="folder")  # the old form gave it after --to: mmidx export PREFIX --to X FOLDER
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

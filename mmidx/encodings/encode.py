@@ -87,6 +87,7 @@ class RunOptions:
     engine: str = "local"  # local | ray
     ray_address: str | None = None
     encoders: list[Callable[..., Any]] | None = None  # encoders already loaded, one per job (local engine only)
+    force: bool = False  # replace a finished stream of the same name that other options computed
 
 
 def encoder_factory(spec: str) -> Callable[..., Any]:

@@ -43,13 +43,23 @@ from mmidx.encodings.encode import (
     load_encoder,
     plan_units,
 )
+from mmidx.errors import MMIDXError, option
+from mmidx.format import FormatError
 from mmidx.images.transform import ImageTransform
 from mmidx.ingest.remote import scratch_prefix
 from mmidx.io.files import errors_naming
 from mmidx.io.lock import output_lock
 from mmidx.io.storage import is_remote
 from mmidx.read.dataset import MMIDXDataset
-from mmidx.read.encoding_streams import IMG_NUM_RULE, stream_version, upload_stream, write_table
+from mmidx.read.encoding_streams import (
+    IMG_NUM_RULE,
+    EncodingStream,
+    encoding_names,
+    stream_location,
+    stream_version,
+    upload_stream,
+    write_table,
+)
 
 
 class _Partial:
@@ -123,14 +133,44 @@ def _transform_args(transform: ImageTransform | None) -> dict[str, Any] | None:
     return None if transform is None else json_safe(dataclasses.asdict(transform))
 
 
+class StreamExistsError(MMIDXError, ValueError):
+    """A finished encoding of the same name, computed by another encoder or options, would be replaced."""
+
+
+def _refuse_other_stream(dataset: MMIDXDataset, job: Job, transform_args: dict[str, Any] | None) -> None:
+    """Refuse to replace the finished stream ``P.enc.NAME`` of this dataset when another encoder or other options
+    computed it (a run with ``force`` replaces it). The same job's stream is computed again (the same bytes); a
+    stream of another version of the dataset, or one that does not open, serves no reader and is replaced."""
+    if job.name not in encoding_names(dataset.prefix):
+        return
+    try:
+        meta = EncodingStream.open(dataset.prefix, job.name).meta
+    except FormatError:
+        return
+    if meta["dataset"].get("checksum") != dataset.checksum:
+        return
+    image = job.modality == "image"
+    ours = {"modality": job.modality, "encoder": job.encoder, "weights_version": job.weights_version,
+            "dtype": job.dtype, "transform": job.transform if image else None, "transform_args": transform_args,
+            "store": meta.get("store") if meta.get("store") == "tensor" else job.store}  # "tensor": one output
+    if job.modality == "text" and job.input == "text":
+        ours.update(input="text", store_pad_tokens=job.store_pad_tokens, encoder_kwargs=json_safe(job.encoder_kwargs))
+    differ = [f"{key} {meta.get(key)!r} vs {value!r}" for key, value in ours.items() if meta.get(key) != value]
+    if differ:
+        raise StreamExistsError(f"{stream_location(dataset.prefix, job.name, 'json')}: encoding {job.name!r} was "
+                                f"computed with other options ({'; '.join(differ)}); pass {option('force', True)} "
+                                f"to replace it, or choose another {option('name')}")
+
+
 def precache_dataset(prefix: str, job: Job, transform: ImageTransform | None, *, device: str = "cpu",
                      workers: int = 1, progress: bool = True, encoder: Callable[..., Any] | None = None,
-                     engine: str = "local", ray_address: str | None = None) -> dict[str, Any]:
+                     engine: str = "local", ray_address: str | None = None, force: bool = False) -> dict[str, Any]:
     """Compute (or finish computing) ``P.enc.NAME`` for the dataset at ``prefix``; returns its metadata.
 
     ``engine="ray"`` encodes on ``workers`` Ray actors (each loads the encoder once, on ``device``) and
-    writes their batches here in order, so the streams are byte-identical to a local run's."""
-    run = RunOptions(device, workers, progress, engine, ray_address, None if encoder is None else [encoder])
+    writes their batches here in order, so the streams are byte-identical to a local run's. A finished stream
+    ``NAME`` that another encoder or other options computed is replaced only with ``force``."""
+    run = RunOptions(device, workers, progress, engine, ray_address, None if encoder is None else [encoder], force)
     return precache_pass(prefix, [job], {job.transform: transform}, run)[0]
 
 
@@ -173,6 +213,8 @@ def _one_pass(dataset: MMIDXDataset, local: str, jobs: list[Job], transform: Ima
         partials = []
         for job in jobs:
             stack.enter_context(output_lock(f"{local}.enc.{job.name}", "precache"))
+            if not run.force:
+                _refuse_other_stream(dataset, job, transform_args)
             fingerprint = {**job.fingerprint, "transform_args": transform_args, "dataset": dataset.checksum}
             partials.append(_Partial(local, job.name, fingerprint, units.bounds))
             stack.callback(partials[-1].close)
@@ -263,10 +305,11 @@ def _commit(prefix: str, job: Job, dataset: MMIDXDataset, transform_args: dict[s
 
 
 def precache(path: str, jobs: Job | list[Job], *, device: str = "cpu", workers: int = 1, progress: bool = True,
-             engine: str = "local", ray_address: str | None = None) -> list[dict[str, Any]]:
+             engine: str = "local", ray_address: str | None = None, force: bool = False) -> list[dict[str, Any]]:
     """Precache every dataset of a data YAML (each through its group's transforms), or one dataset prefix
     (BAGEL's transforms for its source type), local or in object storage, with every job (several
-    encoders in one pass); returns each stream's metadata."""
+    encoders in one pass); returns each stream's metadata. A finished stream of a job's name that another
+    encoder or other options computed is replaced only with ``force``."""
     from mmidx.config import config_for
 
     jobs = [jobs] if isinstance(jobs, Job) else list(jobs)
@@ -284,5 +327,5 @@ def precache(path: str, jobs: Job | list[Job], *, device: str = "cpu", workers: 
     if encoders is None:
         for job in jobs:
             encoder_factory(job.encoder)
-    run = RunOptions(device, workers, progress, engine, ray_address, encoders)
+    run = RunOptions(device, workers, progress, engine, ray_address, encoders, force)
     return [meta for prefix, used in transforms.items() for meta in precache_pass(prefix, jobs, used, run)]

@@ -71,7 +71,7 @@ def merge_ledgers(shard_folders: Sequence[str | os.PathLike], output: str | os.P
     """
     parts = [Path(folder, PART_NAME) for folder in shard_folders if Path(folder, PART_NAME).exists()]
     target = ledger_path(output)
-    remove_stale_partials(target)  # a build killed while merging
+    remove_stale_partials(target, exclusive=True)  # a build killed while merging (we hold the output's lock)
     if not parts:
         target.unlink(missing_ok=True)
         return

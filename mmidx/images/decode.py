@@ -1,7 +1,8 @@
 """Probe and decode stored images: size, format and mode read from the header (``probe``), decoded to RGB
-as BAGEL's ``pil_img2rgb`` does (``decode_rgb``, ``decode_rgb_pixels``), and, at build time, capped in size
-and re-encoded when the user asks (``downsize_and_reencode``). Every decode is bounded by a pixel limit
-checked before any pixel is decoded.
+as BAGEL's ``pil_img2rgb`` does (``decode_rgb``, ``decode_rgb_pixels``: the loader's decode), checked to decode
+as the loader decodes them (``verify_decodable`` for ``mmidx verify --decode``, ``check_decodes`` at build time),
+and, at build time, capped in size and re-encoded when the user asks (``downsize_and_reencode``). Every decode
+is bounded by a pixel limit checked before any pixel is decoded.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ def decode_rgb_pixels(data: bytes | memoryview, *, max_pixels: int = DEFAULT_MAX
 
 
 def open_image(data: bytes | memoryview, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[Image.Image, ImageInfo]:
-    """``probe``, keeping the image opened from the header (nothing decoded yet) for ``verify_opened``,
+    """``probe``, keeping the image opened from the header (nothing decoded yet) for ``check_decodes``,
     so that a probe followed by a check parses the header once."""
     image = _open(data, max_pixels)
     return image, _info(image)
@@ -206,25 +207,57 @@ def open_image(data: bytes | memoryview, *, max_pixels: int = DEFAULT_MAX_PIXELS
 def _refuse_padded_truncation() -> None:
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True, so truncated images decode silently "
-                           "padded and cannot be detected; set it to False before verifying images")
+                           "padded and cannot be detected; set it to False before verifying or building images")
 
 
-def verify_opened(image: Image.Image, data: bytes | memoryview) -> None:
-    """Decode an image from ``open_image(data)`` fully the way the reader will (see ``verify_decodable``)."""
+def check_decodes(image: ImageFile.ImageFile, data: bytes | memoryview, info: ImageInfo) -> None:
+    """Refuse (``ImageError``) an image from ``open_image(data)`` that the loader's ``decode_rgb_pixels`` would
+    refuse, at a fraction of a full decode's cost: the build's check, so nothing is stored that a pack then fails on.
+
+    YCbCr and greyscale JPEGs are decoded by simplejpeg as the loader decodes them (libjpeg-turbo in strict mode,
+    which refuses what libjpeg only warns about: junk before a marker, a truncated stream, corrupt entropy data)
+    but scaled to 1/8 of each side and to luma only: every entropy-coded byte of every component is still read,
+    so it refuses exactly what the full decode refuses (``tests/test_images.py`` checks this on mutated JPEGs),
+    in about a fifth of its time. Other JPEGs (CMYK, YCCK) are decoded in PIL's draft mode, every other format
+    fully, as the loader decodes them (PIL).
+    """
     _refuse_padded_truncation()
-    _decoded_rgb(image, data)
+    if info.format not in _SCALABLE_FORMATS:
+        _decoded_rgb(image, data)
+        return
+    try:
+        colorspace = simplejpeg.decode_jpeg_header(data)[2]
+    except ValueError:
+        colorspace = None  # let PIL word the error
+    try:
+        if colorspace in ("YCbCr", "Gray"):
+            simplejpeg.decode_jpeg(data, colorspace="GRAY", min_height=1, min_width=1, strict=True)
+            return
+        image.draft(image.mode, (max(1, info.width // 8), max(1, info.height // 8)))
+        image.load()
+    except _PIL_ERRORS as error:  # simplejpeg's errors are ValueErrors
+        raise ImageError(f"cannot decode {info.format} image of {info.width}x{info.height} ({len(data)} bytes): "
+                         f"{pil_reason(error)}") from error
+
+
+_SCALABLE_FORMATS = ("JPEG", "MPO")  # checked by a decode scaled to 1/8 (``check_decodes``)
 
 
 def verify_decodable(data: bytes | memoryview, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
-    """Probe ``data`` and decode it fully the way the reader will, so a bad image fails at build time.
+    """Probe ``data`` and decode it fully with the loader's own decoder (``decode_rgb_pixels``: simplejpeg in
+    strict mode for YCbCr and greyscale JPEGs, PIL otherwise), so that an image it passes is one every pack
+    holding it decodes; what ``mmidx verify --decode`` runs on every stored image.
 
-    Returns the probed info. Raises ``ImageError`` for unreadable, truncated or oversized data,
-    and ``RuntimeError`` if ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` is set, because PIL would
-    then pad truncated images silently and this check would pass them.
+    Returns the probed info. Raises ``ImageError`` for unreadable, truncated or oversized data, or data that
+    decodes to another size than its header says, and ``RuntimeError`` if ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES``
+    is set, because PIL would then pad truncated images silently and this check would pass them.
     """
     _refuse_padded_truncation()
-    image, info = open_image(data, max_pixels=max_pixels)
-    _decoded_rgb(image, data)
+    info = probe(data, max_pixels=max_pixels)
+    height, width = decode_rgb_pixels(data, max_pixels=max_pixels).shape[:2]
+    if (width, height) != (info.width, info.height):
+        raise ImageError(f"a {info.format} image whose header says {info.width}x{info.height} decodes to "
+                         f"{width}x{height}")
     return info
 
 

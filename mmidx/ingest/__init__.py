@@ -18,7 +18,9 @@ Crash safety and resumption:
   interrupted build never leaves files that open as a dataset, and an old dataset at ``OUTPUT``
   stays intact until the new one replaces it whole;
 * ``OUTPUT.report.json`` is written last; a rerun whose report and output match the configuration
-  does nothing but finish deleting the shards, which go once the report is written;
+  does nothing but finish deleting the shards, which go once the report is written; a dataset at
+  ``OUTPUT`` that another build or merge made is replaced only with ``force`` (:mod:`mmidx.ingest.output`),
+  and loses its report first;
 * ``OUTPUT.lock`` keeps a second build or merge of the same output out while one runs; worker
   processes die with the build.
 

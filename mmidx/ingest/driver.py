@@ -9,23 +9,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mmidx.errors import option
 from mmidx.ingest.engines import BuildProgress, Engine, LocalEngine
 from mmidx.ingest.merge import finish_build
-from mmidx.ingest.plan import (
-    PLAN_NAME,
-    BuildError,
-    BuildOptions,
-    finished_shard,
-    make_plan,
-    meta_sha256,
-    plan_record,
-    shard_dir,
-)
+from mmidx.ingest.output import claim_output
+from mmidx.ingest.plan import PLAN_NAME, BuildError, BuildOptions, finished_shard, make_plan, plan_record, shard_dir
 from mmidx.ingest.remote import build_remote
 from mmidx.ingest.report import BuildReport, add_counts, counted, judge, new_counts, report_path
 from mmidx.ingest.shard import build_tokenizer, clear_unit
-from mmidx.io.files import read_json, write_json
+from mmidx.io.files import remove_stale_partials, write_json
 from mmidx.io.lock import output_lock
 from mmidx.io.storage import is_remote
 from mmidx.sources import get_source
@@ -62,16 +53,12 @@ def build_dataset(options: BuildOptions, on_shard: Callable[[Path], None] | None
                              "text datasets need one (set eos_token in its tokenizer_config.json)")
         plan = make_plan(options, tokenizer.identity)
         if not node:
-            previous = read_json(report_path(output))
-            finished = previous is not None and meta_sha256(output) == previous.get("meta_sha256")
-            if finished and previous.get("key") == plan.key:
+            previous = claim_output(output, plan.key, {"build": plan.config}, force=options.force, command="build")
+            if previous is not None:
                 shutil.rmtree(plan.shards, ignore_errors=True)  # the cleanup a killed run did not finish
+                remove_stale_partials(report_path(output), exclusive=True)
                 judged = judge(previous, options.max_skip_rate)
                 return BuildReport({**judged, "already_built": True, "message": "already built: " + judged["message"]})
-            if finished and not options.force:
-                raise BuildError(f"{output} holds a dataset built from other inputs or options (see "
-                                 f"{report_path(output)}); pass {option('force', True)} to replace it, or choose "
-                                 "another output")
         os.makedirs(plan.shards, exist_ok=True)
         write_json(Path(plan.shards, PLAN_NAME), plan_record(plan))
         share = plan.share()
@@ -102,9 +89,9 @@ def _node_report(options: BuildOptions, shards: str, reports: list[dict], reused
     totals["seconds"]["wall"] = time.perf_counter() - started
     return BuildReport({**totals, "output": shards, "units": len(reports), "reused_units": reused, "ok": True,
                         "message": f"node {options.node_rank} of {options.num_nodes} built its "
-                                   f"{counted(len(reports), 'unit')}; once every node is done: mmidx merge OUTPUT "
-                                   f"{shards} (and the other nodes' "
-                                   "shard folders, unless they share this one)"})
+                                   f"{counted(len(reports), 'unit')}; once every node is done: mmidx merge "
+                                   f"{shards} (and the other nodes' shard folders, unless they share this one) "
+                                   "--output OUTPUT"})
 
 
 def engine_for(options: BuildOptions) -> Engine:

@@ -1,12 +1,14 @@
 """Merge: shards into the dataset of their build, and ``mmidx merge`` of shard sets or whole datasets.
 
 A build ends in :func:`finish_build`: the shards are merged in unit order into ``OUTPUT`` and the
-build report is written last. ``mmidx merge OUTPUT INPUT...`` finishes a build that was split over
+build report is written last. ``mmidx merge INPUT... --output OUTPUT`` finishes a build that was split over
 nodes (``--num-nodes``): its inputs are the shard folders (``OUTPUT.shards``) of the nodes, named in
 any order; every unit of the plan must be found in one of them, and the result is byte-identical to
 a build on one machine. Its inputs may instead be whole datasets (same kind, tokenizer and format
-version, checked), which are concatenated in the order given. Time and memory are proportional to
-the index arrays; the output is written crash-safely (``mmidx.ingest.writer``) under a lock.
+version, checked), which are concatenated in the order given, with a report (``OUTPUT.report.json``)
+naming them. Time and memory are proportional to the index arrays; the output is written crash-safely
+(``mmidx.ingest.writer``) under a lock, and a dataset already at ``OUTPUT`` is replaced only as
+:mod:`mmidx.ingest.output` allows (a rerun of the same merge reuses it; another dataset needs ``force``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import numpy as np
 
 from mmidx import format as fmt
 from mmidx.fetch.ledger import merge_ledgers
+from mmidx.ingest.output import claim_output
 from mmidx.ingest.plan import PLAN_NAME, BuildError, finished_shard, meta_sha256, shard_dir, shard_prefix
 from mmidx.ingest.report import BuildReport, add_counts, counted, judge, new_counts, report_path
 from mmidx.ingest.writer import _DatasetWriter
-from mmidx.io.files import read_json, write_json
+from mmidx.io.files import digest, read_json, write_json
 from mmidx.io.lock import output_lock
 from mmidx.sources import SKIP_REASONS, WARNING_REASONS, default_max_skip_rate
 
@@ -59,17 +62,19 @@ def finish_build(output: str, record: dict[str, Any], shards: list[str], reports
                   "reasons": {reason: SKIP_REASONS[reason] for reason in totals["skips"]},
                   "warning_reasons": {reason: WARNING_REASONS[reason] for reason in totals["warnings"]}, **totals},
                  max_skip_rate)
-    write_json(report_path(output), data)
+    write_json(report_path(output), data, exclusive=True)  # under the output's lock: no other writer is alive
     return BuildReport(data)
 
 
 def merge_into(output: str | os.PathLike, inputs: list[str | os.PathLike], *,
-               max_skip_rate: float | None = None) -> BuildReport:
+               max_skip_rate: float | None = None, force: bool = False) -> BuildReport:
     """``mmidx merge``: join shard folders of one build (any order) or whole datasets (in order) into ``output``.
 
-    ``max_skip_rate`` None: the default of the build's source (:func:`mmidx.sources.default_max_skip_rate`)."""
+    ``max_skip_rate`` None: the default of the build's source (:func:`mmidx.sources.default_max_skip_rate`).
+    A dataset already at ``output`` is this merge's result (reused: "already built") or is replaced only with
+    ``force`` (:func:`mmidx.ingest.output.claim_output`)."""
     started = time.perf_counter()
-    output = os.fspath(output)
+    output = fmt.output_prefix(output)
     if not inputs:
         raise BuildError("give at least one input")
     folders = [_shard_folder(os.fspath(item)) for item in inputs]
@@ -77,11 +82,11 @@ def merge_into(output: str | os.PathLike, inputs: list[str | os.PathLike], *,
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     with output_lock(output, "merge"):
         if all(plan is not None for plan in plans):
-            return _merge_shard_sets(output, folders, plans, max_skip_rate, started)
+            return _merge_shard_sets(output, folders, plans, max_skip_rate, started, force)
         if any(plan is not None for plan in plans):
             raise BuildError("give either the shards of one build (each node's prefix or its PREFIX.shards folder) "
                              "or datasets, not both")
-        return _merge_datasets(output, [os.fspath(item) for item in inputs], started)
+        return _merge_datasets(output, [os.fspath(item) for item in inputs], started, force)
 
 
 def _shard_folder(item: str) -> str | None:
@@ -94,7 +99,7 @@ def _shard_folder(item: str) -> str | None:
 
 
 def _merge_shard_sets(output: str, inputs: list[str], plans: list[dict[str, Any]], max_skip_rate: float | None,
-                      started: float) -> BuildReport:
+                      started: float, force: bool) -> BuildReport:
     first = plans[0]
     if max_skip_rate is None:
         max_skip_rate = default_max_skip_rate(first["source"])
@@ -121,24 +126,36 @@ def _merge_shard_sets(output: str, inputs: list[str], plans: list[dict[str, Any]
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
         raise BuildError(f"{len(missing)} of {len(first['unit_keys'])} units have no finished shard in the inputs "
                          f"(units {shown}); run the build of the node(s) that own them again, then merge")
+    previous = claim_output(output, first["key"], {"build": first["config"]}, force=force, command="build")
+    if previous is not None:
+        judged = judge(previous, max_skip_rate)
+        return BuildReport({**judged, "already_built": True, "message": "already built: " + judged["message"]})
     return finish_build(output, first, folders, reports, max_skip_rate, len(folders), started)
 
 
-def _merge_datasets(output: str, inputs: list[str], started: float) -> BuildReport:
+def _merge_datasets(output: str, inputs: list[str], started: float, force: bool) -> BuildReport:
+    """Concatenate whole datasets; the report it writes beside ``output`` names them and their checksums (its key),
+    so a rerun of the same merge finds its result."""
     from mmidx.read.dataset import MMIDXDataset
 
     for prefix in inputs:
         with contextlib.suppress(FileNotFoundError):
             if os.path.samefile(prefix + ".idx", output + ".idx"):
                 raise BuildError(f"{output} is also an input; write the merge to a new prefix")
+    key = digest({"merge": [[prefix, meta_sha256(prefix)] for prefix in inputs]})
+    previous = claim_output(output, key, {"merged_from": inputs}, force=force, command="merge")
+    if previous is not None:
+        return BuildReport({**previous, "already_built": True, "message": "already merged: " + previous["message"]})
     merge_datasets(inputs, output)
     dataset = MMIDXDataset(output)
     counts = (dataset.metadata or {}).get("counts", {})
     totals = {**new_counts(), "samples": len(dataset), "rows": len(dataset), "tokens": counts.get("tokens", 0),
               "views": counts.get("views", len(dataset)), "images": counts.get("images", 0)}
     totals["seconds"]["wall"] = time.perf_counter() - started
-    return BuildReport({**totals, "output": output, "datasets": len(inputs), "ok": True,
-                        "message": f"merged {counted(len(inputs), 'dataset')}"})
+    data = {**totals, "output": output, "key": key, "meta_sha256": meta_sha256(output), "merged_from": inputs,
+            "datasets": len(inputs), "ok": True, "message": f"merged {counted(len(inputs), 'dataset')}"}
+    write_json(report_path(output), data, exclusive=True)  # under the output's lock: no other writer is alive
+    return BuildReport(data)
 
 
 def merge_datasets(prefixes: Iterable[str | os.PathLike], output_prefix: str | os.PathLike,

@@ -16,7 +16,7 @@ from typing import Any
 
 from mmidx import __version__
 from mmidx.errors import MMIDXError
-from mmidx.format import FormatError
+from mmidx.format import FormatError, output_prefix
 from mmidx.io.files import digest, read_json
 from mmidx.read.dataset import MMIDXDataset
 from mmidx.sources import SourceOptions, WorkUnit, get_source, preflight
@@ -56,6 +56,7 @@ class BuildOptions:
 
     def __post_init__(self) -> None:
         get_source(self.source)
+        output_prefix(self.output)  # "out/" would write hidden files (out/.idx...): refused before anything is built
         if not self.inputs:
             raise ValueError("give at least one input")
         if self.workers < 1:

@@ -13,14 +13,27 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from mmidx import format as fmt
+from mmidx.errors import option
 from mmidx.ingest.plan import BuildError, BuildOptions
 from mmidx.ingest.report import BuildReport, report_path
-from mmidx.io.storage import cache_root, delete_folder, download, join, list_objects, upload, upload_dataset
+from mmidx.io.files import read_json
+from mmidx.io.storage import (
+    cache_root,
+    delete_folder,
+    download,
+    join,
+    list_objects,
+    remote_metadata,
+    upload,
+    upload_dataset,
+)
 
 REPORT = "report.json"  # written last into a shard folder: its presence says the shard is whole
 
@@ -61,6 +74,23 @@ def restore_shards(shards_uri: str, local_shards: Path) -> int:
     return restored
 
 
+def _refuse_other_dataset(output: str, scratch: Path) -> None:
+    """Refuse to replace a remote dataset that another build made (its metadata records another build
+    configuration); a dataset of this build there (an older upload, or the same) is replaced or kept."""
+    remote = remote_metadata(output)
+    if remote is None:
+        return
+    try:
+        theirs = json.loads(remote).get("build")
+    except (ValueError, AttributeError):
+        theirs = None  # not metadata a build wrote
+    ours = (read_json(fmt.file_path(scratch, "meta")) or {}).get("build")
+    if fmt.canonical_json(theirs) != fmt.canonical_json(ours):
+        raise BuildError(f"{output} holds a dataset built from other inputs or options; pass {option('force', True)} "
+                         "to replace it, or choose another output (this build is kept in local scratch: a rerun "
+                         f"with {option('force', True)} only uploads it)")
+
+
 def build_remote(options: BuildOptions,
                  build_local: Callable[[BuildOptions, Callable[[Path], None]], BuildReport]) -> BuildReport:
     """``build_local`` (:func:`mmidx.ingest.build_dataset`) into scratch, shards mirrored to storage as they
@@ -77,6 +107,8 @@ def build_remote(options: BuildOptions,
                          lambda folder: upload_shard(folder, shards_uri))
     if not report.ok:
         return report
+    if not options.force:
+        _refuse_other_dataset(output, scratch)
     uploaded = upload_dataset(scratch, output)
     delete_folder(shards_uri)
     note = f"uploaded to {output}" if uploaded else f"already at {output}"

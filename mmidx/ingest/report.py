@@ -8,13 +8,12 @@ limit (``max_skip_rate``, ``mmidx build --max-skip-rate``) is judged by that lim
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from mmidx.errors import option
 from mmidx.fetch.outcomes import failure_warning
+from mmidx.format import report_path as report_path  # where the report lives, beside its dataset
 from mmidx.sources import SKIP_REASONS, WARNING_REASONS, Skip
 
 EXAMPLES_PER_REASON = 5
@@ -120,7 +119,3 @@ class BuildReport:
         lines.append(("OK: " if self.ok else "FAILED: ") + self.message)
         return "\n".join(lines)
 
-
-def report_path(output: str | os.PathLike) -> Path:
-    """Where the build report of dataset ``output`` lives."""
-    return Path(os.fspath(output) + ".report.json")

@@ -81,7 +81,8 @@ def _write_shard(plan: BuildPlan, index: int, folder: Path, tokenizer: Tokenizer
     pending = [0, 0, 0, 0]  # rows, images, tokens, image bytes not yet reported
     prefix = shard_prefix(folder)
     with DatasetBuilder(prefix, kind=source.KIND, vocab_size=tokenizer.vocab_size, tokenizer=tokenizer.identity,
-                        special_tokens=tokenizer.special_tokens, build_config=plan.config) as builder:
+                        special_tokens=tokenizer.special_tokens, build_config=plan.config,
+                        check_images=False) as builder:  # the source checked each image (ingest_image)
         origin = builder.source_id(unit.path)
         for item in source.read(unit, context):
             counts["rows"] += 1

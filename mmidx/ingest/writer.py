@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from mmidx import format as fmt
+from mmidx.images.decode import ImageError, check_decodes, open_image
 from mmidx.io import libc
 from mmidx.io.files import errors_naming
 from mmidx.sources.elements import _INT32_MAX, Element, StoredImage
@@ -123,7 +124,7 @@ class _DatasetWriter:
     def __init__(self, prefix: str | os.PathLike, kind: str, token_dtype: np.dtype):
         if kind not in ("multimodal", "text"):
             raise ValueError(f"kind must be 'multimodal' or 'text', not {kind!r}")
-        self.prefix = os.fspath(prefix)
+        self.prefix = fmt.output_prefix(prefix, "prefix")
         self.kind = kind
         self.token_dtype = np.dtype(token_dtype)
         if self.token_dtype not in fmt.CODE_OF_DTYPE:
@@ -160,9 +161,11 @@ class _DatasetWriter:
         meta = {**meta, "format": fmt.FORMAT_NAME, "format_version": fmt.FORMAT_VERSION, "kind": self.kind,
                 "token_dtype": self.token_dtype.name, "files": files}
         fmt.write_metadata(_partial(self.prefix, "meta"), meta)
-        # An old dataset at this prefix stops being openable before any of its files is replaced.
-        for role in ("idx", "meta"):
-            fmt.file_path(self.prefix, role).unlink(missing_ok=True)
+        # An old dataset at this prefix stops being openable, and loses the report that describes it, before any of
+        # its files is replaced.
+        for path in (fmt.file_path(self.prefix, "idx"), fmt.file_path(self.prefix, "meta"),
+                     fmt.report_path(self.prefix)):
+            path.unlink(missing_ok=True)
         for role in [r for r in roles if r != "idx"] + ["meta", "idx"]:
             os.replace(_partial(self.prefix, role), fmt.file_path(self.prefix, role))
         for stale in {"images", "plan"} - set(roles):
@@ -180,11 +183,31 @@ class _DatasetWriter:
             remove_partial_files(self.prefix)
 
 
+def check_stored_image(image: StoredImage) -> None:
+    """Refuse (``ImageError``) an image the loader cannot decode, or whose bytes are not the image its
+    :class:`StoredImage` describes (what ``mmidx verify`` compares with ``image_info``): the loader decodes every
+    stored image and checks its size, so either would fail every pack holding it."""
+    opened, info = open_image(image.data)
+    if tuple(info.record().tolist()) != image.record():
+        raise ImageError(f"its bytes are a {info.width}x{info.height} {info.format} {info.mode} image "
+                         f"{'with' if info.has_transparency else 'without'} transparency, but its StoredImage says "
+                         f"{image.width}x{image.height} {image.format} {image.mode} "
+                         f"{'with' if image.has_transparency else 'without'} transparency; describe it as "
+                         "mmidx.images.decode.probe(data) finds it")
+    check_decodes(opened, image.data, info)
+
+
 class DatasetBuilder:
     """Append samples (multimodal) or documents (text) and finalize them into a dataset at ``prefix``.
 
     Use as a context manager: an exception inside the ``with`` block deletes the partial files, and
     nothing at ``prefix`` changes until :meth:`finalize` commits the complete dataset.
+
+    Every image a sample brings is checked (:func:`check_stored_image`): one the loader cannot decode, or whose
+    :class:`StoredImage` fields are not what its bytes hold, is refused with an ``ImageError`` naming the sample,
+    so nothing is written that ``mmidx verify`` then fails or a pack cannot read. ``check_images=False`` skips
+    the check, for images that passed it already (``mmidx build``'s sources check each one as they read it,
+    counting the undecodable ones as skipped rows).
     """
 
     def __init__(
@@ -197,6 +220,7 @@ class DatasetBuilder:
         tokenizer: dict[str, Any] | None = None,
         special_tokens: dict[str, int] | None = None,
         build_config: dict[str, Any] | None = None,
+        check_images: bool = True,
     ):
         if token_dtype is None:
             if vocab_size is None:
@@ -221,6 +245,7 @@ class DatasetBuilder:
             self._image_info = _Growable(fmt.IMAGE_DTYPE)
             self._extra_offsets = _Growable("<i8", [0])
             self._extra = bytearray()
+        self._check_images = check_images
         self._finalized = False
 
     def __enter__(self) -> DatasetBuilder:
@@ -297,6 +322,12 @@ class DatasetBuilder:
                 raise ValueError(f"an element's payload names a text or image the sample does not have "
                                  f"({text_count} texts, {image_count} images)")
         image_records = [image.record() for image in images]
+        if self._check_images:
+            for number, image in enumerate(images):
+                try:
+                    check_stored_image(image)
+                except ImageError as error:
+                    raise ImageError(f"image {number} of sample {self.num_samples}: {error}") from error
         encoded = json.dumps(extra, sort_keys=True, ensure_ascii=False).encode() if extra else b""
         self._write_sequences(texts)
         image_ends, end = [], self._image_offsets.last

@@ -49,13 +49,18 @@ def _running(pid: int) -> bool:
     return True
 
 
-def remove_stale_partials(path: str | os.PathLike, min_age: float = STALE_PARTIAL_SECONDS) -> list[Path]:
+def remove_stale_partials(path: str | os.PathLike, min_age: float = STALE_PARTIAL_SECONDS, *,
+                          exclusive: bool = False) -> list[Path]:
     """Delete the ``PATH.<pid>-<hex>.partial`` temporaries a killed writer of ``path`` left (``kill -9`` between
     writing and renaming); returns what was deleted.
 
-    Safely: a temporary is another writer's in progress, and kept, while its process runs on this machine or
-    it was modified less than ``min_age`` seconds ago (a writer on another node sharing the folder, whose
-    process this machine cannot see, writes and renames a small file within milliseconds).
+    ``exclusive``: the caller holds the lock every writer of ``path`` holds while it writes (a build's report
+    is written under the output's lock, :func:`mmidx.io.lock.output_lock`), so no other writer of ``path`` is
+    alive and every temporary of it is a dead one's, whatever its pid (a dead writer's pid may belong to another
+    process by now) or its age. Otherwise safely: a temporary is another writer's in progress, and kept, while its
+    process runs on this machine or it was modified less than ``min_age`` seconds ago (a writer on another node
+    sharing the folder, whose process this machine cannot see, writes and renames a small file within
+    milliseconds).
     """
     path = Path(path)
     removed = []
@@ -66,10 +71,12 @@ def remove_stale_partials(path: str | os.PathLike, min_age: float = STALE_PARTIA
     now = time.time()
     for entry in entries:
         match = _PARTIAL.fullmatch(entry.name[len(path.name):])
-        if match is None or int(match[1]) == os.getpid() or _running(int(match[1])):
+        if match is None:
+            continue
+        if not exclusive and (int(match[1]) == os.getpid() or _running(int(match[1]))):
             continue
         try:
-            if now - entry.stat().st_mtime < min_age:
+            if not exclusive and now - entry.stat().st_mtime < min_age:
                 continue
             entry.unlink()
         except FileNotFoundError:  # its writer (or another cleaner) got there first
@@ -78,11 +85,12 @@ def remove_stale_partials(path: str | os.PathLike, min_age: float = STALE_PARTIA
     return removed
 
 
-def write_json(path: str | os.PathLike, obj: dict[str, Any]) -> None:
+def write_json(path: str | os.PathLike, obj: dict[str, Any], *, exclusive: bool = False) -> None:
     """Write ``obj`` to ``path`` atomically (temporary file, fsync, rename); no temporary is left on failure,
-    and those a killed earlier writer left are removed (:func:`remove_stale_partials`)."""
+    and those a killed earlier writer left are removed (:func:`remove_stale_partials`; ``exclusive``: the caller
+    holds the lock of every writer of ``path``, so all of them are)."""
     path = Path(path)
-    remove_stale_partials(path)
+    remove_stale_partials(path, exclusive=exclusive)
     temporary = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")  # nodes may share it
     try:
         with errors_naming(temporary), open(temporary, "w") as stream:

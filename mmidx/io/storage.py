@@ -21,7 +21,9 @@ from typing import Any, TypeVar
 import pyarrow.fs as pafs
 
 from mmidx import format as fmt
+from mmidx.errors import option
 from mmidx.format import FormatError
+from mmidx.io.files import read_json
 
 RETRIES = 4  # attempts of a transient failure (connection reset, throttling, 5xx) before it is an error
 BACKOFF_S = 0.2  # doubled after each failed attempt
@@ -260,16 +262,19 @@ UPLOAD_ORDER = ("bin", "images", "plan", "idx", "meta")
 FETCH_ORDER = ("bin", "images", "plan", "meta", "idx")  # locally a text .idx/.bin pair opens without metadata
 
 
+def remote_metadata(prefix: str) -> bytes | None:
+    """The bytes of the remote dataset ``prefix``'s metadata, None when there is none (or it cannot be read)."""
+    fs, meta_path = filesystem(file_uri(prefix, "meta"))
+    try:
+        return retrying(file_uri(prefix, "meta"), lambda: fs.open_input_stream(meta_path).read())
+    except StorageError:
+        return None
+
+
 def upload_dataset(local_prefix: str | os.PathLike, prefix: str) -> bool:
     """Copy the local dataset ``local_prefix`` to the remote ``prefix``; False when the same dataset
     (the same metadata) is there already. A dataset being replaced loses its metadata and index first."""
-    local_meta = fmt.file_path(local_prefix, "meta")
-    fs, meta_path = filesystem(file_uri(prefix, "meta"))
-    try:
-        remote_meta = retrying(file_uri(prefix, "meta"), lambda: fs.open_input_stream(meta_path).read())
-    except StorageError:
-        remote_meta = None
-    if remote_meta == local_meta.read_bytes():
+    if remote_metadata(prefix) == fmt.file_path(local_prefix, "meta").read_bytes():
         return False
     roles = [role for role in UPLOAD_ORDER if fmt.file_path(local_prefix, role).exists()]
     for role in ("meta", "idx"):  # what makes the old dataset open goes first
@@ -282,14 +287,23 @@ def upload_dataset(local_prefix: str | os.PathLike, prefix: str) -> bool:
     return True
 
 
-def fetch_dataset(prefix: str, folder: str | os.PathLike) -> Path:
+def fetch_dataset(prefix: str, folder: str | os.PathLike, *, force: bool = False) -> Path:
     """Copy the remote dataset ``prefix`` into ``folder`` (named as it is there); the local prefix.
 
     Each file is written whole or not at all, the metadata and index last; verify the copy
-    (:func:`mmidx.read.checks.verify`) before use."""
+    (:func:`mmidx.read.checks.verify`) before use. A copy of the same dataset already there is fetched again
+    (repaired); another dataset there is replaced only with ``force``, and loses its index, metadata and report
+    first."""
     meta, _ = cached_small_files(prefix)  # checks the metadata (and the small files) first
     name = prefix.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
     local = Path(folder) / name
+    if fmt.holds_dataset(local) and (read_json(fmt.file_path(local, "meta")) or {}).get("meta_sha256") != \
+            meta["meta_sha256"]:
+        if not force:
+            raise StorageError(f"{local} holds another dataset than {redact(prefix)} (its metadata differs); pass "
+                               f"{option('force', True)} to replace it, or fetch into another folder")
+        for path in (fmt.report_path(local), fmt.file_path(local, "idx"), fmt.file_path(local, "meta")):
+            path.unlink(missing_ok=True)  # it stops opening, and loses its report, before any file is replaced
     Path(folder).mkdir(parents=True, exist_ok=True)
     for role in FETCH_ORDER:
         if role in meta["files"] or role == "meta":

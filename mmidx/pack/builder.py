@@ -115,7 +115,9 @@ class PackBuilder:
         self.datasets = [list(group) for group in datasets] if datasets is not None else \
             [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
         self.special_tokens = special_tokens or self._special_tokens_of_datasets()
-        missing = [name for name in SPECIAL_TOKEN_NAMES if name not in self.special_tokens]
+        images = any(dataset.kind == "multimodal" for group in self.datasets for dataset in group)
+        needed = [name for name in SPECIAL_TOKEN_NAMES if images or name not in fmt.IMAGE_SPECIAL_TOKENS]
+        missing = [name for name in needed if name not in self.special_tokens]
         if missing:
             lacking = sorted({dataset.prefix for group in self.datasets for dataset in group
                               if any(not isinstance(dataset.special_tokens.get(name), int) for name in missing)})

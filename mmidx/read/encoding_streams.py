@@ -25,6 +25,7 @@ import torch
 
 from mmidx import format as fmt
 from mmidx.format import FormatError
+from mmidx.images.transform import ImageTransform
 from mmidx.io.remote_file import RemoteFile
 from mmidx.io.storage import (
     StorageError,
@@ -83,6 +84,15 @@ def read_json(path: Path, where: str | None = None) -> dict[str, Any]:
         raise StorageError(str(error).replace(str(path), where)) from None
 
 
+def _is_transform(args: Any) -> bool:
+    """Whether ``args`` describes an image transform (what a precache records of the one it fed its encoder)."""
+    try:
+        ImageTransform.from_args(args)
+    except (TypeError, ValueError):  # not a mapping, unknown or missing fields, values of the wrong type or range
+        return False
+    return True
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         raw = path.read_bytes()
@@ -107,7 +117,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 
     checks = {"modality": one_of("modality", MODALITIES), "store": one_of("store", STORES),
               "dtype": one_of("dtype", DTYPES), "dataset": isinstance(meta.get("dataset"), dict),
-              "transform": optional("transform", str), "transform_args": optional("transform_args", dict),
+              "transform": optional("transform", str),
+              "transform_args": meta.get("transform_args") is None or _is_transform(meta["transform_args"]),
               "img_num_rule": optional("img_num_rule", str),
               "input": meta.get("input") == ("text" if version == 2 else None) and (
                   version == 1 or meta.get("modality") == "text"),

@@ -208,12 +208,14 @@ def content_problems(dataset: MMIDXDataset) -> list[str]:
             if top >= vocab_size or (tokens.dtype.kind == "i" and int(tokens.min()) < 0):
                 problems.append(f"{dataset.prefix}.bin: token ids outside the tokenizer's vocabulary of {vocab_size} "
                                 f"(largest {top}): the metadata's tokenizer.vocab_size is not the tokenizer's")
-    if plan is not None:  # mmidx's tokenizer adds all four; a dataset built without one records none (passed in)
-        special = meta.get("special_tokens", {})
-        null = [name for name in fmt.PACK_SPECIAL_TOKENS if name in special and special[name] is None]
-        if null:
-            problems.append(f"{fmt.file_path(dataset.prefix, 'meta')}: special_tokens {null} are null: the packer "
-                            "cannot build a batch of this dataset (rebuild it with a tokenizer that has them)")
+    # mmidx's tokenizer adds all four; a dataset built without one records none (the packer is then given them);
+    # a text dataset's packs hold no image, so it needs only the ids that frame texts
+    special = meta.get("special_tokens", {})
+    needed = [name for name in fmt.PACK_SPECIAL_TOKENS if plan is not None or name not in fmt.IMAGE_SPECIAL_TOKENS]
+    null = [name for name in needed if name in special and special[name] is None]
+    if null:
+        problems.append(f"{fmt.file_path(dataset.prefix, 'meta')}: special_tokens {null} are null: the packer "
+                        "cannot build a batch of this dataset (rebuild it with a tokenizer that has them)")
     return problems
 
 

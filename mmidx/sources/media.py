@@ -4,15 +4,13 @@ Every image a source stores passes :func:`ingest_image`:
 
 1. ``mmidx.images.decode.open_image`` reads the header only (width, height, format, mode, transparency);
    images above ``max_image_pixels`` (decompression bombs) are refused before any pixel is decoded.
-2. The image must decode, so that a truncated or corrupt file fails here and not in a training
-   job. YCbCr and greyscale JPEGs are decoded by simplejpeg (libjpeg-turbo, as the reader's
-   ``decode_rgb_pixels``) scaled to 1/8 of each side and to luma only: every entropy-coded byte of
-   every component is still read, and simplejpeg's strict mode refuses what libjpeg warns about
-   (a truncated stream, corrupt data), so nothing is stored that the reader would then refuse
-   (PIL's decoder passes corrupt entropy data silently). Measured on the download benchmark's
-   JPEGs: 0.26 ms against 0.36 ms in PIL's draft mode (same scaling) and 0.49 ms for a full
-   decode. Other JPEGs (CMYK, YCCK) are decoded in PIL's draft mode; other formats are decoded
-   fully by ``mmidx.images.decode.verify_opened`` (the image opened in step 1: its header is parsed once).
+2. The image must decode as the loader decodes it, so that a truncated or corrupt file fails here and not in
+   a training job: ``mmidx.images.decode.check_decodes`` on the image opened in step 1 (its header is parsed
+   once). YCbCr and greyscale JPEGs are decoded by simplejpeg in strict mode (libjpeg-turbo, as the reader's
+   ``decode_rgb_pixels``) scaled to 1/8 of each side and to luma only, which refuses what the full decode
+   refuses (PIL's decoder passes corrupt entropy data and junk before the end marker silently). Measured on
+   the download benchmark's JPEGs: 0.26 ms against 0.36 ms in PIL's draft mode (same scaling) and 0.49 ms for
+   a full decode.
 3. With ``max_image_size`` set, an image whose long edge exceeds it is resized and re-encoded by
    ``mmidx.images.decode.downsize_and_reencode`` (that full decode is the check of step 2), and the new
    bytes are probed again, so stored sizes always describe stored bytes.
@@ -41,42 +39,12 @@ from typing import Any
 import av
 import numpy as np
 import pyarrow.fs as pafs
-import simplejpeg
-from PIL import Image, ImageFile
+from PIL import Image
 
 from mmidx.images import decode as images
 from mmidx.sources import Skipped, SourceContext, SourceOptions, pil_pixel_limit
 from mmidx.sources.elements import StoredImage
 from mmidx.sources.inputs import filesystem, is_uri, read_bytes, resolve
-
-_DRAFT_FORMATS = ("JPEG", "MPO")
-
-
-def _check_decodes(data: bytes, image: Image.Image, info: images.ImageInfo) -> None:
-    """Step 2 of the module docstring, on the image ``images.open_image(data)`` opened (header only)."""
-    if info.format not in _DRAFT_FORMATS:
-        images.verify_opened(image, data)
-        return
-    try:
-        colorspace = simplejpeg.decode_jpeg_header(data)[2]
-    except ValueError:
-        colorspace = None  # let PIL word the error
-    if colorspace in ("YCbCr", "Gray"):
-        try:
-            simplejpeg.decode_jpeg(data, colorspace="GRAY", min_height=1, min_width=1, strict=True)
-        except ValueError as error:
-            raise images.ImageError(f"cannot decode {info.format} image of {info.width}x{info.height}: "
-                                    f"{images.pil_reason(error)}") from error
-        return
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True, so truncated images decode silently "
-                           "padded and cannot be detected; set it to False before building")
-    try:
-        image.draft(image.mode, (max(1, info.width // 8), max(1, info.height // 8)))
-        image.load()
-    except (OSError, SyntaxError, ValueError, EOFError, IndexError) as error:
-        raise images.ImageError(f"cannot decode {info.format} image of {info.width}x{info.height}: "
-                                f"{images.pil_reason(error)}") from error
 
 
 def ingest_image(data: bytes, context: SourceContext) -> StoredImage:
@@ -99,7 +67,7 @@ def ingest_image(data: bytes, context: SourceContext) -> StoredImage:
                 data = images.downsize_and_reencode(data, max_size, max_pixels=pil_limit)
                 info = images.probe(data, max_pixels=pil_limit)
             else:
-                _check_decodes(data, image, info)
+                images.check_decodes(image, data, info)
         except images.ImageError as error:
             if isinstance(error.__cause__, Image.DecompressionBombError):  # above PIL's limit, so above ours
                 pixels = re.search(r"\((\d+) pixels\)", str(error.__cause__))

@@ -28,7 +28,8 @@ class RawSample:
 
 @st.composite
 def raw_samples(draw, max_tokens: int = 40, vocab: int = 1000) -> RawSample:
-    """A random multimodal sample: 0-4 texts of 0..max_tokens ids, 0-3 images, 1-4 views."""
+    """A random multimodal sample: 0-4 texts of 0..max_tokens ids, 0-3 images (random bytes: written with
+    ``check_images=False``), 1-4 views."""
     texts = draw(st.lists(st.lists(st.integers(0, vocab - 1), max_size=max_tokens), max_size=4))
     images = [
         StoredImage(draw(st.binary(max_size=64)), draw(st.integers(1, 4096)), draw(st.integers(1, 4096)),

@@ -16,6 +16,13 @@ def encode(image: Image.Image, fmt: str, **options) -> bytes:
     return buffer.getvalue()
 
 
+def junk_before_the_end_marker(data: bytes) -> bytes:
+    """A JPEG with bytes between its last scan and its end marker: PIL decodes it, libjpeg warns (and the loader's
+    strict decode refuses it)."""
+    assert data.endswith(b"\xff\xd9")
+    return data[:-2] + bytes(range(1, 17)) + data[-2:]
+
+
 def noise(mode: str, width: int, height: int, seed: int = 0) -> Image.Image:
     """A random image of ``mode`` (random pixels make truncation and resizing visible)."""
     channels = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "CMYK": 4}[mode]

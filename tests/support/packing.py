@@ -44,9 +44,10 @@ def _encoded(rng, mode, photo=False):
         image = Image.fromarray(rng.integers(0, 256, (height, width, 4), dtype=np.uint8), "RGBA")
     if mode != "RGBA":
         image = image.convert(mode)
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG" if mode in ("RGBA", "P", "L") else "JPEG")
-    return StoredImage(buffer.getvalue(), width, height, "PNG", mode)
+    buffer, fmt_name = io.BytesIO(), "PNG" if mode in ("RGBA", "P", "L") else "JPEG"
+    image.save(buffer, fmt_name)
+    saved = Image.open(buffer)  # described as stored (DatasetBuilder checks it): transparency as read back
+    return StoredImage(buffer.getvalue(), width, height, fmt_name, mode, saved.has_transparency_data)
 
 
 def text(rng):

@@ -152,7 +152,7 @@ def relative(path: Path, root: Path) -> str:
 
 
 def build(source: str, inputs: Sequence[str | os.PathLike], output: str | os.PathLike, *, workers: int = 1,
-          max_skip_rate: float = 1.0, tokenizer: str | None = None, **options):
+          max_skip_rate: float = 1.0, tokenizer: str | None = None, force: bool = False, **options):
     """Build with :func:`mmidx.ingest.build_dataset`; returns (the opened dataset, the report)."""
     from mmidx.ingest import BuildOptions, build_dataset
     from mmidx.read.dataset import MMIDXDataset
@@ -160,7 +160,7 @@ def build(source: str, inputs: Sequence[str | os.PathLike], output: str | os.Pat
 
     report = build_dataset(BuildOptions(source, tuple(os.fspath(i) for i in inputs), tokenizer or tokenizer_dir(),
                                         os.fspath(output), SourceOptions(**options), workers=workers,
-                                        max_skip_rate=max_skip_rate, progress=False))
+                                        max_skip_rate=max_skip_rate, progress=False, force=force))
     return MMIDXDataset(output), report
 
 

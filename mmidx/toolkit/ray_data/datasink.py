@@ -92,7 +92,8 @@ class MMIDXDatasink(Datasink):
         local_prefix = os.path.join(local, "shard")
         os.makedirs(local, exist_ok=True)
         with DatasetBuilder(local_prefix, kind="multimodal", vocab_size=tokenizer.vocab_size,
-                            tokenizer=self.identity, special_tokens=tokenizer.special_tokens) as builder:
+                            tokenizer=self.identity, special_tokens=tokenizer.special_tokens,
+                            check_images=False) as builder:  # row_sample checks each image (ingest_image)
             for block in blocks:
                 table = ray.data.block.BlockAccessor.for_block(block).to_arrow()
                 if table.num_rows == 0:  # a block a filter emptied may have no columns at all
@@ -127,7 +128,7 @@ class MMIDXDatasink(Datasink):
         totals, offset = new_counts(), 0
         with DatasetBuilder(local_prefix, kind="multimodal", vocab_size=tokenizer.vocab_size,
                             tokenizer=self.identity, special_tokens=tokenizer.special_tokens,
-                            build_config=config) as builder:
+                            build_config=config, check_images=False) as builder:  # the shards' checked images
             source = builder.source_id(self.source_name)
             for result in returns:
                 shard = MMIDXDataset(result["shard"])
