@@ -1,18 +1,23 @@
 """Cost of mmidx.pack.masks on realistic 32K-token BAGEL packs, against the floors that matter.
 
-Dense masks are compared with merely allocating and filling tensors of the same shapes and dtype, in
-memory of the kind they are written into (huge pages: the memory-bound floor of the masks) and as
-torch allocates it (4 KiB pages, what a mask built with torch's allocator pays); the BlockMask with
-``create_block_mask`` of the same predicate (``--with-create-block-mask``: about 20 s and 10 GB per
-pack on a CPU). Peak memory is the rise of the process's peak resident set (VmHWM, reset through
-/proc/self/clear_refs) over its resident set before the build: tensors are not seen by tracemalloc.
-Every run starts with freed memory handed back to the system (malloc_trim), so builds and floors
-alike pay for fresh pages, as a data loader making new masks every step does. The dense build, its
-floor and the BlockMask take turns pack by pack over ``--repeats`` rounds, the first rotating
-(``common.interleave``); times are medians over rounds and the ratio is the median of the per-round
-ratios with its range, which holds up on a shared machine. The load average and other processes'
-cores are recorded, and the headline ratios are withheld when other processes kept over half a core
-busy. With CUDA, all masks of a pack are also timed on the GPU.
+Dense masks are compared with merely storing their bytes into a reused buffer of the kind they are written
+into (``mmidx.pack.buffers.mask_buffer``): with the masks' own streaming stores (the same masks with every
+sample one full split, so every row is one run: the memory-bound floor of the masks) and with glibc's
+``memset`` (ordinary stores, which read every line before writing it); and with allocating and filling
+tensors of the same shapes as torch allocates them (fresh 4 KiB pages for every pack: what a mask built
+with torch's allocator, BAGEL's, pays at least). The BlockMask is compared with ``create_block_mask`` of the
+same predicate (``--with-create-block-mask``: about 20 s and 10 GB per pack on a CPU). Peak memory is the
+rise of the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) over its resident set
+before the build: tensors are not seen by tracemalloc; dense masks are written into memory the process
+already holds (the pool's buffers, the size of its largest packs' masks), so the table gives the masks'
+own bytes instead. Every run starts with freed memory handed back to the system (malloc_trim), so what is
+not pooled pays for fresh pages, as a data loader making new masks every step does. The dense build, its
+floors and the BlockMask take turns pack by pack over ``--repeats`` rounds, the first rotating
+(``common.interleave``); CPU times are the process's CPU seconds of a build and of freeing its result,
+medians over rounds, and the ratio is the median of the per-round ratios with its range, which holds up
+on a shared machine. The load average and other processes' cores are recorded, and the headline ratios
+are withheld when other processes kept over half a core busy. With CUDA, all masks of a pack are also
+timed on the GPU (wall clock, synchronised).
 
     python benchmarks/bench_masks.py [--repeats 5] [--threads N] [--with-create-block-mask]
 """
@@ -33,7 +38,7 @@ import torch
 from common import Watch, interleave, machine, ratio
 from torch.nn.attention.flex_attention import create_block_mask
 
-from mmidx.pack.buffers import huge_page_tensor
+from mmidx.pack.buffers import mask_buffer
 from mmidx.pack.masks import block_mask, dense_masks, mask_predicate
 
 KINDS = ("t2i", "edit", "vlm")
@@ -126,6 +131,7 @@ def peak_extra_mib(build: Callable[[], object]) -> float | None:
 
 
 def seconds(build: Callable[[], object], sync: Callable[[], None] = lambda: None) -> float:
+    """Wall seconds of ``build`` (synchronised by ``sync``), its result freed after the clock stops."""
     release_freed_memory()
     sync()
     start = time.perf_counter()
@@ -134,6 +140,15 @@ def seconds(build: Callable[[], object], sync: Callable[[], None] = lambda: None
     elapsed = time.perf_counter() - start
     del result
     return elapsed
+
+
+def cpu_seconds(build: Callable[[], object]) -> float:
+    """CPU seconds of this process building ``build``'s result and freeing it, as a loader does every step
+    (page faults and unmapping are the process's system time)."""
+    release_freed_memory()
+    start = time.process_time()
+    build()
+    return time.process_time() - start
 
 
 def mib(value: float | None) -> str:
@@ -145,16 +160,29 @@ def fill(sample_lens: list[int]) -> list[torch.Tensor]:
     return [torch.full((n, n), float("-inf")) for n in sample_lens]
 
 
-def fill_huge_pages(sample_lens: list[int]) -> list[torch.Tensor]:
-    """The same in memory of the kind dense_masks writes into (huge pages): the memory floor of its masks."""
-    return [huge_page_tensor((n, n), torch.float32).fill_(float("-inf")) for n in sample_lens]
+def mask_bytes(sample_lens: list[int]) -> int:
+    """Bytes of a pack's float32 dense masks."""
+    return sum(n * n for n in sample_lens) * 4
+
+
+def one_run_masks(sample_lens: list[int]) -> list[torch.Tensor]:
+    """The floor of the masks: their bytes stored as dense_masks stores them, every row one run (one full split
+    per sample), into the masks' reused buffers."""
+    return dense_masks(sample_lens, ["full"] * len(sample_lens), sample_lens, device="cpu")
+
+
+def memset_reused(sample_lens: list[int]) -> object:
+    """The masks' bytes stored by glibc's memset (ordinary stores) into a reused buffer of the masks' pool."""
+    buffer = mask_buffer(mask_bytes(sample_lens))
+    ctypes.memset(buffer.ctypes.data, 0xFF, buffer.nbytes)
+    return buffer
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=32768, help="pack length (default 32768)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (default 5)")
-    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--kinds", nargs="+", default=[*KINDS, "mix"], choices=ALL_KINDS)
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--with-create-block-mask", action="store_true", help="also time create_block_mask")
     args = parser.parse_args()
@@ -163,20 +191,21 @@ def main() -> None:
 
     gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     print(f"machine: {machine('torch')} ({torch.get_num_threads()} threads){gpu}")
-    print(f"packs: {args.tokens} tokens; the dense build, its fill floor and the BlockMask take turns pack by pack "
-          f"over {args.repeats} rounds (median, lowest–highest); memory = peak RSS rise\n")
+    print(f"packs: {args.tokens} tokens; the dense build, its floors and the BlockMask take turns pack by pack "
+          f"over {args.repeats} rounds (CPU ms, median, lowest–highest); memory = peak RSS rise\n")
     layouts = {kind: bagel_pack(kind, args.tokens) for kind in args.kinds}
     builds = {
         "dense": {kind: functools.partial(dense_masks, *layout, device="cpu") for kind, layout in layouts.items()},
         "fill": {kind: functools.partial(fill, layout[2]) for kind, layout in layouts.items()},
-        "fill, huge pages": {kind: functools.partial(fill_huge_pages, layout[2]) for kind, layout in layouts.items()},
+        "stores": {kind: functools.partial(one_run_masks, layout[2]) for kind, layout in layouts.items()},
+        "memset": {kind: functools.partial(memset_reused, layout[2]) for kind, layout in layouts.items()},
         "BlockMask": {kind: functools.partial(block_mask, *layout, device="cpu") for kind, layout in layouts.items()},
     }
     timed: dict[str, dict[str, list[float]]] = {side: {kind: [] for kind in layouts} for side in builds}
 
     def side(name: str) -> Callable[[str], None]:
         def run(kind: str) -> None:  # its own clock, started after freed memory is handed back
-            timed[name][kind].append(seconds(builds[name][kind]))
+            timed[name][kind].append(cpu_seconds(builds[name][kind]))
         return run
 
     with Watch() as watch:
@@ -184,8 +213,8 @@ def main() -> None:
             for build in per_kind.values():
                 build()  # warm up
         interleave({name: side(name) for name in builds}, list(layouts), args.repeats)
-        memory = {name: {kind: peak_extra_mib(build) for kind, build in per_kind.items()}
-                  for name, per_kind in builds.items()}
+        memory = {name: {kind: peak_extra_mib(builds[name][kind]) for kind in layouts}
+                  for name in ("fill", "BlockMask")}
         reference = {}
         if args.with_create_block_mask:
             for kind, layout in layouts.items():
@@ -194,25 +223,26 @@ def main() -> None:
                                              sum(layout[2]), device="cpu")
                 reference[kind] = (f"{seconds(create) * 1e3:.0f}", mib(peak_extra_mib(create)))
     print(
-        "| pack | samples | splits | dense ms | fill ms | fill ms, huge pages | dense ÷ fill, huge pages | dense MiB "
-        "| fill MiB | ratio | BlockMask ms | BlockMask MiB | create_block_mask ms | create_block_mask MiB |"
+        "| pack | samples | splits | dense ms | stores ms (floor) | dense ÷ stores | memset ms | fill ms (torch's "
+        "allocation) | dense ÷ fill | masks MiB | fill MiB | BlockMask ms | BlockMask MiB | create_block_mask ms "
+        "| create_block_mask MiB |"
     )
     print("|" + "---|" * 15)
     ratios = {}
     for kind, (split_lens, _, sample_lens) in layouts.items():
-        dense_ms, fill_ms, huge_ms, blocks_ms = (statistics.median(timed[name][kind]) * 1e3 for name in builds)
-        ratios[kind] = ratio(timed["dense"][kind], timed["fill, huge pages"][kind])
-        dense_mib, fill_mib = memory["dense"][kind], memory["fill"][kind]
-        memory_ratio = f"{dense_mib / fill_mib:.2f}" if dense_mib and fill_mib else "n/a"
+        dense_ms, fill_ms, stores_ms, memset_ms, blocks_ms = (statistics.median(timed[name][kind]) * 1e3
+                                                               for name in builds)
+        ratios[kind] = ratio(timed["dense"][kind], timed["stores"][kind])
         reference_ms, reference_mib = reference.get(kind, ("-", "-"))
         print(
-            f"| {kind} | {len(sample_lens)} | {len(split_lens)} | {dense_ms:.1f} | {fill_ms:.1f} | {huge_ms:.1f} "
-            f"| {ratios[kind]} | {mib(dense_mib)} | {mib(fill_mib)} | {memory_ratio} "
+            f"| {kind} | {len(sample_lens)} | {len(split_lens)} | {dense_ms:.1f} | {stores_ms:.1f} | {ratios[kind]} "
+            f"| {memset_ms:.1f} | {fill_ms:.1f} | {ratio(timed['dense'][kind], timed['fill'][kind])} "
+            f"| {mask_bytes(sample_lens) / 2**20:.0f} | {mib(memory['fill'][kind])} "
             f"| {blocks_ms:.1f} | {mib(memory['BlockMask'][kind])} | {reference_ms} | {reference_mib} |"
         )
     print(f"\n{watch.describe()}")
     for kind, value in ratios.items():
-        text = f"{kind}: dense masks cost {value} allocating and filling the same tensors (huge pages)"
+        text = f"{kind}: dense masks cost {value} storing their bytes (every row one run) into reused memory"
         print(f"headline: {watch.headline(text)}")
 
     if torch.cuda.is_available():

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import io
 import statistics
 import time
@@ -179,24 +180,28 @@ def compare(raw: Path, datasets: Path, groups: list[str], packs: int, rounds: in
     return result
 
 
+def _cpu_ms(build: Callable[[], Any]) -> float:
+    """CPU ms of this process making ``build``'s result and freeing it."""
+    start = time.process_time()
+    build()
+    return (time.process_time() - start) * 1e3
+
+
+def _filled(sample_lens: list[int]) -> list[torch.Tensor]:
+    """Tensors of a pack's dense mask shapes, allocated by torch and filled."""
+    return [torch.empty(n, n).fill_(0.0) for n in sample_lens]
+
+
 def _mask_ms(builder: PackBuilder, items: list[Any]) -> dict[str, float]:
-    """Median ms per pack of its dense masks, of allocating and filling tensors of their shapes (the memory
-    floor), and of its BlockMask, on the CPU."""
+    """Median CPU ms per pack of its dense masks, of allocating (torch's allocator) and filling tensors of their
+    shapes, and of its BlockMask, each freed again, on the CPU."""
     dense_ms, floor_ms, block_ms = [], [], []
     for k in range(len(items)):
         batch = builder.build(k, items[k])
         split_lens, attn_modes, sample_lens = batch.flat_split_metadata(pad=False)
-        start = time.perf_counter()
-        masks = dense_masks(split_lens, attn_modes, sample_lens, device="cpu")
-        dense_ms.append((time.perf_counter() - start) * 1e3)
-        del masks
-        start = time.perf_counter()
-        filled = [torch.empty(n, n).fill_(0.0) for n in sample_lens]
-        floor_ms.append((time.perf_counter() - start) * 1e3)
-        del filled
-        start = time.perf_counter()
-        block_mask(*batch.flat_split_metadata(pad=True), device="cpu")
-        block_ms.append((time.perf_counter() - start) * 1e3)
+        dense_ms.append(_cpu_ms(functools.partial(dense_masks, split_lens, attn_modes, sample_lens, device="cpu")))
+        floor_ms.append(_cpu_ms(functools.partial(_filled, sample_lens)))
+        block_ms.append(_cpu_ms(functools.partial(block_mask, *batch.flat_split_metadata(pad=True), device="cpu")))
     return {"dense mask ms": statistics.median(dense_ms), "fill ms": statistics.median(floor_ms),
             "BlockMask ms": statistics.median(block_ms)}
 
@@ -458,8 +463,8 @@ def print_packs(args: argparse.Namespace, raw: Path, datasets: Path) -> None:
     print("# decoding, then storing float32 zeros over as many values as the pack's pixel keys hold (a memset into")
     print("# the packs' buffer pool), per pack; flex ÷ it: the flex pack's CPU time as a multiple of that floor.")
     print("# dense ms: mmidx dense masks of one pack; fill ms: allocating (torch's allocator) and filling tensors of")
-    print("# the same shapes; BlockMask ms: FlexAttention's block mask. Medians over the packs (bench_masks.py has")
-    print("# the floor in huge-page memory).")
+    print("# the same shapes; BlockMask ms: FlexAttention's block mask. CPU ms, each freed again, medians over the")
+    print("# packs (bench_masks.py has the floor: the masks' bytes stored into reused memory).")
     for mode, watch in watches.items():
         print(f"# {mode}: {watch.describe()}")
     for mode, r in results.items():

@@ -6,6 +6,11 @@ import tempfile
 import warnings
 
 import pytest
+from hypothesis import Phase, settings
+
+# Mutation testing (docs/development.md) runs the tests with --hypothesis-profile=mutation: a failing example is
+# reported as found, not shrunk (shrinking reruns a test many times; the mutant is killed either way).
+settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -2,6 +2,7 @@
 sizes stays exact; step_balance matches a direct recomputation and reaches 99% with tight packing."""
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -12,7 +13,8 @@ from support.streams import mix
 
 from mmidx.cli import main
 from mmidx.config import DataConfig
-from mmidx.index.cost import pack_costs, step_balance
+from mmidx.index import gpu_time
+from mmidx.index.cost import LLMGeometry, pack_costs, step_balance
 from mmidx.index.pack_index import build_pack_index, view_token_counts
 from mmidx.index.packer import pack_samples
 from mmidx.read.dataset import MMIDXDataset
@@ -130,6 +132,60 @@ def test_index_command_reports_both_policies_as_recomputed_from_the_packs(demo, 
         costs = pack_costs(np.concatenate([[0], np.cumsum([len(x) for x in lengths])]),
                            [n for x in lengths for n in x])
         assert len(lengths) >= 8
+        balanced, contiguous = direct_balance(costs, 4, 2, True), direct_balance(costs, 4, 2, False)
+        assert balanced != pytest.approx(contiguous)  # the two deals differ on these packs: each figure is checked
         assert report[policy]["fill_vs_max"] == pytest.approx(fill)
-        assert report[policy]["step_balance"] == pytest.approx(direct_balance(costs, 4, 2, True))
-        assert report[policy]["gpu_efficiency"] == pytest.approx(fill * direct_balance(costs, 4, 2, True))
+        assert report[policy]["step_balance"] == pytest.approx(balanced)
+        assert report[policy]["step_balance_contiguous"] == pytest.approx(contiguous)
+        assert report[policy]["gpu_efficiency"] == pytest.approx(fill * balanced)
+
+
+class StubIndex:
+    """What packing_efficiency reads of a pack index besides its costs: the fill statistic."""
+
+    def __init__(self, fill):
+        self.stats = {"fill_vs_max": fill}
+
+
+def test_packing_efficiency_is_fill_times_the_balanced_step_balance_with_the_contiguous_one_beside(monkeypatch):
+    costs = np.array([5.0, 1.0, 1.0, 1.0, 4.0, 4.0, 2.0, 2.0, 9.0])  # two global batches of 4 at world 2, one left
+    asked = []
+    monkeypatch.setattr(gpu_time, "pack_index_costs", lambda *arguments: asked.append(arguments) or costs)
+    geometry, index = LLMGeometry(hidden_size=8, num_layers=1, ffn_size=4, num_heads=2, num_kv_heads=1), StubIndex(0.9)
+    report = gpu_time.packing_efficiency(index, 2, 4, geometry)
+    balanced, contiguous = direct_balance(costs[:8], 4, 2, True), direct_balance(costs[:8], 4, 2, False)
+    assert balanced != pytest.approx(contiguous)
+    assert report == {"fill_vs_max": 0.9, "step_balance": pytest.approx(balanced),
+                      "step_balance_contiguous": pytest.approx(contiguous),
+                      "gpu_efficiency": pytest.approx(0.9 * balanced)}
+    assert asked == [(index, geometry)]
+
+
+def test_the_gpu_time_report_builds_both_policies_on_the_same_stream_and_refuses_a_batch_the_ranks_cannot_share(
+        monkeypatch, tmp_path):
+    config = DataConfig.from_dict({"groups": {"t2i": {"datasets": ["unused"]}},
+                                   "packing": {"policy": "tight", "window": 7, "max_num_tokens": 60,
+                                               "expected_num_tokens": 50, "max_num_tokens_per_sample": 60}})
+    built = []
+
+    def build(variant, num_samples, cache_dir, progress):
+        built.append((variant, num_samples, cache_dir, progress))
+        return StubIndex({"bagel": 0.5, "tight": 0.75}[variant.packing.policy])
+
+    costed = []
+    monkeypatch.setattr(gpu_time, "build_pack_index", build)
+    monkeypatch.setattr(gpu_time, "pack_index_costs", lambda index, geometry: costed.append(geometry) or np.ones(8))
+    geometry = LLMGeometry(hidden_size=8, num_layers=1, ffn_size=4, num_heads=2, num_kv_heads=1)
+    report = gpu_time.gpu_time_report(config, 2, 4, num_samples=300, cache_dir=tmp_path, geometry=geometry)
+    assert costed == [geometry, geometry]
+    assert list(report) == ["bagel", "tight"]
+    assert [report[policy]["fill_vs_max"] for policy in report] == [0.5, 0.75]
+    assert [variant.packing.policy for variant, *_ in built] == ["bagel", "tight"]
+    for variant, num_samples, cache_dir, progress in built:  # only the policy differs from the config
+        assert replace(variant, packing=replace(variant.packing, policy="tight")) == config
+        assert (num_samples, cache_dir, progress) == (300, tmp_path, False)
+    assert gpu_time.gpu_time_report(config, 1, 1)["tight"]["step_balance"] == 1.0  # the smallest run: one rank
+    for world_size, global_batch_size in ((0, 4), (2, 0), (2, 3), (-1, -2)):
+        with pytest.raises(ValueError, match=re.escape(f"the global batch size ({global_batch_size}) must be a "
+                                                       f"positive multiple of the world size ({world_size})")):
+            gpu_time.gpu_time_report(config, world_size, global_batch_size)

@@ -108,6 +108,7 @@ def test_a_killed_ray_driver_is_resumed_from_every_finished_shard(cluster, many_
     assert same_dataset_files(tmp_path / "local" / "out", tmp_path / "ray" / "out")
 
 
+@pytest.mark.timeout(900)  # over half the default: a Ray job beside a local run: 159 s at a load of 20
 def test_a_ray_precache_writes_the_streams_of_a_local_one(cluster, tmp_path):
     """Encoder actors on the cluster, batches written by the driver in order: byte-identical streams."""
     from support.precache import VAE, make_datasets

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # A meta-path finder that answers every import of the hidden top-level packages as not installed.
@@ -34,6 +36,7 @@ def run_hiding(hidden: set[str], arguments: list[str]) -> subprocess.CompletedPr
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.timeout(900)  # over half the default: a pytest run in a subprocess: 161 s at a load of 20
 def test_the_tests_of_torchtitan_skip_with_the_reason_when_it_is_absent():
     result = run_hiding({"torchtitan"}, ["tests/test_layout.py", "tests/test_train_torchtitan.py"])
     output = result.stdout + result.stderr

@@ -388,6 +388,7 @@ def test_verify_of_a_megatron_pair_says_no_checksum_guards_it(tmp_path, capsys):
     assert "structure only" in out and "no checksum guards its bytes" in out and "checksums" not in out
 
 
+@pytest.mark.timeout(900)  # over half the default: verify on every damaged file: 240 s at a load of 20
 def test_verify_never_prints_a_traceback(prefix):
     meta = fmt.file_path(prefix, "meta")
     meta.write_bytes(b'{"format": "mmidx", "kind": 7}')  # not even valid for its checksum

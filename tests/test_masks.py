@@ -6,6 +6,7 @@ code gives the same masks there, and is skipped where no GPU is present (as in C
 """
 
 import random
+import sys
 import warnings
 
 import numpy as np
@@ -15,9 +16,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from mmidx.pack.masks import block_mask, dense_masks, mask_predicate
+from mmidx import _masks
+from mmidx.pack.masks import _device_dense_masks, _Layout, block_mask, dense_masks, mask_predicate
 
 MODES = ("causal", "full", "noise")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 HYPOTHESIS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -69,7 +72,8 @@ def additive(allowed, dtype):
 
 def assert_same_bits(actual, expected):
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[actual.dtype]
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
+            torch.float64: torch.int64}[actual.dtype]
     assert torch.equal(actual.view(bits), expected.view(bits))
 
 
@@ -172,15 +176,65 @@ def test_predicate_equals_the_rule_at_every_position(samples):
 
 
 @HYPOTHESIS
-@given(
-    pack_strategy(max_len=300, max_splits=5, max_samples=4), st.sampled_from([torch.float32, torch.bfloat16])
-)
+@given(pack_strategy(max_len=300, max_splits=5, max_samples=4), st.sampled_from(DTYPES))
 def test_dense_masks_equal_the_rule_bit_for_bit(samples, dtype):
     split_lens, attn_modes, sample_lens = flatten(samples)
     masks = dense_masks(split_lens, attn_modes, sample_lens, device="cpu", dtype=dtype)
     assert len(masks) == len(samples)
     for mask, expected in zip(masks, naive_sample_masks(samples), strict=True):
         assert_same_bits(mask, additive(expected, dtype))
+
+
+@HYPOTHESIS
+@given(pack_strategy(max_len=300, max_splits=5, max_samples=4), st.sampled_from(DTYPES))
+def test_dense_masks_off_the_cpu_equal_the_rule_bit_for_bit(samples, dtype):
+    # the template path that GPUs run (test_cuda_masks_equal_cpu_masks runs it there), here on the CPU
+    masks = _device_dense_masks(_Layout.build(*flatten(samples)), "cpu", dtype)
+    for mask, expected in zip(masks, naive_sample_masks(samples), strict=True):
+        assert_same_bits(mask, additive(expected, dtype))
+
+
+@HYPOTHESIS
+@given(
+    st.lists(split_strategy(max_len=80).filter(lambda split: split[0] > 0), min_size=1, max_size=6),
+    st.sampled_from(DTYPES),
+    st.integers(0, 15),
+)
+def test_the_run_kernel_writes_its_mask_and_nothing_else_at_any_alignment(sample, dtype, offset):
+    # rows of 1 to 480 tokens start anywhere in a cache line: the streaming stores' aligned body, the bytes
+    # around it and the pattern's rotation to an odd address are all exercised, around sentinel bytes
+    expected = additive(naive_sample_mask([s for s, _ in sample], [m for _, m in sample]), dtype)
+    expected = expected.view(torch.uint8).reshape(-1).numpy()
+    memory = np.full(len(expected) + 32, 0xA5, np.uint8)
+    out = memory[offset:offset + len(expected)]
+    ends = np.cumsum([size for size, _ in sample])
+    causal = np.array([mode == "causal" for _, mode in sample], np.uint8)
+    noise = np.array([mode == "noise" for _, mode in sample], np.uint8)
+    attend, blocked = (int.from_bytes(torch.full((1,), value, dtype=dtype).view(torch.uint8).numpy().tobytes()
+                                      * (8 // dtype.itemsize), sys.byteorder) for value in (0.0, float("-inf")))
+    _masks.fill_sample_mask(out, ends, causal, noise, attend, blocked, dtype.itemsize)
+    assert np.array_equal(out, expected)
+    assert (memory[:offset] == 0xA5).all() and (memory[offset + len(expected):] == 0xA5).all()
+
+
+@pytest.mark.parametrize(
+    ("ends", "causal", "noise", "nbytes", "itemsize", "message"),
+    [
+        ([2, 5], [1, 0], [0, 1], 99, 4, "out holds 99 bytes, not the 100"),
+        ([2, 2, 5], [1, 0, 0], [0, 0, 1], 100, 4, "split 1 is empty"),
+        ([3, 2], [1, 0], [0, 1], 16, 4, "split 1 is empty, ends before"),
+        ([2, 5], [1, 2], [0, 1], 100, 4, "other than 0 or 1"),
+        ([2, 5], [1], [0, 1], 100, 4, "differ in length"),
+        ([2, 5], [1, 0], [0, 1], 75, 3, "itemsize must be"),
+    ],
+)
+def test_the_run_kernel_refuses_inconsistent_inputs_and_writes_nothing(ends, causal, noise, nbytes, itemsize,
+                                                                        message):
+    out = np.full(nbytes, 0xA5, np.uint8)
+    with pytest.raises(ValueError, match=message):
+        _masks.fill_sample_mask(out, np.array(ends, np.int64), np.array(causal, np.uint8),
+                                np.array(noise, np.uint8), 0, 2**64 - 1, itemsize)
+    assert (out == 0xA5).all()
 
 
 def test_dense_masks_are_contiguous_and_independent():
@@ -191,8 +245,8 @@ def test_dense_masks_are_contiguous_and_independent():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dense_masks_over_a_huge_page_are_written_in_memory_of_their_own_and_equal_the_rule(dtype):
-    # samples of 4200+ tokens: each mask is over 32 MiB, so the CPU writes it into fresh huge-page memory
+def test_large_dense_masks_equal_the_rule_and_share_no_memory(dtype):
+    # samples of 4200+ tokens: the pack's masks are over 32 MiB, so the CPU writes them into a pooled buffer
     samples = [[(2600, "causal"), (1600, "noise"), (40, "full")], [(4200, "full"), (3, "causal")], [(5, "causal")]]
     masks = dense_masks(*flatten(samples), device="cpu", dtype=dtype)
     for mask, expected in zip(masks, naive_sample_masks(samples), strict=True):
@@ -201,6 +255,20 @@ def test_dense_masks_over_a_huge_page_are_written_in_memory_of_their_own_and_equ
     assert len({mask.untyped_storage().data_ptr() for mask in masks}) == 3
     masks[0].fill_(1.0)  # writable, and shared with nothing
     assert_same_bits(masks[1], additive(naive_sample_masks(samples)[1], dtype))
+
+
+def test_large_dense_masks_reuse_memory_only_once_none_of_them_is_alive():
+    packs = [[[(4100, "causal"), (100, "noise")]], [[(4100, "full"), (100, "causal")]],
+             [[(100, "noise"), (4100, "causal")]]]  # 67 MB of masks each, all different
+    kept = [dense_masks(*flatten(samples), device="cpu") for samples in packs]  # more packs than the pool holds
+    for masks, samples in zip(kept, packs, strict=True):
+        assert_same_bits(masks[0], additive(naive_sample_masks(samples)[0], torch.float32))
+    first, second, _ = (masks[0].data_ptr() for masks in kept)
+    row = kept[0][0][7]  # a view keeps the first pack's memory in use
+    del kept
+    assert dense_masks(*flatten(packs[2]), device="cpu")[0].data_ptr() == second
+    del row
+    assert dense_masks(*flatten(packs[2]), device="cpu")[0].data_ptr() in (first, second)
 
 
 def test_dense_masks_of_empty_samples_are_empty():
@@ -358,8 +426,8 @@ def test_cpu_masks_never_touch_cuda(monkeypatch):
 
 @pytest.mark.skipif(
     not torch.cuda.is_available(),
-    reason="needs a CUDA GPU; the CPU tests check the same rule, but on the CPU dense masks are written into "
-    "huge-page memory, and on a GPU into torch's allocations, which only this test covers",
+    reason="needs a CUDA GPU; the CPU tests check the same rule and both dense paths (the run kernel of the CPU "
+    "and the template path of other devices), but only this test runs them on a GPU",
 )
 def test_cuda_masks_equal_cpu_masks():
     split_lens, attn_modes, sample_lens = flatten(bagel_pack(32768, seed=3))
@@ -399,8 +467,9 @@ def test_bad_layouts_are_rejected_with_what_to_fix(split_lens, attn_modes, sampl
 
 
 def test_bad_dtype_and_block_size_are_rejected():
-    with pytest.raises(ValueError, match="floating dtype"):
-        dense_masks([2], ["causal"], [2], device="cpu", dtype=torch.int32)
+    for dtype in (torch.int32, torch.float8_e4m3fn, torch.complex64):
+        with pytest.raises(ValueError, match="floating dtype that holds -inf"):
+            dense_masks([2], ["causal"], [2], device="cpu", dtype=dtype)
     for block_size in (0, -128, 12.5, True):
         with pytest.raises(ValueError, match="block_size"):
             block_mask([2], ["causal"], [2], device="cpu", block_size=block_size)

@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmidx import _stream
 from mmidx.config import DataConfig
 from mmidx.index.cache import ArraySink
 from mmidx.index.pack_index import write_pack_index
 from mmidx.index.pack_stream import PackStream
 from mmidx.index.schedule import Phase, PhasedBlend, taken_over
-from mmidx.index.stream import ViewTable
+from mmidx.index.stream import ViewTable, _group_keys
 
 BUDGETS = {"max_num_tokens": 60, "expected_num_tokens": 50, "max_num_tokens_per_sample": 60,
            "prefer_buffer_before": 30, "max_buffer_size": 4}
@@ -72,6 +73,15 @@ def assert_each_epoch_walked_once(table, samples, taken_per_group):
         counts = per_sample_counts(table, samples, group)
         assert set(np.unique(counts)) <= {taken // n, taken // n + 1}
         assert int((counts == taken // n + 1).sum()) == taken % n
+
+
+def test_a_phase_is_over_once_its_packs_or_tokens_reach_the_limit_not_after():
+    by_packs, by_tokens = Phase((1.0,), until_packs=5), Phase((1.0,), until_tokens=300)
+    assert [by_packs.reached(packs, 10**9) for packs in (4, 5, 6)] == [False, True, True]
+    assert [by_tokens.reached(10**9, tokens) for tokens in (299, 300, 301)] == [False, True, True]
+    both = Phase((1.0,), until_packs=5, until_tokens=300)
+    assert [both.reached(p, t) for p, t in ((4, 299), (5, 0), (0, 300))] == [False, True, True]
+    assert not Phase((1.0,)).reached(10**9, 10**9)  # open-ended
 
 
 @settings(max_examples=40, deadline=None)
@@ -288,18 +298,42 @@ def test_each_pack_of_a_schedule_starts_with_the_mandatory_groups_items(data):
     assert_each_epoch_walked_once(table, samples, stream.group_counts)
 
 
-def test_a_mandatory_groups_count_after_a_phase_change_does_not_depend_on_how_far_lookahead_read():
+def group_walk(table, seed, group, length):
+    """Samples of ``group``'s first ``length`` stream items: each epoch's permutation, the stream's rule
+    (mmidx._stream, checked by the stream's own tests)."""
+    samples, epochs = np.empty(length, np.int64), np.empty(length, np.int64)
+    _stream.stream_samples(np.full(length, group, np.int32), np.arange(length, dtype=np.int64),
+                           np.diff(table.group_base).astype(np.int64), _group_keys(seed, table.num_groups),
+                           samples, epochs)
+    return samples + table.group_base[group]
+
+
+@pytest.mark.parametrize("data_seed", range(6))
+def test_a_mandatory_groups_count_after_a_phase_change_does_not_depend_on_how_far_lookahead_read(data_seed):
     """Lookahead read past the last item a pack took, over items excluded as too long: the new phase
     continues after the items reached or taken, not after those read, so the count is the same at any chunk
-    size (it once was not: the packs were, the count of the group's items delivered was not)."""
-    rng = np.random.default_rng(2)
+    size (it once was not: the packs were, the count of the group's items delivered was not). The count is
+    the group's first items up to the last one the stream reached or a pack took, and the packs deliver
+    exactly those of them under the per-sample limit, each once."""
+    rng = np.random.default_rng(data_seed)
     table = ViewTable.of([np.arange(21), np.arange(11)], [rng.integers(10, 30, 20), rng.integers(1, 80, 10)])
     phases = [Phase((1.0, 0.1), until_packs=5), Phase((1.0, 0.0))]
-    budgets = {**BUDGETS, "max_num_tokens_per_sample": 40}
+    limit = 40
+    budgets = {**BUDGETS, "max_num_tokens_per_sample": limit}
     runs = [run(table, phases, 300, 0, chunk_size, [False, True], budgets) for chunk_size in (1 << 20, 1, 5)]
     assert len({tuple(r[2].group_counts) for r in runs}) == 1
     for other in runs[1:]:
         np.testing.assert_array_equal(other[1], runs[0][1])
+    _, samples, stream = runs[0]
+    counted = stream.group_counts[1]
+    reached = sum(int(log["items"][1]) for log in stream.phase_log)  # by the stream, excluded ones included
+    walk = group_walk(table, 0, 1, counted + 10)
+    fits = table.view_tokens[walk] <= limit
+    delivered = samples[samples >= table.group_base[1]]
+    np.testing.assert_array_equal(np.sort(delivered), np.sort(walk[:counted][fits[:counted]]))
+    last_taken = int(np.flatnonzero(fits[:counted])[-1]) + 1 if fits[:counted].any() else 0
+    assert counted == max(reached, last_taken)  # nothing after the last item reached or taken is counted
+    assert counted > reached or data_seed != 2  # seed 2: packs took items ahead of the stream (the case of the bug)
 
 
 def test_a_mandatory_group_of_weight_0_in_a_phase_leads_no_pack_there():

@@ -169,6 +169,7 @@ def _run(folder, env=None):
                                **(env or {})}, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.timeout(900)  # over half the default: two precache runs in subprocesses: 196 s at a load of 20
 def test_kill_9_during_a_two_encoder_precache_then_rerun_is_byte_identical(captioned):
     folder, prefix = captioned
     config = {"encodings": [{**entry, "key": f"k9{entry['key']}"} for entry in CONFIG["encodings"]]}

@@ -12,6 +12,12 @@ the README follows:
   an hour): it is not run, but it must parse, and each ``mmidx`` command line in it must be accepted by
   mmidx's own parser (each ``python SCRIPT`` one's options must be in its help);
 * ```text (output, diagrams, layouts) and ```diff: read, never run (the trainer diff's call is checked);
+* ```text output: what the runnable block right above it on the page prints (its standard output), compared
+  with what that block prints here: the shown lines must be a run of the printed lines (an excerpt may leave
+  lines out before and after, none between), after the same normalisation of both (:data:`NORMALISED`: the
+  sandbox folder's path, durations and rates, which depend on the machine and its load). A block showing
+  output that is not compared says so on the page (an example of one run, figures that depend on the
+  machine);
 * the Quick start's two commands install packages and run this suite: CI runs them (``.ci/run``).
 
 The shell's ``mmidx`` runs ``mmidx.cli.main`` in a child forked from one process that imported it
@@ -23,11 +29,13 @@ here or says why it cannot.
 
 import ast
 import contextlib
+import difflib
 import functools
 import importlib
 import importlib.util
 import inspect
 import io
+import itertools
 import json
 import re
 import shlex
@@ -49,6 +57,14 @@ from mmidx.errors import MissingExtraError
 ROOT = Path(__file__).resolve().parent.parent
 RUN, READ = ("bash", "python"), ("text", "diff", "yaml")
 NEEDS = "# needs:"
+OUTPUT = "output"
+# What a shown output may differ in from the printed one, replaced in both before they are compared: durations
+# and rates (the machine and its load), and the load average itself. The sandbox folder's path is replaced too.
+NORMALISED = [
+    (re.compile(r"\b\d[\d,]*(\.\d+)? ?(ms|µs|s|min|h)\b"), "<duration>"),
+    (re.compile(r"\b\d[\d,]*(\.\d+)? ?([kMG]?B|[\w ]+?)/s\b"), "<rate>"),
+    (re.compile(r"\bload (average )?(of )?\d+(\.\d+)?"), "load <load>"),
+]
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,12 @@ class Block:
     line: int  # of the opening fence
     section: str  # the heading above it
     page: str = "README.md"
+    info: str = ""  # what follows the language on the opening fence: "output" for a shown output
+
+    @property
+    def shows_output(self) -> bool:
+        """Whether the block is a ```text output block: what the block above it prints, compared."""
+        return self.language == "text" and self.info == OUTPUT
 
     @property
     def needs(self) -> str | None:
@@ -114,7 +136,8 @@ def page_blocks(path: Path) -> list[Block]:
             opened, body = (line[3:].strip(), number), []
         elif opened is not None and line.startswith("```"):
             if not opened[0].startswith("{"):  # a MyST directive (toctree, eval-rst, mmidx-cli), not code
-                blocks.append(Block(opened[0], "".join(body), opened[1], section, name))
+                language, _, info = opened[0].partition(" ")
+                blocks.append(Block(language, "".join(body), opened[1], section, name, info.strip()))
             opened = None
         elif opened is not None:
             body.append(line + "\n")
@@ -470,6 +493,7 @@ def write_readme_inputs(folder: Path) -> None:
     write_parquet(folder / "edits.parquet", edits, types, 2)
     (folder / "data" / "edit").mkdir()
     write_parquet(folder / "data" / "edit" / "chunk_0.parquet", edits, types, 2)
+    (folder / "cat.png").write_bytes(image_bytes(40, 30, fmt="PNG", seed=300))  # the hf source's example
     (folder / "images").mkdir()
     for number in range(4):
         (folder / "images" / f"img_{number}.jpg").write_bytes(image_bytes(48, 48, seed=200 + number))
@@ -491,6 +515,75 @@ def write_readme_inputs(folder: Path) -> None:
         "vlm_sft": {"llava_ov": {"data_dir": "images", "jsonl_path": "llava.jsonl"}}}))
 
 
+def normalised(text: str, folders: dict[str, str]) -> list[str]:
+    """``text``'s lines as they are compared: ``folders`` (absolute path → the name shown) and :data:`NORMALISED`
+    replaced, trailing spaces and blank lines at either end dropped."""
+    for path, shown in sorted(folders.items(), key=lambda item: -len(item[0])):
+        text = text.replace(path, shown)
+    for pattern, replacement in NORMALISED:
+        text = pattern.sub(replacement, text)
+    return "\n".join(line.rstrip() for line in text.splitlines()).strip("\n").splitlines()
+
+
+def output_drift(block: Block, printed: str, folders: dict[str, str] | None = None) -> str | None:
+    """None if the ```text output ``block`` is a run of the lines ``printed``, after normalisation; else a
+    unified diff from the shown lines to the printed ones that match them best, saying how to update the page."""
+    shown, lines = normalised(block.code, folders or {}), normalised(printed, folders or {})
+    size = len(shown)
+    if any(lines[start:start + size] == shown for start in range(max(len(lines) - size + 1, 1))):
+        return None
+
+    def alike(start: int) -> int:
+        return sum(a == b for a, b in zip(shown, lines[start:start + size], strict=False))
+    best = max(range(max(len(lines) - size + 1, 1)), key=alike)
+    diff = difflib.unified_diff(shown, lines[best:best + size] if alike(best) else lines, lineterm="",
+                                fromfile=f"{block.where}: shown", tofile="printed now (normalised)")
+    return (f"{block.where}: the output shown is not what the block above it prints now; update the page "
+            f"(lines starting with - are on the page, with + printed):\n" + "\n".join(diff))
+
+
+def test_a_drifted_figure_in_a_shown_output_is_a_diff_naming_the_page():
+    shown = Block("text", "  tight: fill_vs_max 0.986   step_balance 0.993\n", 99, "What a config wastes",
+                  "docs/guide/packing.md", OUTPUT)
+    printed = "index: 12 packs in 0.21 s\n  tight: fill_vs_max 0.987   step_balance 0.993\nwrote /tmp/x/ds\n"
+    drift = output_drift(shown, printed)
+    assert "docs/guide/packing.md line 99" in drift
+    assert "-  tight: fill_vs_max 0.986   step_balance 0.993" in drift.splitlines()
+    assert "+  tight: fill_vs_max 0.987   step_balance 0.993" in drift.splitlines()
+    assert output_drift(shown, printed.replace("0.987", "0.986")) is None  # an excerpt of what was printed
+
+
+def test_durations_rates_and_the_sandbox_path_are_normalised_and_nothing_else():
+    shown = Block("text", "wrote ds/t2i in 1.2 s (340 samples/s, 12 MB/s)\nfill 85.9%, 12 packs\n", 1, "s",
+                  info=OUTPUT)
+    assert output_drift(shown, "wrote /sandbox/ds/t2i in 0.31 s (1,234 samples/s, 3.5 MB/s)\nfill 85.9%, 12 packs\n",
+                        {"/sandbox/": ""}) is None
+    assert output_drift(shown, "wrote ds/t2i in 1.2 s (340 samples/s, 12 MB/s)\nfill 85.8%, 12 packs\n")
+    assert output_drift(shown, "wrote ds/t2i in 1.2 s (340 samples/s, 12 MB/s)\nfill 85.9%, 13 packs\n")
+
+
+def test_each_shown_output_follows_a_block_that_runs_here():
+    blocks = doc_blocks()
+    shown = [number for number, block in enumerate(blocks) if block.shows_output]
+    assert len(shown) >= 5
+    for number in shown:
+        above = blocks[number - 1]
+        assert above.page == blocks[number].page and above.language in RUN and not above.needs, (
+            f"{blocks[number].where}: a ```text output block shows what the runnable block right above it prints")
+    for block in blocks:
+        assert block.info in ("", OUTPUT), f"{block.where}: ```{block.language} {block.info}: unknown fence option"
+
+
+def test_the_readmes_mixture_report_is_an_excerpt_of_the_guides_compared_output():
+    """The README quotes a phase of the mixtures guide's ``--history`` report, which the guide's run compares."""
+    (quoted,) = [block for block in readme_blocks() if block.code.startswith("phase 1: packs [10, 24)")]
+    blocks = page_blocks(ROOT / "docs" / "guide" / "mixtures.md")
+    (guide,) = [block for above, block in itertools.pairwise(blocks)
+                if block.shows_output and "mmidx index --history" in above.code]
+    assert output_drift(quoted, guide.code) is None
+
+
+@pytest.mark.timeout(1800)  # over half the default: every block of the docs, 657 s with its setup at a load of 20
 def test_every_bash_and_python_block_runs_as_written(demo, s3, cluster, tmp_path, monkeypatch):
     """Each block that is not marked runs unchanged, in order, in a folder holding the inputs it names
     (and, for the object-storage block, beside a local S3 server with the bucket it names; Ray Data's
@@ -502,18 +595,27 @@ def test_every_bash_and_python_block_runs_as_written(demo, s3, cluster, tmp_path
     write_readme_inputs(tmp_path)
     (tmp_path / "mmidx-demo").symlink_to(demo["workdir"], target_is_directory=True)
     monkeypatch.chdir(tmp_path)
-    namespaces = []
+    namespaces, printed = [], {}
     with cli_server.running(tmp_path) as env:
         for block in runnable:
             if block.language == "python":
                 names: dict = {}
-                exec(compile(block.code, block.where, "exec"), names)  # the README's own code
+                with contextlib.redirect_stdout(io.StringIO()) as stdout:
+                    exec(compile(block.code, block.where, "exec"), names)  # the README's own code
                 namespaces.append(names)
+                printed[block] = stdout.getvalue()
                 continue
             result = subprocess.run(["bash", "-c", "set -xeuo pipefail\n" + block.code], cwd=tmp_path, env=env,
                                     capture_output=True, text=True, timeout=300)
             output = result.stdout + result.stderr
             assert result.returncode == 0 and "Traceback" not in output, f"{block.where}:\n{block.code}\n{output}"
+            printed[block] = result.stdout
+    # every output shown is what its block printed (docstring: the ```text output convention)
+    blocks = doc_blocks()
+    folders = {f"{tmp_path.resolve()}/": "", f"{tmp_path}/": "", f"{Path(demo['workdir']).resolve()}": "mmidx-demo"}
+    drifts = [output_drift(block, printed[blocks[number - 1]], folders)
+              for number, block in enumerate(blocks) if block.shows_output]
+    assert not any(drifts), "\n\n".join(filter(None, drifts))
     # the training loop's example: two steps after `mmidx demo`, resumable from the state it saved
     names = next(names for names in namespaces if "checkpoint" in names)
     assert names["step"] == 1 and names["checkpoint"]["data"]["packs_consumed"] == 2

@@ -50,6 +50,7 @@ def global_sequence(folder, name):
     return sequence
 
 
+@pytest.mark.timeout(900)  # over half the default: its fixture runs 7 DCP processes: 254 s at a load of 20
 def test_a_checkpoint_of_4_ranks_resumes_on_2_then_1_with_the_single_process_batches(runs):
     folder, single = runs
     assert_same_batches(global_sequence(folder, "loader"), single)

@@ -1,12 +1,15 @@
 """mmidx view in a real browser: headless Chromium (Debian's packages) renders the demo's datasets and the
 planted one with no console error and every image loaded; the overview's links reach a sample and a
-pack; the search box finds the planted caption and shows its markup as text."""
+pack; the search box finds the planted caption and shows its markup as text; pages of thumbnails load whole
+while other local processes flood the viewer (issue 44)."""
 
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 from support.browser import chromium_missing, headless_chromium
+from support.floods import OTHER_LOOPBACK, flooding, loopback_aliases
 from support.view_data import (
     PLANTED_CAPTION,
     PLANTED_SAMPLE,
@@ -95,3 +98,29 @@ def test_the_search_box_finds_the_planted_caption_and_shows_its_markup_as_text(s
     assert driver.execute_script("return document.querySelectorAll('main script, main b').length") == 0
     hits[0].click()
     assert PLANTED_CAPTION in driver.find_element("tag name", "main").text
+
+
+@pytest.mark.parametrize("kind, args", [("pipeline", (256, 8, "/")), ("stall", (256, *OTHER_LOOPBACK))],
+                         ids=["256-pipelined-from-127.0.0.1", "1024-stalled-from-127.0.0.2-5"])
+def test_pages_of_thumbnails_load_whole_in_the_browser_while_another_process_floods_the_viewer(tmp_path_factory,
+                                                                                              kind, args):
+    """The user's requests as a browser makes them: a page, then its thumbnails over the few connections it keeps
+    alive and opens again as the viewer closes them to make room for the flood's."""
+    if kind == "stall" and not loopback_aliases():
+        pytest.skip("127.0.0.2 cannot be bound: this machine's loopback has one address")
+    catalog = Catalog([str(build_planted_dataset(tmp_path_factory.mktemp("flooded")))])
+    with serving(catalog) as url:
+        driver = headless_chromium()
+        try:
+            driver.set_page_load_timeout(60)
+            with flooding(url, kind, *args):
+                for page in ("/dataset/planted/samples", "/dataset/planted/samples?page=1",
+                             f"/dataset/planted/sample/{TWO_VIEWS_SAMPLE}"):
+                    start = time.monotonic()
+                    seen = visit({"url": url, "driver": driver}, page)
+                    seconds = time.monotonic() - start
+                    assert seen["errors"] == [] and seen["images"], (page, seen["errors"])
+                    assert all(loaded for _, loaded in seen["images"]), (page, seen["images"])
+                    assert seconds < 30, (page, seconds)  # 48 thumbnails made on a loaded 2-core machine
+        finally:
+            driver.quit()

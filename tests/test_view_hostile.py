@@ -5,7 +5,6 @@ characters. Every server listens on loopback; every load is bounded in count and
 import asyncio
 import re
 import resource
-import selectors
 import socket
 import threading
 import time
@@ -20,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.responses import Response
 from starlette.testclient import TestClient
+from support.floods import closed_within, stall
 from support.sources import loaded_tokenizer
 from support.view_data import SAMPLES, build_planted_dataset
 
@@ -50,37 +50,6 @@ def client(catalog, **options):
 def assert_headers(response):
     for key, value in HEADERS.items():
         assert response.headers.get(key) == value, (response.status_code, key)
-
-
-def stall(url: str, count: int) -> list[socket.socket]:
-    """``count`` connections to ``url`` that each send the first line of a request and then nothing."""
-    host, port = url.split("//")[1].strip("/").rsplit(":", 1)
-    sockets = []
-    for _ in range(count):
-        connection = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
-        connection.sendall(b"GET / HTTP/1.1\r\n")
-        sockets.append(connection)
-    return sockets
-
-
-def closed_within(sockets: list[socket.socket], seconds: float) -> int:
-    """How many of ``sockets`` the server closed (EOF or reset) within ``seconds``."""
-    selector = selectors.DefaultSelector()
-    for connection in sockets:
-        connection.setblocking(False)
-        selector.register(connection, selectors.EVENT_READ)
-    closed, deadline = 0, time.monotonic() + seconds
-    while closed < len(sockets) and (left := deadline - time.monotonic()) > 0:
-        for key, _ in selector.select(left):
-            try:
-                data = key.fileobj.recv(4096)
-            except ConnectionError:
-                data = b""
-            if not data:
-                selector.unregister(key.fileobj)
-                closed += 1
-    selector.close()
-    return closed
 
 
 @pytest.fixture
@@ -359,11 +328,43 @@ def test_mmidx_view_passes_its_limit_options_to_the_server_and_the_guide_documen
                             ("--connections-per-client", f"{limits.PER_CLIENT}")):
         assert re.search(rf"\| {re.escape(default)} \| `{option}` \|", guide), option
     assert f"| workers | {limits.WORKERS} |" in guide
+    assert f"| request head | {limits.MAX_HEAD // 1024} KiB |" in guide and f"{limits.MAX_HEAD:,} bytes" in guide
 
 
-def test_a_request_line_over_16_kib_is_answered_400(catalog):
+def head(host: str, size: int, close: bool = True) -> bytes:
+    """A request for the style sheet whose head (request line and headers, line ends included) is ``size`` bytes,
+    asking the server to close the connection after its response (``close``) or not."""
+    start = f"GET /style.css HTTP/1.1\r\nHost: {host}\r\nConnection: {'close' if close else 'keep-alive'}\r\n" \
+            "X-Padding: ".encode()
+    return start + b"a" * (size - len(start) - 4) + b"\r\n\r\n"
+
+
+def answers(url: str, data: bytes, piece: int | None = None) -> bytes:
+    """What the server sends back to ``data`` (in pieces of ``piece`` bytes, if given) until it closes (or 5 s pass)."""
+    host, port = url.split("//")[1].strip("/").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as connection:
+        for start in range(0, len(data), piece or len(data)):
+            connection.sendall(data[start:start + (piece or len(data))])
+        received = b""
+        try:
+            while chunk := connection.recv(1 << 16):
+                received += chunk
+        except (TimeoutError, ConnectionError):
+            pass
+        return received
+
+
+@pytest.mark.parametrize("piece", [None, 1000], ids=["in-one-piece", "in-pieces"])
+def test_a_head_up_to_16_kib_is_answered_and_one_byte_more_or_100_kb_is_answered_400(catalog, piece):
+    """The guide's limit on both sides, for a head that arrives whole (which h11 alone let through at any size)
+    and for one that arrives in pieces (which h11 refuses while incomplete), alone and pipelined."""
     with serving(catalog) as url:
-        host, port = url.split("//")[1].strip("/").rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=5) as connection:
-            connection.sendall(b"GET /" + b"a" * 17_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert connection.recv(1 << 16).startswith(b"HTTP/1.1 400 ")
+        host = url.split("//")[1].strip("/")
+        assert answers(url, head(host, limits.MAX_HEAD), piece).startswith(b"HTTP/1.1 200 ")
+        for size in (limits.MAX_HEAD + 1, 100_000):
+            assert answers(url, head(host, size), piece).startswith(b"HTTP/1.1 400 "), size
+        requests = head(host, 200, close=False) + head(host, limits.MAX_HEAD + 1) + head(host, 200)
+        pipelined = answers(url, requests, piece)
+        assert re.findall(rb"HTTP/1.1 (\d{3}) ", pipelined) == [b"200", b"400"]  # then closed: the third unread
+        long_line = answers(url, f"GET /{'a' * 17_000} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode(), piece)
+        assert long_line.startswith(b"HTTP/1.1 400 ")  # the request line is part of the head

@@ -10,6 +10,7 @@ from typing import Any
 from mmidx.cli.common import (
     PATHS_HELP,
     PREFIX_OR_DATA_YAML,
+    add_cache_arguments,
     add_command,
     add_geometry_arguments,
     dataset_prefix,
@@ -76,6 +77,7 @@ def register(commands: Any) -> None:
                           "machines (a warning says so)")
     sub.add_argument("--port", type=_port, default=8765, help="port to listen on (0: any free port)")
     add_geometry_arguments(sub)  # the packs of a data YAML
+    add_cache_arguments(sub)
     group = sub.add_argument_group("limits", "what one client may take of the viewer, so that slow, greedy or "
                                              "absurd requests cannot stall it; each says what happens at its limit")
     group.add_argument("--time-limit", type=_positive(float), default=limits.TIME_LIMIT, metavar="SECONDS",
@@ -86,5 +88,6 @@ def register(commands: Any) -> None:
     group.add_argument("--keep-alive", type=_positive(float), default=limits.KEEP_ALIVE, metavar="SECONDS",
                         help="an idle keep-alive connection is closed after this time")
     group.add_argument("--connections-per-client", type=_positive(int), default=limits.PER_CLIENT, metavar="N",
-                        help="connections one client address may hold: a new one closes its oldest stalled or idle "
-                             "one")
+                        help="connections one client may hold (every loopback address is one client): a new one "
+                             "closes an idle one, else the oldest stalled one (once stalled ones are over half), else "
+                             "the busiest")

@@ -331,9 +331,10 @@ def mixture_log(stream: PackStream, config: DataConfig, phases: list[Phase]) -> 
             for log in stream.phase_log if log["end_position"] > log["start_position"] or len(stream.phase_log) == 1]
 
 
-def pack_index_costs(index: PackIndex, geometry: LLMGeometry | None = None) -> np.ndarray:
-    """Each pack's compute (:func:`mmidx.index.cost.pack_costs`, a sample one attention segment) from
-    its items' packed sizes: pass it as ``pack_costs`` to the loader or sampler for balanced steps."""
+def pack_index_segments(index: PackIndex) -> tuple[np.ndarray, np.ndarray]:
+    """(pack_offsets, segment_tokens): pack k's samples' packed sizes (one attention segment each) are
+    ``segment_tokens[pack_offsets[k]:pack_offsets[k + 1]]``, as the index estimates them (exact when no
+    element is dropped), read from the datasets' index arrays."""
     datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in index.config.groups]
     table = view_table(index.config, datasets, index.selections)
     samples = np.asarray(index.arrays["samples"], dtype=np.int64)
@@ -341,8 +342,14 @@ def pack_index_costs(index: PackIndex, geometry: LLMGeometry | None = None) -> n
     if len(samples) and (samples.max() >= len(table.view_offsets) - 1
                          or np.any(views >= np.diff(table.view_offsets)[samples])):
         raise fmt.FormatError(f"{index.path}: the pack index names samples or views its datasets do not hold")
-    tokens = table.view_tokens[table.view_offsets[samples] + views]
-    return pack_costs(np.asarray(index.arrays["pack_offsets"], dtype=np.int64), tokens, geometry)
+    offsets = np.asarray(index.arrays["pack_offsets"], dtype=np.int64)
+    return offsets, table.view_tokens[table.view_offsets[samples] + views]
+
+
+def pack_index_costs(index: PackIndex, geometry: LLMGeometry | None = None) -> np.ndarray:
+    """Each pack's compute (:func:`mmidx.index.cost.pack_costs`, a sample one attention segment) from
+    its items' packed sizes: pass it as ``pack_costs`` to the loader or sampler for balanced steps."""
+    return pack_costs(*pack_index_segments(index), geometry)
 
 
 class PackItem(NamedTuple):

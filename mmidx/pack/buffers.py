@@ -1,6 +1,6 @@
-"""Batch buffers: large tensors handed out from a per-process pool of page-aligned, huge-page-advised
-allocations, so building a pack does not fault in fresh memory for every batch; and fresh huge-page-advised
-tensors for large outputs that are not pooled (dense attention masks).
+"""Batch buffers: large tensors handed out from per-process pools of page-aligned, huge-page-advised
+allocations, so building a pack does not fault in fresh memory for every batch: one pool for the large batch
+keys (pixels, precached encodings), one for the dense attention masks built on the CPU.
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ class _BufferPool:
     def take(self, *shape: int) -> torch.Tensor:
         """An uninitialised float32 CPU tensor of ``shape``."""
         count = math.prod(shape)
+        return torch.from_numpy(self.buffer(count)[:count]).view(shape)
+
+    def buffer(self, count: int) -> np.ndarray:
+        """A whole pooled float32 array of at least ``count`` values that nothing else uses: the caller hands out
+        views of it, and it is free again once none of them (nor anything derived from them) is alive."""
         with self.lock:
             # Unused: referenced only by the pool's list and by getrefcount's own argument.
             free = [i for i in range(len(self.buffers)) if sys.getrefcount(self.buffers[i]) == 2]
@@ -51,7 +56,7 @@ class _BufferPool:
                     self.buffers[free[0]] = buffer  # replace a free buffer that is too small
                 elif len(self.buffers) < self.size:
                     self.buffers.append(buffer)
-        return torch.from_numpy(buffer[:count]).view(shape)
+        return buffer
 
 
 def _huge_pages(array: np.ndarray) -> np.ndarray:
@@ -71,17 +76,20 @@ def _batch_buffer(*shape: int) -> torch.Tensor:
     return _BUFFERS.take(*shape)
 
 
-def huge_page_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor of ``shape`` and ``dtype``; from 32 MiB up, in memory of its own (not pooled:
-    freed with the tensor) that the kernel is asked to back by transparent huge pages.
+_MASK_BUFFERS = _BufferPool(size=2)  # the masks of the batch in use and of the one being built
 
-    For large outputs written once, such as dense attention masks. glibc maps every allocation over 32 MiB
-    (its largest mmap threshold) afresh, and faulting in 4 KiB pages then costs several times filling them;
-    2 MiB pages cost a fraction (the dense masks of an edit pack, 270 MB each: 250 ms per pack with torch's
-    allocation, 80 ms here, one thread, ``benchmarks/bench_masks.py``). Smaller tensors come from torch's
-    allocator, whose heap reuses freed pages.
+
+def mask_buffer(nbytes: int) -> np.ndarray:
+    """``nbytes`` uninitialised bytes for the dense masks of one pack on the CPU; from 32 MiB
+    up, from a pool of two buffers that are reused once no mask of theirs is alive (``_BufferPool``).
+
+    A pack's dense masks are hundreds of MB written once, and in fresh memory most of their cost is the kernel
+    faulting in and zeroing every page, then unmapping it when the masks are freed; in a reused buffer only
+    the stores are left (``benchmarks/bench_masks.py`` times both: docs/benchmarks.md, Masks). A process
+    building dense masks on the CPU thus keeps the memory of its two largest packs' masks. Smaller requests
+    come from the heap, whose freed pages are reused. Views of the array (each mask a ``torch.from_numpy`` of
+    its own slice) keep it in use.
     """
-    count = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if count < _FRESH:
-        return torch.empty(shape, dtype=dtype)
-    return torch.from_numpy(_huge_pages(np.empty(count, np.uint8))).view(dtype).view(shape)
+    if nbytes < _FRESH:
+        return np.empty(nbytes, np.uint8)
+    return _MASK_BUFFERS.buffer(-(-nbytes // 4)).view(np.uint8)[:nbytes]

@@ -33,15 +33,17 @@ Dense masks
 -----------
 All rows of a split share ``row_start``, and their ``row_limit`` grows with q, so every row of a
 split equals the predicate at the split's *last* row, except that a causal row q also stops at
-q (``row_limit[q] = q + 1``): the strict upper triangle of the split's diagonal block. A sample's
-mask is therefore written in one pass: the predicate at each split's last row gives a small
-(splits × L_i) template, ``index_select`` copies the template row of every token's split into
-the (L_i, L_i) output, and each causal diagonal block gets its upper triangle blocked. No
-(L_i, L_i) temporary exists besides the output. Dense masks are memory-bound, and most of what
-they cost on a CPU is paging in fresh memory: a mask of 32 MiB or more is written into memory of
-its own advised to use huge pages (``mmidx.pack.buffers.huge_page_tensor``), a fraction of the cost of
-torch's allocation of 4 KiB pages (``benchmarks/bench_masks.py`` times both against filling
-tensors that torch allocates).
+q (``row_limit[q] = q + 1``): the strict upper triangle of the split's diagonal block. Each row is
+therefore a few runs of one value: over every earlier split of the sample, 0 (-inf where that split
+is noise); 0 from the row's split start to its ``row_limit``; -inf to the end of the row.
+
+On the CPU a Cython kernel (``csrc/_masks.pyx``) stores exactly those runs, row by row, with streaming
+stores, reading nothing: a mask costs about what storing its bytes costs (``benchmarks/bench_masks.py``).
+Most of what filling fresh memory costs is paging it in, so a pack's masks are written into a buffer reused
+once none of them is alive (``mmidx.pack.buffers.mask_buffer``). On other devices the predicate at each
+split's last row gives a small (splits × L_i) template, ``index_select`` copies the template row of every
+token's split into the (L_i, L_i) output, and each causal diagonal block gets its upper triangle blocked;
+no (L_i, L_i) temporary exists besides the output. Both are checked bit for bit against the rule.
 
 Block classification (``block_mask``)
 -------------------------------------
@@ -73,6 +75,8 @@ Tensors given as ``split_lens``/``sample_lens`` are read to the host (on CUDA th
 
 from __future__ import annotations
 
+import itertools
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -81,7 +85,8 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-from mmidx.pack.buffers import huge_page_tensor
+from mmidx import _masks
+from mmidx.pack.buffers import mask_buffer
 
 __all__ = ["ATTN_MODES", "block_mask", "dense_masks", "mask_predicate"]
 
@@ -233,6 +238,10 @@ def mask_predicate(
     return _mask_mod(_keys(_Layout.build(split_lens, attn_modes, sample_lens), device))
 
 
+# The dtypes whose 0 and -inf the masks hold (BAGEL's float32; bfloat16 or float16 for the model).
+_MASK_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
 def dense_masks(
     split_lens: Lengths,
     attn_modes: Sequence[str],
@@ -244,30 +253,63 @@ def dense_masks(
     """One additive (L_i, L_i) mask per sample (0 = attend, -inf = blocked), built on ``device``.
 
     Bit for bit BAGEL's ``nested_attention_masks`` (``prepare_attention_mask_per_sample``) when
-    ``dtype`` is float32; any floating dtype (bfloat16 for the model) holds the same 0 / -inf.
-    Each mask is copied row by row from a small per-split template (only causal diagonal blocks
-    are written again), so the cost is close to that of filling the outputs (on the CPU, into
-    huge-page memory of their own); a Python loop runs over samples and causal splits, never over tokens.
+    ``dtype`` is float32; float64, bfloat16 and float16 (for the model) hold the same 0 / -inf.
+    On the CPU each mask is stored once as runs of its two values (module docstring), close to the
+    cost of a memset of it, in a buffer reused once no mask of it is alive; elsewhere each is copied
+    row by row from a small per-split template. Python loops run over samples (and causal splits
+    off the CPU), never over tokens. Masks are contiguous and share no memory with one another.
     """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype such as torch.float32, got {dtype!r}")
+    if dtype not in _MASK_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(map(str, _MASK_DTYPES))} (a floating dtype that holds "
+                         f"-inf), got {dtype!r}")
     layout = _Layout.build(split_lens, attn_modes, sample_lens)
+    if torch.device(device).type == "cpu":
+        return _cpu_dense_masks(layout, dtype)
+    return _device_dense_masks(layout, device, dtype)
+
+
+def _sample_splits(layout: _Layout) -> list[slice]:
+    """The non-empty splits of every sample, as slices of the layout's per-split arrays."""
+    bounds = np.searchsorted(layout.split_sample, np.arange(len(layout.sample_ends) + 1)).tolist()
+    return [slice(first, stop) for first, stop in itertools.pairwise(bounds)]
+
+
+def _element_bits(value: float, dtype: torch.dtype) -> int:
+    """The bytes of ``value`` in ``dtype``, repeated over 8 bytes, as an integer in the machine's byte order."""
+    raw = torch.full((1,), value, dtype=dtype).view(torch.uint8).numpy().tobytes()
+    return int.from_bytes(raw * (8 // len(raw)), sys.byteorder)
+
+
+def _cpu_dense_masks(layout: _Layout, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The masks written by the run kernel into one reused buffer, each a tensor of its own slice."""
+    lengths = (layout.sample_ends - layout.sample_starts).tolist()
+    buffer = mask_buffer(sum(length * length for length in lengths) * dtype.itemsize)
+    values = _element_bits(0.0, dtype), _element_bits(float("-inf"), dtype), dtype.itemsize
+    causal, noise = layout.causal.view(np.uint8), layout.noise.view(np.uint8)
+    masks, offset = [], 0
+    for splits, start, length in zip(_sample_splits(layout), layout.sample_starts, lengths, strict=True):
+        out = buffer[offset:offset + length * length * dtype.itemsize]
+        _masks.fill_sample_mask(out, layout.ends[splits] - start, causal[splits], noise[splits], *values)
+        if length:  # (an empty slice has stride 0, which torch cannot view as another dtype)
+            masks.append(torch.from_numpy(out).view(dtype).view(length, length))
+        else:
+            masks.append(torch.empty((0, 0), dtype=dtype))
+        offset += out.nbytes
+    return masks
+
+
+def _device_dense_masks(layout: _Layout, device: torch.device | str, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The masks copied on ``device`` from per-split template rows (module docstring)."""
     keys = _keys(layout, device)
     allowed = _mask_mod(keys)
     position = torch.arange(layout.length, dtype=torch.int32, device=keys.row_start.device)
     attend = torch.zeros((), dtype=dtype, device=position.device)
     blocked = torch.full((), float("-inf"), dtype=dtype, device=position.device)
-    split_bounds = np.searchsorted(layout.split_sample, np.arange(len(layout.sample_ends) + 1))
     masks = []
-    for sample, (start, end) in enumerate(zip(layout.sample_starts, layout.sample_ends, strict=True)):
-        splits = slice(split_bounds[sample], split_bounds[sample + 1])
+    for splits, start, end in zip(_sample_splits(layout), layout.sample_starts, layout.sample_ends, strict=True):
         last_rows = keys.split_last[splits, None]
         template = torch.where(allowed(None, None, last_rows, position[None, start:end]), attend, blocked)
-        rows = keys.local_split[start:end]
-        if position.device.type == "cpu":  # large masks into huge pages: most of their cost is paging memory in
-            mask = torch.index_select(template, 0, rows, out=huge_page_tensor((end - start, end - start), dtype))
-        else:
-            mask = template.index_select(0, rows)
+        mask = template.index_select(0, keys.local_split[start:end])
         causal = layout.causal[splits]
         causal_starts = (layout.starts[splits][causal] - start).tolist()
         causal_ends = (layout.ends[splits][causal] - start).tolist()

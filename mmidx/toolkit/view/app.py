@@ -327,7 +327,7 @@ def url_of(sock: socket.socket) -> str:
 def _server(app: Front, *, request_timeout: float, keep_alive: float, per_client: int) -> uvicorn.Server:
     """uvicorn serving ``app`` with :mod:`mmidx.toolkit.view.guard`'s protocol: requests must arrive whole within
     ``request_timeout`` s, idle keep-alive connections close after ``keep_alive`` s, ``per_client`` connections
-    per client address."""
+    per client (every loopback address is one), heads of at most ``MAX_HEAD`` bytes."""
     config = uvicorn.Config(app, http=guarded_protocol(request_timeout, per_client), log_level="warning",
                             access_log=False, timeout_keep_alive=keep_alive, limit_concurrency=4 * per_client,
                             timeout_graceful_shutdown=2)

@@ -13,3 +13,5 @@ TIME_LIMIT = 20.0
 """Seconds a page's work has before the request is answered 503 (the work goes on; a reload gets its result)."""
 WORKERS = 8
 """Threads doing page work: at most this many pages are computed at once."""
+MAX_HEAD = 16 * 1024
+"""Bytes a request's head (request line and headers, line ends included) may have: a larger one is answered 400."""
