@@ -120,9 +120,11 @@ class BagelTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def packed_dataset(raw: Path, groups: list[str], use_flex: bool, budgets: dict[str, int] | None = None) -> Any:
+def packed_dataset(raw: Path, groups: list[str], use_flex: bool, budgets: dict[str, int] | None = None, *,
+                   rank: int = 0, world_size: int = 1, num_workers: int = 1) -> Any:
     """BAGEL's ``PackedDataset`` over the corpus's ``groups``, with bench_pack's dropout and geometry and its
-    budgets (or ``budgets``; call :func:`import_bagel` first)."""
+    budgets (or ``budgets``; call :func:`import_bagel` first), for ``rank`` of ``world_size`` read by
+    ``num_workers`` loader workers (BAGEL shares its files out among them)."""
     import data.dataset_base as dataset_base
     import data.dataset_info as dataset_info_module
 
@@ -144,9 +146,9 @@ def packed_dataset(raw: Path, groups: list[str], use_flex: bool, budgets: dict[s
     data_config = dataset_base.DataConfig(grouped_datasets=grouped, **GEOMETRY)
     data_config.text_cond_dropout_prob = DROPOUT["text"]
     data_config.vit_cond_dropout_prob, data_config.vae_cond_dropout_prob = DROPOUT["vit"], DROPOUT["vae"]
-    packed = dataset_base.PackedDataset(data_config, tokenizer=tokenizer, special_tokens=special, local_rank=0,
-                                        world_size=1, num_workers=1, interpolate_pos=False, use_flex=use_flex,
-                                        data_status=None, **(budgets or BUDGETS))
+    packed = dataset_base.PackedDataset(data_config, tokenizer=tokenizer, special_tokens=special, local_rank=rank,
+                                        world_size=world_size, num_workers=num_workers, interpolate_pos=False,
+                                        use_flex=use_flex, data_status=None, **(budgets or BUDGETS))
     packed.set_epoch(0)
     return packed
 

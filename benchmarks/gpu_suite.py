@@ -51,10 +51,12 @@ streamed steps, one probed for host waits, then 1 + 25 resident: 110 steps, ~30 
 4. feed: ``mmidx bench --device`` with 0, 2, 4, 8 workers: tokens/s delivered to the device, pinned batches
    and non-blocking copies confirmed, against the tokens/s a BAGEL-7B training step consumes on this device.
 5. cost model: forward+backward time of one Qwen2-7B transformer layer (``gpu_step.DecoderLayer``, FlexAttention
-   with mmidx's BlockMask) on 30 packs of each kind (fewer where ``COST_BUDGET_S`` stops it), against
-   ``mmidx.index.cost.pack_costs`` (issue 37) of the pack's samples: the Pearson correlation, and the worst
-   error once one least-squares factor turns predicted FLOPs into milliseconds; per kind, measured ÷ fitted
-   prediction shows which kinds the model misjudges.
+   with mmidx's BlockMask; ``--model qwen2-1.5b``: that model's layer) on 30 packs of each kind (fewer where
+   ``COST_BUDGET_S`` stops it), against ``mmidx.index.cost.pack_costs`` (issue 37) of the pack's samples: the
+   Pearson correlation, and the worst error once one least-squares factor turns predicted FLOPs into
+   milliseconds; per kind, measured ÷ fitted prediction shows which kinds the model misjudges. That factor is
+   written as ``calibration.json`` beside the report (:func:`mmidx.index.accelerator.write_calibration`), for
+   ``mmidx bench --au --calibration``.
 6. step: the step it feeds (issue 42), accelerator utilisation as MLPerf Storage reports it (time the
    accelerator computes ÷ wall time): 2 Qwen2-7B layers in bf16 with FlexAttention and mmidx's BlockMask,
    inputs assembled from the batch as BAGEL does (``gpu_step.FedStack``), forward + backward + AdamW;
@@ -150,6 +152,8 @@ class Suite:
     repeats: int
     workdir: Path
     bagel_src: str | None
+    out: Path  # the report's folder: the cost model's calibration file goes there too
+    model: str = "qwen2-7b"  # the geometry whose layer the cost model times (mmidx.index.accelerator.MODELS)
 
     @property
     def cuda(self) -> bool:
@@ -774,11 +778,14 @@ def item_cost_model(suite: Suite, item: Item) -> None:
     on ``COST_PACKS`` packs of each kind, against ``mmidx.index.cost.pack_costs`` of the pack's samples (one
     attention segment each, the padding pseudo-sample one more): the correlation, and the worst error once
     the predicted FLOPs are scaled to seconds by one least-squares factor over all packs."""
+    import dataclasses
+
     from torch.nn.attention.flex_attention import flex_attention
 
+    from mmidx.index.accelerator import MODELS, write_calibration
     from mmidx.index.cost import LLMGeometry, pack_costs
 
-    geometry = LLMGeometry(num_layers=1) if not suite.quick else \
+    geometry = dataclasses.replace(MODELS[suite.model].geometry, num_layers=1) if not suite.quick else \
         LLMGeometry(hidden_size=64, num_layers=1, ffn_size=128, num_heads=4, num_kv_heads=2)
     dtype = torch.bfloat16 if suite.cuda else torch.float32
     layer = DecoderLayer(geometry).to(suite.device, dtype)
@@ -845,6 +852,14 @@ def item_cost_model(suite: Suite, item: Item) -> None:
                           f"{(measured_a[mine] / (scale * predicted_a[mine])).mean():.3f}",
                           f"{errors[mine].max():.1%}"])
     item.rows.append(["correlation (Pearson, all packs)", len(measured), "", "", "", "", f"{correlation:.3f}"])
+    device = torch.cuda.get_device_name(suite.device) if suite.cuda else "cpu (a rehearsal: SDPA, float32)"
+    write_calibration(suite.out / "calibration.json", scale * 1e-3, geometry,
+                      attention="flex" if suite.cuda else "sdpa", device=device, packs=len(measured),
+                      correlation=None if np.isnan(correlation) else correlation, worst_error=float(errors.max()),
+                      source=f"benchmarks/gpu_suite.py cost_model at commit {commit()}"
+                             + (" (--quick: a small layer, no model's)" if suite.quick else ""))
+    item.notes.append(f"calibration.json: {scale * 1e-3:.3g} s per FLOP; mmidx bench DATA.yaml --au --model "
+                      f"{suite.model} --calibration {suite.out / 'calibration.json'}")
     item.notes.append(f"one layer: hidden {geometry.hidden_size}, FFN {geometry.ffn_size}, {geometry.num_heads} "
                       f"heads, {geometry.num_kv_heads} KV heads, {dtype}, "
                       + ("compiled FlexAttention with mmidx's BlockMask" if suite.cuda else
@@ -901,7 +916,7 @@ def item_step(suite: Suite, item: Item) -> None:
     BAGEL's per-forward mask construction on the same packs."""
     from mmidx.index.cost import LLMGeometry, pack_costs
     from mmidx.pack.builder import PackBuilder
-    from mmidx.toolkit.bench import _pack_index
+    from mmidx.toolkit.bench import pack_index_holding
     from mmidx.train.loader import PackDataset, PackLoader
 
     _, data_yaml = corpus(suite)
@@ -911,7 +926,7 @@ def item_step(suite: Suite, item: Item) -> None:
         if suite.quick else LLMGeometry(num_layers=STEP_LAYERS)
     dtype = torch.bfloat16 if suite.cuda else torch.float32
     config = _config(data_yaml, MODES["mix"])
-    index = _pack_index(config, STEP_ROUNDS * (warmup + per_round + 1), None)
+    index = pack_index_holding(config, STEP_ROUNDS * (warmup + per_round + 1), None)
     # FlexAttention has no backward on a CPU: there the loader's batches carry dense masks, and SDPA trains
     loader = PackLoader(PackDataset(index, PackBuilder(config, use_flex=suite.cuda)), global_batch_size=1,
                         num_workers=2 if suite.quick else STEP_WORKERS, pin_memory=suite.cuda, device=suite.device)
@@ -1084,12 +1099,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bagel-src", help="a folder holding BAGEL's data package (data/__init__.py, "
                                             "data/data_utils.py), for its own mask construction")
     parser.add_argument("--workdir", type=Path, help="the generated corpus (default: a temporary folder)")
+    parser.add_argument("--model", default="qwen2-7b", choices=["qwen2-7b", "qwen2-1.5b"],
+                        help="the model whose layer the cost model item times (its calibration.json is for it)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu-suite-") as scratch:
         suite = Suite(device=args.device, quick=args.quick, tokens=args.tokens or (4096 if args.quick else 32768),
                       repeats=args.repeats or (1 if args.quick else 10), workdir=args.workdir or Path(scratch),
-                      bagel_src=args.bagel_src)
+                      bagel_src=args.bagel_src, out=args.out, model=args.model)
         info, items = environment(suite), []
         print(f"gpu_suite: {info}", flush=True)
         for name in args.items:

@@ -24,6 +24,9 @@ from bench_masks import ALL_KINDS, bagel_pack  # noqa: E402
 from gpu_step import Fed, replayed, timed_steps  # noqa: E402
 from gpu_suite import DECODE_STATES, Item, bagel_step_tokens_per_s, decode_exactness, markdown  # noqa: E402
 
+from mmidx.index.accelerator import read_calibration  # noqa: E402
+from mmidx.index.cost import LLMGeometry  # noqa: E402
+
 BAGEL_SRC = os.environ.get("MMIDX_BAGEL_SRC")
 ITEMS = ["masks", "decode", "latents", "feed", "cost_model", "step"]
 STEP_FIGURES = ["packs timed on each side", "tokens a pack (mean: its samples; the sequence run)", "step ms, streamed",
@@ -53,6 +56,10 @@ def test_the_quick_cpu_run_passes_every_item_and_writes_both_reports(tmp_path):
     assert [row[0] for row in items["masks"]["rows"]] == list(ALL_KINDS)
     assert [row[0] for row in items["cost_model"]["rows"]][:-1] == [*ALL_KINDS, "all"]
     assert "correlation" in items["cost_model"]["rows"][-1][0]
+    # the cost model's fit, as the file mmidx bench --au --calibration reads (a quick run times a small layer)
+    small = LLMGeometry(hidden_size=64, num_layers=28, ffn_size=128, num_heads=4, num_kv_heads=2)
+    calibration = read_calibration(out / "calibration.json", small)
+    assert calibration["seconds_per_flop"] > 0 and calibration["packs"] == len(ALL_KINDS)
     exactness = [check for check in items["decode"]["checks"] if "caller's stream" in check["name"]]
     assert [check["name"].split("stream ")[1].split(":")[0] for check in exactness] == list(DECODE_STATES)
     assert all(check["detail"].startswith("0 of 3 iterations differ in pixels, 0 damaged") for check in exactness)

@@ -13,6 +13,7 @@ from mmidx.cli.common import (
     PREFIX,
     PREFIX_HELP,
     Commands,
+    add_cache_arguments,
     add_command,
     add_pack_arguments,
     at_least,
@@ -38,15 +39,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     # the worker counts are the user's choice and the report names the cores: torch's advice is noise here
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+    if args.au or args.dry:
+        return _bench_au(args)
     config = _data_config(args)
+    workers = args.workers or [0, 1, 2, 4]
     if bench.text_only(config):
         result = bench.bench_gpt([p for group in config.groups for p in group.datasets], seq_length=args.seq_length,
-                                 samples=args.gpt_samples, workers=args.workers)
+                                 samples=args.gpt_samples, workers=workers)
     else:
-        result = bench.bench_packs(config, packs=args.packs, workers=args.workers, decode=args.decode,
+        result = bench.bench_packs(config, packs=args.packs, workers=workers, decode=args.decode,
                                    masks=args.masks, target_tokens_per_s=args.target_tokens_per_s,
                                    device=args.device, cache_dir=args.cache_dir, encodings=args.encodings)
     print(json.dumps(result, indent=1) if args.json else bench.format_report(result))
+    return 0
+
+
+def _bench_au(args: argparse.Namespace) -> int:
+    from mmidx.toolkit.au_bench import bench_au, format_au
+
+    if args.masks == "none":
+        args.usage_error("--au: the trainer receives flex (split metadata) or dense batches: --masks flex or dense")
+    if args.workers is not None and len(args.workers) != 1:
+        args.usage_error("--au runs one worker count per run: give --workers N")
+    if args.tokens_per_s is not None and args.calibration is not None:
+        args.usage_error("give --tokens-per-s or --calibration, not both")
+    workers = args.workers[0] if args.workers else 1
+    result = bench_au(_data_config(args), world_size=args.world_size, workers=workers, model=args.model,
+                      tokens_per_s=args.tokens_per_s, calibration=args.calibration, runs=args.runs, steps=args.steps,
+                      warmup=args.warmup, global_batch_size=args.global_batch_size, balanced=not args.contiguous,
+                      masks=args.masks, device=args.device or "cpu", cache_dir=args.cache_dir,
+                      time_limit=args.time_limit, prefetch_factor=args.prefetch_factor, dry=args.dry,
+                      decode=args.decode, encodings=args.encodings)
+    print(json.dumps(result, indent=1) if args.json else format_au(result))
     return 0
 
 
@@ -75,8 +99,9 @@ def _register_toolkit(commands: Commands) -> None:
     add_pack_arguments(sub, num_samples=False)
     sub.add_argument("--packs", type=at_least(2), default=20,
                      help="packs per worker count; the first is not timed")
-    sub.add_argument("--workers", type=_worker_counts, default="0,1,2,4",
-                     help="comma-separated DataLoader worker counts")
+    sub.add_argument("--workers", type=_worker_counts,
+                     help=default_note("comma-separated DataLoader worker counts (--au: one count, per rank)",
+                                       "0,1,2,4; --au: 1"))
     sub.add_argument("--decode", choices=("loader", "device"), default="loader",
                      help="decode images in the loader workers, or ship encoded bytes and decode on the device")
     sub.add_argument("--masks", choices=("none", "dense", "flex"), default="flex",
@@ -91,6 +116,7 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("--encodings", metavar="NAME",
                      help="a precached VAE encoding (mmidx precache): also time packs with its latents, against pixels")
     sub.add_argument("--json", action="store_true", help="print the results as JSON")
+    _add_au_arguments(sub)
     sub = add_command(commands, "sample", cmd_sample,
                       "Show one sample as a person reads it: each element of a view, decoded texts, images, origin.")
     sub.add_argument("prefix", type=one_dataset, metavar=PREFIX, help=PREFIX_HELP)
@@ -99,6 +125,7 @@ def _register_toolkit(commands: Commands) -> None:
                      help="view number; epoch e reads view e mod views")
     sub.add_argument("-o", "--output", help=default_note("folder to write the sample's images to", "none written"))
     sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_cache_arguments(sub)
     sub = add_command(commands, "export", cmd_export,
                       "Write a dataset back to a raw layout BAGEL reads (t2i/edit parquet, LLaVA JSONL + images) "
                       "or to WebDataset tars or a Hugging Face datasets folder (load_from_disk), with the original "
@@ -108,6 +135,39 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("-o", "--output", metavar="FOLDER", help="folder to write (created; must not hold files already)")
     sub.add_argument("folder", nargs="?", help=argparse.SUPPRESS)  # deprecated: the folder, named with --output now
     sub.set_defaults(late_positional="folder")  # the old form gave it after --to: mmidx export PREFIX --to X FOLDER
+    add_cache_arguments(sub)
+
+
+def _add_au_arguments(sub: argparse.ArgumentParser) -> None:
+    from mmidx.index.accelerator import MODELS
+
+    au = sub.add_argument_group(
+        "accelerator utilisation (--au)", "emulated accelerators in step, as MLPerf Storage measures AU: each rank "
+        "a process with its own loader (--workers), sleeping its micro-batch's modelled compute time, every "
+        "micro-step ending in an all-reduce; AU = compute ÷ wall, warm-up excluded (the guide's 'Sizing the loader')")
+    au.add_argument("--au", action="store_true", help="measure AU instead of the loader's rates")
+    au.add_argument("--dry", action="store_true",
+                    help="the same accounting from the pack index alone, no loader: any world size")
+    au.add_argument("--world-size", type=at_least(1), default=2, help="emulated accelerators (ranks)")
+    au.add_argument("--model", choices=list(MODELS), default="qwen2-7b",
+                    help="the LLM whose cost model (mmidx.index.cost) gives each micro-batch's FLOPs")
+    au.add_argument("--tokens-per-s", type=at_least(1e-9, float),
+                    help=default_note("tokens/s of one accelerator on packs of this config's average cost",
+                                      "the model's published figure for the --masks attention, printed with its "
+                                      "source"))
+    au.add_argument("--calibration", metavar="FILE",
+                    help="seconds per FLOP measured on a GPU (benchmarks/gpu_suite.py --items cost_model writes it)")
+    au.add_argument("--runs", type=at_least(1), default=5, help="measured runs (MLPerf Storage: 5)")
+    au.add_argument("--steps", type=at_least(1), default=10, help="measured micro-steps per rank and run")
+    au.add_argument("--warmup", type=at_least(0), default=2, help="micro-steps per run before the clock starts")
+    au.add_argument("--global-batch-size", type=at_least(1),
+                    help=default_note("packs per optimizer step, a multiple of --world-size", "8 per rank"))
+    au.add_argument("--contiguous", action="store_true",
+                    help="ranks take contiguous shares of each global batch instead of balanced steps (by cost)")
+    au.add_argument("--time-limit", type=at_least(1, float), default=600.0,
+                    help="seconds a run may take; past it the ranks stop together at the next step")
+    au.add_argument("--prefetch-factor", type=at_least(1), help=default_note("batches each worker builds ahead",
+                                                                             "torch's, 2"))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -121,7 +181,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _register_demo(commands: Commands) -> None:
     sub = add_command(commands, "demo", cmd_demo,
                       "Generate BAGEL-style sample data, build, index and pack it, and print a summary.")
-    sub.add_argument("--workdir", default="mmidx-demo", help="folder for the generated data and outputs")
+    sub.add_argument("--workdir", default="mmidx-demo",
+                     help="folder for the generated data and outputs: a new or empty one, or an earlier demo's (its "
+                          "corpus and datasets reused when unchanged); never a folder of other files")
     sub.add_argument("--quick", action="store_true", help="a smaller corpus (for tests)")
 
 

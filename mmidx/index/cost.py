@@ -65,6 +65,14 @@ class LLMGeometry:
         return linear // divisor, attention // divisor
 
 
+QWEN2_7B = LLMGeometry()
+"""Qwen2-7B, BAGEL's LLM (``Qwen/Qwen2-7B`` config.json: hidden 3,584, 28 layers, FFN 18,944, 28 heads, 4 KV heads)."""
+
+QWEN2_1_5B = LLMGeometry(hidden_size=1536, num_layers=28, ffn_size=8960, num_heads=12, num_kv_heads=2)
+"""Qwen2-1.5B (``Qwen/Qwen2-1.5B`` config.json: hidden 1,536, 28 layers, FFN 8,960, 12 heads, 2 KV heads): 4.98×
+fewer linear FLOPs per token than Qwen2-7B."""
+
+
 def pack_costs(pack_offsets: np.ndarray, segment_tokens: np.ndarray,
                geometry: LLMGeometry | None = None) -> np.ndarray:
     """Forward FLOPs of each pack: pack k holds segments ``segment_tokens[pack_offsets[k]:pack_offsets[k+1]]``
@@ -76,8 +84,12 @@ def pack_costs(pack_offsets: np.ndarray, segment_tokens: np.ndarray,
             np.diff(offsets) < 0):
         raise ValueError("pack_offsets must rise from 0 to len(segment_tokens), one more entry than packs")
     per_segment = geometry.linear_flops_per_token * tokens + geometry.attention_flops_per_square_token * tokens ** 2
-    sums = np.concatenate(([0.0], np.cumsum(per_segment)))
-    return sums[offsets[1:]] - sums[offsets[:-1]]
+    # each pack summed on its own, so its cost is the same float whichever range of packs it is priced with
+    costs = np.zeros(len(offsets) - 1)
+    held = np.diff(offsets) > 0
+    if held.any():
+        costs[held] = np.add.reduceat(per_segment, offsets[:-1][held])
+    return costs
 
 
 def deal_by_cost(costs: np.ndarray, world_size: int) -> np.ndarray:

@@ -92,7 +92,7 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def _pack_index(config: DataConfig, packs: int, cache_dir: str | os.PathLike | None) -> Any:
+def pack_index_holding(config: DataConfig, packs: int, cache_dir: str | os.PathLike | None) -> Any:
     """A pack index with more than ``packs`` packs (the last may be partial): the stream is lengthened past
     one epoch, doubling, until it holds them."""
     from mmidx.index.pack_index import build_pack_index
@@ -125,7 +125,7 @@ def bench_packs(config: DataConfig, *, packs: int = 20, workers: Sequence[int] =
     if packs < 2:
         raise ValueError(f"time at least 2 packs (the first is not timed), not {packs}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    index = _pack_index(config, packs, cache_dir)
+    index = pack_index_holding(config, packs, cache_dir)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a loader worker: per-core figures, and the table's rows comparable
     try:

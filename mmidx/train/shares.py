@@ -1,4 +1,5 @@
-"""Which pack each rank trains at each micro-step: ``GlobalBatchSampler``, a rank's share of every global batch.
+"""Which pack each rank trains at each micro-step: ``GlobalBatchSampler``, a rank's share of every global batch,
+and ``NodeSchedule``, the packs of a node's ranks (what the node's data cache reads when).
 
 Order is a pure function of (config, seed, pack number): pack k is the same batch in any process, worker
 or run. A *global batch* is ``global_batch_size`` consecutive packs; rank r of world w takes the r-th
@@ -9,13 +10,15 @@ ranks' packs of a global batch is the single-rank global batch whatever w is.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from mmidx.errors import MMIDXError
 from mmidx.index.cost import deal_by_cost
+from mmidx.index.pack_costs import PackCosts
 
 
 class GlobalBatchError(MMIDXError, ValueError):
@@ -31,15 +34,16 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
     ``start`` counts micro-steps already taken by every rank (packs consumed // world_size).
     Incomplete trailing global batches are dropped.
 
-    Balanced steps: with ``pack_costs`` (one cost per pack, e.g. :func:`mmidx.index.cost.pack_costs`
-    of the index's packs), each global batch is dealt by cost instead (:func:`mmidx.index.cost.deal_by_cost`):
-    micro-step j of every rank runs packs of about the same cost, so no rank waits for a dearer one.
-    A global batch holds the same packs either way, and the deal depends only on the batch and the
-    world size, so a resume at an optimizer step is exact at any world size.
+    Balanced steps: with ``pack_costs`` (:class:`~mmidx.index.pack_costs.PackCosts` of the index, each pack's
+    cost after CFG dropout, priced a global batch at a time as it is dealt; or any array of one cost per pack),
+    each global batch is dealt by cost instead (:func:`mmidx.index.cost.deal_by_cost`): micro-step j of every rank
+    runs packs of about the same cost, so no rank waits for a dearer one. A global batch holds the same packs
+    either way, and the deal depends only on the batch's costs and the world size, the same on every rank and at
+    every worker count, so a resume at an optimizer step is exact at any world size.
     """
 
     def __init__(self, num_packs: int, *, global_batch_size: int, rank: int = 0, world_size: int = 1,
-                 start: int = 0, pack_costs: np.ndarray | None = None):
+                 start: int = 0, pack_costs: PackCosts | np.ndarray | None = None):
         for name, value in (("global_batch_size", global_batch_size), ("world_size", world_size)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise GlobalBatchError(f"{name} must be a positive integer, got {value!r}")
@@ -53,11 +57,12 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.start = start
-        self.pack_costs = None if pack_costs is None else np.asarray(pack_costs, dtype=np.float64)
+        self.pack_costs = pack_costs if pack_costs is None or isinstance(pack_costs, PackCosts) else \
+            np.asarray(pack_costs, dtype=np.float64)
         if self.pack_costs is not None and len(self.pack_costs) < num_packs:
             raise GlobalBatchError(f"pack_costs holds {len(self.pack_costs)} costs for {num_packs} packs: give one "
-                                   "per pack of the index (pack_index_costs(index))")
-        self._dealt: tuple[int, np.ndarray] | None = None  # (global batch, its packs in dealt order)
+                                   "per pack of the index (PackCosts(index))")
+        self._dealt: dict[int, np.ndarray] = {}  # the last global batches dealt: their packs in dealt order
 
     def deal(self, global_batch: int) -> np.ndarray:
         """Global batch ``global_batch``'s packs in (micro-step, rank) order: entry ``j * world_size + r`` is
@@ -65,10 +70,11 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
         first = global_batch * self.global_batch_size
         if self.pack_costs is None:
             return first + np.arange(self.global_batch_size).reshape(self.world_size, self.per_rank).T.ravel()
-        if self._dealt is None or self._dealt[0] != global_batch:
-            order = deal_by_cost(self.pack_costs[first:first + self.global_batch_size], self.world_size)
-            self._dealt = (global_batch, first + order)
-        return self._dealt[1]
+        dealt = self._dealt.get(global_batch)
+        if dealt is None:  # kept with the one before: a worker's look-ahead crosses into the next batch and back
+            dealt = first + deal_by_cost(self.pack_costs[first:first + self.global_batch_size], self.world_size)
+            self._dealt = {**{b: d for b, d in self._dealt.items() if b == global_batch - 1}, global_batch: dealt}
+        return dealt
 
     @property
     def per_rank(self) -> int:
@@ -97,3 +103,35 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         for step in range(self.start, self.start + len(self)):
             yield self.pack_of_step(step)
+
+
+class NodeSchedule:
+    """The packs the ranks of one node train on at each micro-step: when the node's data cache reads what.
+
+    Every process of the node (each rank's loader workers) computes the same schedule from the sampler's
+    arguments, so their caches evict by one order without talking. ``ranks``: the node's ranks, by default
+    those torchrun puts there (``LOCAL_WORLD_SIZE`` consecutive ranks around ``rank``, :func:`node_ranks`).
+    """
+
+    def __init__(self, sampler: GlobalBatchSampler, ranks: Sequence[int] | None = None):
+        ranks = node_ranks(sampler.rank, sampler.world_size) if ranks is None else ranks
+        self.samplers = [GlobalBatchSampler(sampler.num_packs, global_batch_size=sampler.global_batch_size, rank=rank,
+                                            world_size=sampler.world_size, start=sampler.start,
+                                            pack_costs=sampler.pack_costs) for rank in ranks]
+        self.steps = range(sampler.start, sampler.start + len(sampler))
+
+    def __call__(self, step: int) -> list[int]:
+        return [sampler.pack_of_step(step) for sampler in self.samplers]
+
+    def step_of(self, pack: int) -> int | None:
+        """The step at which a rank of the node trains on ``pack`` (None: no rank of this node does)."""
+        return next((step for sampler in self.samplers if (step := sampler.step_of_pack(pack)) is not None), None)
+
+
+def node_ranks(rank: int, world_size: int) -> range:
+    """The ranks on this rank's node: ``LOCAL_WORLD_SIZE`` consecutive ranks from ``rank - LOCAL_RANK`` (what
+    torchrun sets), or ``rank`` alone without them."""
+    local, size = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if not 0 <= local < size or local > rank:
+        return range(rank, rank + 1)
+    return range(rank - local, min(rank - local + size, world_size))
