@@ -363,7 +363,9 @@ def test_a_null_special_token_fails_verify_and_the_pack_builder_names_the_datase
     assert verify(tmp_path / "t2i") == [f"{tmp_path / 't2i'}.meta.json: special_tokens ['start_of_image'] are null: "
                                         "the packer cannot build a batch of this dataset (rebuild it with a tokenizer "
                                         "that has them)"]
-    with pytest.raises(ValueError, match=rf"\['start_of_image'\] are unknown: {tmp_path / 't2i'} records none"):
+    with pytest.raises(ValueError, match=rf"\['start_of_image'\] are unknown: {tmp_path / 't2i'} records none "
+                                         r"\(null or missing in its metadata's special_tokens\): build the datasets "
+                                         r"with mmidx's tokenizer or pass special_tokens"):
         PackBuilder(config_of(groups))
 
 
