@@ -43,6 +43,13 @@ def test_a_groups_second_dataset_has_its_views_after_the_firsts(groups):
     np.testing.assert_array_equal(table.view_tokens[:2 * views], np.r_[tokens, tokens])
 
 
+def test_a_batch_asked_for_a_tensor_it_lacks_names_it_and_the_present_ones(groups):
+    batch = PackBuilder(config_of(groups)).build(0, [PackItem(0, 0, 0, 0)])
+    with pytest.raises(AttributeError,
+                       match=r"^PackedBatch has no 'packed_text_idz' \(present keys: \[.*'packed_text_ids'"):
+        batch.packed_text_idz  # noqa: B018 (the attribute access is the test)
+
+
 def whole_array_packs(config, num_samples):
     """The reference: the whole stream, its views and its packs built in memory at once."""
     datasets = [[MMIDXDataset(p) for p in g.datasets] for g in config.groups]
