@@ -4,6 +4,7 @@ silently, or surfaces as anything but a FormatError naming the file; verify tell
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -292,6 +293,15 @@ def test_split_flag_sequences_that_the_packer_cannot_close_are_refused(flags, wh
     assert (problem is None) == whole and (split_problem(records["flags"]) is None) == whole, (flags, problem)
 
 
+def test_every_unknown_element_kind_is_named_the_first_one_past_the_known_included():
+    records = np.zeros(4, fmt.ELEMENT_DTYPE)
+    records["img_num"] = 1
+    records["flags"] = fmt.FLAG_SPLIT_START | fmt.FLAG_SPLIT_END
+    first_unknown = len(fmt.KIND_NAMES)
+    records["kind"] = [0, first_unknown, first_unknown + 5, first_unknown]
+    assert element_problem(records, 1, 1) == f"unknown element kinds {[first_unknown, first_unknown + 5]}"
+
+
 def test_split_flags_are_checked_per_view():
     flags = np.array([fmt.FLAG_SPLIT_START, fmt.FLAG_SPLIT_END, fmt.FLAG_SPLIT_START | fmt.FLAG_SPLIT_END], np.uint8)
     assert split_problem(flags, np.array([True, False, True])) is None
@@ -352,6 +362,17 @@ def test_verify_refuses_token_ids_beyond_the_recorded_vocabulary(prefix):
                               f"{largest}): the metadata's tokenizer.vocab_size is not the tokenizer's"]
     _resign(prefix, lambda meta: meta.update(tokenizer={"name_or_path": "x", "vocab_size": largest + 1}))
     assert verify(prefix) == []
+
+
+@pytest.mark.parametrize("count", ["views", "elements", "images", "image_bytes"])
+def test_metadata_counts_the_plan_disagrees_with_are_refused_naming_the_metadata_file(pack_setup, tmp_path, count):
+    for role in ("idx", "bin", "images", "plan", "meta"):
+        fmt.file_path(tmp_path / "t2i", role).write_bytes(fmt.file_path(pack_setup["t2i"]["datasets"][0],
+                                                                        role).read_bytes())
+    _resign(tmp_path / "t2i", lambda meta: meta["counts"].update({count: meta["counts"][count] + 1}))
+    with pytest.raises(FormatError, match=f"^{re.escape(str(fmt.file_path(tmp_path / 't2i', 'meta')))}: the metadata "
+                                          f"counts [0-9]+ {count}, the plan has [0-9]+$"):
+        MMIDXDataset(tmp_path / "t2i")
 
 
 def test_a_null_special_token_fails_verify_and_the_pack_builder_names_the_dataset(pack_setup, tmp_path):
