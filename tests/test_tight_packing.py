@@ -238,6 +238,13 @@ def test_bad_budgets_a_cost_cap_too_large_and_a_bad_geometry_are_one_line_saying
         LLMGeometry(hidden_size=0)
 
 
+@pytest.mark.parametrize("policy", ["bagel", "tight"])
+@pytest.mark.parametrize("mandatory", [False, True])
+def test_a_negative_token_count_is_refused_naming_its_position(policy, mandatory):
+    with pytest.raises(ValueError, match=r"^token_counts\[2\] = -1 is negative$"):
+        pack_samples(np.array([5, 3, -1, 4], np.int64), np.zeros(4, np.int32), mandatory=[mandatory], policy=policy)
+
+
 def test_pack_costs_are_linear_work_plus_attention_squared():
     g = LLMGeometry()  # Qwen2-7B: h 3584, 28 layers, FFN 18944, 28 heads, 4 KV heads
     linear = 2 * 28 * (2 * 3584 ** 2 + 2 * 3584 * 512 + 3 * 3584 * 18944)
