@@ -24,7 +24,7 @@ from mmidx.images.decode import ImageError, decode_rgb, decode_rgb_pixels, rgb_p
 from mmidx.images.patches import patchify
 from mmidx.images.transform import BAGEL_VAE_TRANSFORM, BAGEL_VIT_TRANSFORM, ImageTransform
 from mmidx.index.pack_index import PackItem
-from mmidx.pack.buffers import _batch_buffer
+from mmidx.pack.buffers import _batch_buffer, _BufferPool
 from mmidx.pack.builder import PackBuilder
 
 IMAGENET = ImageTransform(518, 224, 14, image_mean=(0.485, 0.456, 0.406), image_std=(0.229, 0.224, 0.225))
@@ -277,6 +277,17 @@ def test_batch_buffers_are_reused_only_once_nothing_uses_them():
     assert _batch_buffer(1, 3, 256, 256).data_ptr() != address      # an array derived from it still does
     del array
     assert _batch_buffer(1, 3, 256, 256).data_ptr() == address      # free: reused
+
+
+def test_the_pool_reuses_a_free_buffer_of_exactly_the_size_asked_and_keeps_at_most_its_size():
+    pool = _BufferPool(size=2)
+    first = pool.buffer(100)
+    address = first.ctypes.data
+    del first
+    assert pool.buffer(100).ctypes.data == address  # free and exactly large enough: reused
+    held = [pool.buffer(50) for _ in range(3)]  # the free one, a new pooled one, then all in use: unpooled
+    assert len({array.ctypes.data for array in held}) == 3 and held[0].ctypes.data == address
+    assert len(pool.buffers) == 2
 
 
 def test_a_batch_key_moved_to_shared_memory_keeps_its_values_and_frees_its_buffer():
