@@ -50,6 +50,13 @@ def test_a_batch_asked_for_a_tensor_it_lacks_names_it_and_the_present_ones(group
         batch.packed_text_idz  # noqa: B018 (the attribute access is the test)
 
 
+def test_an_index_shows_its_packs_in_the_singular_only_for_one(groups):
+    one, many = (build_pack_index(config_of(groups), num_samples=n) for n in (1, 60))
+    assert len(one) == 1 and len(many) > 1
+    assert repr(one).startswith("PackIndex(1 pack, 1 items, groups ") and repr(one).endswith(", in memory)")
+    assert repr(many).startswith(f"PackIndex({len(many)} packs, 60 items, groups ")
+
+
 def whole_array_packs(config, num_samples):
     """The reference: the whole stream, its views and its packs built in memory at once."""
     datasets = [[MMIDXDataset(p) for p in g.datasets] for g in config.groups]
