@@ -166,16 +166,19 @@ def test_a_dataset_twice_is_refused_unless_allowed(groups):
     assert len(index) > 0
 
 
-def test_the_report_of_a_plain_index_is_one_phase_of_the_groups_weights(groups):
-    config = DataConfig.from_dict({"groups": groups, "geometry": GEOMETRY, "packing": PACKING})
+@pytest.mark.parametrize("names", [None, ("edit", "vlm")])  # edit and vlm: one view a sample, no views kept
+def test_the_report_of_a_plain_index_is_one_phase_of_the_groups_weights(groups, names):
+    chosen = groups if names is None else {name: groups[name] for name in names}
+    config = DataConfig.from_dict({"groups": chosen, "geometry": GEOMETRY, "packing": PACKING})
     index = build_pack_index(config, num_samples=500, progress=False)
+    assert ("views" in index.arrays) == (names is None)
     assert "mixture" not in index.stats  # a plain index's stats are what they always were
     report = mixture_report(index)
     (phase,) = report["phases"]
     assert phase["packs"] == [0, len(index)]
     assert sum(g["tokens"] for g in phase["groups"].values()) == index.stats["tokens"]
     assert [g["samples"] for g in phase["groups"].values()] == list(index.stats["groups"].values())
-    assert all(g["weight"] == pytest.approx(1 / 3) for g in phase["groups"].values())
+    assert all(g["weight"] == pytest.approx(1 / len(chosen)) for g in phase["groups"].values())
 
 
 def test_a_schedule_of_one_phase_blends_by_its_weights_not_the_groups_weight_keys(groups):

@@ -57,6 +57,13 @@ def test_an_index_shows_its_packs_in_the_singular_only_for_one(groups):
     assert repr(many).startswith(f"PackIndex({len(many)} packs, 60 items, groups ")
 
 
+def test_an_index_keeps_the_views_of_its_items_only_when_a_sample_has_more_than_one(groups):
+    assert {MMIDXDataset(groups["t2i"]["datasets"][0])[0].num_views,
+            MMIDXDataset(groups["vlm"]["datasets"][0])[0].num_views} == {2, 1}
+    assert "views" in build_pack_index(config_of({"t2i": groups["t2i"]}), num_samples=10).arrays
+    assert "views" not in build_pack_index(config_of({"vlm": groups["vlm"]}), num_samples=10).arrays  # all view 0
+
+
 def whole_array_packs(config, num_samples):
     """The reference: the whole stream, its views and its packs built in memory at once."""
     datasets = [[MMIDXDataset(p) for p in g.datasets] for g in config.groups]
