@@ -14,10 +14,10 @@ import torch
 from mmidx.encodings import batch as encoded
 from mmidx.encodings.gather import PackRecord
 from mmidx.encodings.noise import sample_latents
+from mmidx.pack import shared
 from mmidx.pack.buffers import _batch_buffer
 from mmidx.pack.pixels import DeferredImages, Stage, _ImageJob, _padded_images, _Pixels, _untimed, _vit_tokens
 from mmidx.pack.runs import Runs
-from mmidx.pack.shared import Place, attach, worker_pool
 
 
 @dataclass
@@ -145,7 +145,7 @@ class PackedBatch:
         with stage("read"):
             images = DeferredImages.of(pack.vae_images, pack.vit_images, vit_patch_size) \
                 if deferred and (pack.vae_images or pack.vit_images) else None
-        pool = worker_pool()
+        pool = shared.worker_pool()
         if pool is not None:  # a DataLoader worker: every tensor in the pack's shared memory, handed over as is
             with stage("assemble"):
                 tensors = {key: pool.adopt(value) if isinstance(value, torch.Tensor) else value
@@ -251,11 +251,11 @@ def _reduce_batch(batch: PackedBatch) -> tuple[Any, tuple[Any, ...]]:
     """``ForkingPickler``'s reduction of a batch (a DataLoader worker's hand-over): the tensors in the worker's
     shared memory as their places in it (:mod:`mmidx.pack.shared`), the rest pickled as usual."""
     state = dict(batch.__dict__)
-    pool = worker_pool()
+    pool = shared.worker_pool()
     if pool is None:
         return _rebuild_batch, (state, [])
     handed: list[Any] = []
-    places: list[Place] = []
+    places: list[shared.Place] = []
 
     def placed(value: Any) -> Any:
         place = pool.place_of(value, handed) if isinstance(value, torch.Tensor) else None
@@ -273,10 +273,10 @@ def _reduce_batch(batch: PackedBatch) -> tuple[Any, tuple[Any, ...]]:
 
 def _rebuild_batch(state: dict[str, Any], handles: list[tuple[Any, int]]) -> PackedBatch:
     """The batch :func:`_reduce_batch` sent, its tensors viewing the worker's shared memory."""
-    arrays = attach(handles)
+    arrays = shared.attach(handles)
 
     def tensor(value: Any) -> Any:
-        return value.tensor(arrays) if isinstance(value, Place) else value
+        return value.tensor(arrays) if isinstance(value, shared.Place) else value
 
     state["tensors"] = {key: tensor(value) for key, value in state["tensors"].items()}
     if state["deferred"] is not None:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from mmidx.io.libc import advise_huge_pages
-from mmidx.pack.shared import worker_pool
+from mmidx.pack import shared
 
 _PAGE = 4096
 _HUGE_PAGE = 2 << 20
@@ -78,7 +78,7 @@ def _batch_buffer(*shape: int) -> torch.Tensor:
     """An uninitialised float32 CPU tensor for a large batch key: in a DataLoader worker, in the shared memory of
     the pack being built (:class:`mmidx.pack.shared.SegmentPool`), else from the process's pool
     (``_BufferPool``)."""
-    pool = worker_pool()
+    pool = shared.worker_pool()
     if pool is not None:
         return pool.tensor(shape, torch.float32)
     return _BUFFERS.take(*shape)
