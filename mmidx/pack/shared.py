@@ -170,7 +170,9 @@ class SegmentPool:
         not there yet is appended); None when it lies in none (or is not one contiguous block)."""
         if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() == 0:
             return None
-        for segment in self.segments:
+        with self.lock:  # the queue's thread pickles while the worker's main thread builds the next pack
+            segments = list(self.segments)
+        for segment in segments:
             if segment.holds(tensor):
                 if segment not in handed:
                     handed.append(segment)
