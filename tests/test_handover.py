@@ -103,6 +103,20 @@ def test_batches_held_by_the_trainer_are_never_overwritten_by_later_ones(setup):
         assert all(torch.equal(tensors_of(batch)[key], copy) for key, copy in copies[k].items())
 
 
+def test_batches_from_torchdatas_stateful_workers_arrive_in_shared_memory_too(setup):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from mmidx.train.sampler import PackSampler
+
+    config, index = setup
+    dataset = PackDataset(index, PackBuilder(config))
+    loader = StatefulDataLoader(dataset, sampler=PackSampler(dataset, global_batch_size=1), batch_size=None,
+                                num_workers=2)
+    for k, batch in zip(range(4), loader, strict=False):
+        assert_same_batch(batch, PackBuilder(config).build(k, index.items(k)))
+        assert mapping_of(batch.padded_images.data_ptr())[2].startswith("/memfd:mmidx-batch")
+
+
 class MaskPacks(torch.utils.data.Dataset):
     """Dense masks of at least 32 MiB, as a dataset building them in the worker would: from the worker's reused
     mask buffers (mmidx.pack.buffers.mask_buffer), item k filled with k."""
