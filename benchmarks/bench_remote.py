@@ -8,7 +8,14 @@ times three readers side by side in one run, each a ``PackLoader`` with ``--work
 
 * local: the files on disk (the peer);
 * naive: the same dataset from ``s3://`` read with one ranged request per read, no prefetch;
-* prefetch: from ``s3://`` with mmidx's reader, which fetches each worker's next packs ahead.
+* prefetch: from ``s3://`` with mmidx's reader, which fetches each worker's next packs ahead;
+* cache, cold / warm / half: the prefetching reader through the node's data cache (mmidx.io.block_cache): an
+  empty cache each round; a cache that holds the dataset (filled once before the rounds); a limit of half the
+  dataset, kept across rounds (its first round starts empty).
+
+The cache's blocks are ``--block-size`` (64 KiB): a scale model of 1 MiB blocks over a real dataset, a block
+holding about six of these 11 kB images as a 1 MiB block holds six 170 kB ones, so a cold read fetches what a
+cold read of a large dataset fetches per image, not the whole (7 MB) dataset in its first pack.
 
 The readers take turns, ``--rounds`` times (the first reader rotating), so that load on a shared machine
 hits them alike; each reader's rate is the median over rounds, and its ratio to local files the median of
@@ -119,6 +126,16 @@ def loader_of(prefix: str, packs: int, workers: int, prefetch: bool):
     return PackLoader(dataset, global_batch_size=1, num_workers=workers)
 
 
+def reading_through(folder: Path, cache: str | None, limits: dict[str, int]):
+    """Readers opened in the block read through the data cache ``cache`` ("cold", "warm", "half"; None: none),
+    as ``--cache-dir`` and ``--cache-limit`` make every reader of a command do (MMIDX_CACHE_DIR/LIMIT)."""
+    from mmidx.cli.common import cache_options
+
+    given = {"cache_dir": None, "cache_limit": None} if cache is None else \
+        {"cache_dir": str(folder / f"cache-{cache}"), "cache_limit": limits[cache]}
+    return cache_options(argparse.Namespace(**given))
+
+
 def measure(loader, packs: int) -> tuple[float, int]:
     """Packs per second after the first pack (worker start-up aside), and the packs timed."""
     batches = iter(loader)
@@ -138,12 +155,16 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=20.0, help="added to every request")
     parser.add_argument("--samples", type=int, default=600, help="samples in the dataset")
     parser.add_argument("--rounds", type=int, default=3, help="each reader timed once per round, in turn")
+    parser.add_argument("--block-size", type=int, default=64 << 10, help="the data cache's block (see above)")
     args = parser.parse_args()
 
     import logging
 
     import boto3
     from moto.server import ThreadedMotoServer
+
+    from mmidx.io.cache_admin import clear_cache
+    from mmidx.io.cache_folder import create
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -158,26 +179,41 @@ def main() -> None:
     upload(client, folder / "t2i", "data/t2i")
     sizes = {path.name: path.stat().st_size for path in folder.glob("t2i.*")}
 
-    readers = [("local files", str(folder / "t2i"), True), ("s3, naive range reads", "s3://bench/data/t2i", False),
-               ("s3, prefetching", "s3://bench/data/t2i", True)]
-    rates: dict[str, list[float]] = {name: [] for name, _, _ in readers}
-    requests: dict[str, list[float]] = {name: [] for name, _, _ in readers}
+    readers = [("local files", str(folder / "t2i"), True, None),
+               ("s3, naive range reads", "s3://bench/data/t2i", False, None),
+               ("s3, prefetching", "s3://bench/data/t2i", True, None),
+               ("s3, cache cold", "s3://bench/data/t2i", True, "cold"),
+               ("s3, cache warm", "s3://bench/data/t2i", True, "warm"),
+               ("s3, cache half", "s3://bench/data/t2i", True, "half")]
+    data_bytes = sizes["t2i.bin"] + sizes["t2i.images"]
+    limits = {"cold": 4 * data_bytes + (16 << 20), "warm": 4 * data_bytes + (16 << 20), "half": data_bytes // 2}
+    for kind in limits:
+        create(folder / f"cache-{kind}", args.block_size)
+    with reading_through(folder, "warm", limits):  # filled before the rounds
+        measure(loader_of("s3://bench/data/t2i", args.packs + 1, args.workers, True), args.packs)
+    rates: dict[str, list[float]] = {name: [] for name, *_ in readers}
+    requests: dict[str, list[float]] = {name: [] for name, *_ in readers}
     with Watch() as watch:
         for round_ in range(args.rounds):  # in turn, the first reader rotating
             shift = round_ % len(readers)
-            for name, prefix, prefetch in readers[shift:] + readers[:shift]:
-                loader = loader_of(prefix, args.packs + 1, args.workers, prefetch)
-                before = proxy.data_requests
-                rate, count = measure(loader, args.packs)
+            for name, prefix, prefetch, cache in readers[shift:] + readers[:shift]:
+                if cache == "cold":
+                    clear_cache(folder / "cache-cold")
+                    create(folder / "cache-cold", args.block_size)
+                with reading_through(folder, cache, limits):
+                    loader = loader_of(prefix, args.packs + 1, args.workers, prefetch)
+                    before = proxy.data_requests
+                    rate, count = measure(loader, args.packs)
                 rates[name].append(rate)
                 requests[name].append((proxy.data_requests - before) / (count + 1))
     local = rates["local files"]
     print(f"machine: {machine()}")
     print(f"dataset: {args.samples} samples, " + ", ".join(f"{n} {s / 1e6:.1f} MB" for n, s in sorted(sizes.items()))
           + f"; {args.delay_ms:g} ms added per request; {args.workers} workers; {args.packs} packs timed per reader "
-          f"and round, {args.rounds} rounds")
+          f"and round, {args.rounds} rounds; cache blocks of {args.block_size:,} bytes, half = a limit of "
+          f"{limits['half']:,} bytes")
     print(f"{'reader':<24}{'packs/s, median':>16}{'× local files, median (range)':>40}{'data requests/pack':>20}")
-    for name, _, _ in readers:
+    for name, *_ in readers:
         print(f"{name:<24}{statistics.median(rates[name]):>16.2f}"
               f"{watch.headline(str(ratio(rates[name], local))):>40}{max(requests[name]):>20.1f}")
     print(f"# {watch.describe()}")

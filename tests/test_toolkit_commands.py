@@ -313,6 +313,13 @@ BAD_INPUTS = [
     (["precache", "{short}", "--encoder", "support.encoders:vae", "--name", "x"], 1),
     (["build", "--config", "{data}", "--dataset-info", "{data}", "--output-dir", "s3://mmidx/configs",
       "--tokenizer", "{tok}"], 1),
+    (["inspect", "{short}", "--cache-limit", "1K"], 1),
+    (["sample", "{short}", "0", "--cache-dir", "{file}/cache", "--cache-limit", "1G"], 1),
+    (["sample", "{prefix}", "0", "--cache-limit", "lots"], 2),
+    (["cache", "info", "{file}"], 1),
+    (["cache", "clear", "{file}"], 1),
+    (["cache", "info", "{tmp}", "--dataset", "s3://mmidx/ds/vlm"], 2),
+    (["cache", "purge"], 2),
 ]
 
 

@@ -23,8 +23,9 @@ MODULE_PAGES = {"mmidx.sources.chat_config": "guide/chat"}
 # The guide page of each command, linked at the end of its section.
 COMMAND_PAGES = {
     "build": "guide/building", "merge": "guide/building", "inspect": "guide/inspecting", "verify": "guide/verify",
-    "sample": "guide/inspecting", "export": "guide/inspecting", "fetch": "guide/storage", "precache": "guide/precache",
-    "index": "guide/packing", "show": "guide/inspecting", "bench": "guide/inspecting", "view": "guide/inspecting",
+    "sample": "guide/inspecting", "export": "guide/inspecting", "fetch": "guide/storage", "cache": "guide/storage",
+    "precache": "guide/precache", "index": "guide/packing", "show": "guide/inspecting", "bench": "guide/inspecting",
+    "view": "guide/inspecting",
     "demo": "getting-started",
 }
 _MENTION = re.compile(r"python -m pydoc (\w+(?:\.\w+)*)|\bmmidx ([a-z]+)\b")

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 
 import mmidx
-from mmidx.cli import build, index, inspect, precache, toolkit, view
-from mmidx.cli.common import EXIT_STATUSES, PIPELINE, HelpFormatter, in_pipeline_order
+from mmidx.cli import build, cache, index, inspect, precache, toolkit, view
+from mmidx.cli.common import EXIT_STATUSES, PIPELINE, HelpFormatter, cache_options, in_pipeline_order
 from mmidx.errors import MMIDXError, command_line
 
 # What a rerun of an interrupted command does, where it keeps finished work.
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog=EXIT_STATUSES, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"mmidx {mmidx.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for family in (inspect, index, toolkit, build, precache, view):
+    for family in (inspect, cache, index, toolkit, build, precache, view):
         family.register(commands)
     in_pipeline_order(commands)
     return parser
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extras)}")
     name = f"mmidx {args.command}"
     try:
-        with command_line():  # messages name the options (--max-skip-rate), not the Python parameters
+        with command_line(), cache_options(args):  # messages name the options (--max-skip-rate), not parameters
             code = args.handler(args)
         sys.stdout.flush()  # a closed pipe is met here, not at exit where it could only be ignored noisily
         return code

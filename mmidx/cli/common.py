@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from mmidx.errors import MMIDXError
@@ -99,8 +100,8 @@ PREFIX = "PREFIX"  # one dataset prefix (path without .idx/.bin)
 PREFIX_OR_DATA_YAML = "PREFIX_OR_DATA_YAML"  # dataset prefixes, or a data.yaml naming them
 
 # The order ``mmidx --help`` lists the commands in: the pipeline's, from raw data to training.
-PIPELINE = ("build", "merge", "inspect", "verify", "sample", "export", "fetch", "precache", "index", "show", "bench",
-            "view", "demo")
+PIPELINE = ("build", "merge", "inspect", "verify", "sample", "export", "fetch", "cache", "precache", "index", "show",
+            "bench", "view", "demo")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -143,6 +144,15 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if isinstance(action.default, int) and not isinstance(action.default, bool) and action.default >= 10_000:
             return default_note(action.help or "", f"{action.default:,}")  # as the commands print counts: 20,000
         return super()._get_help_string(action) or ""
+
+
+def human_bytes(size: float) -> str:
+    """A size as people read it: ``123 B``, ``4.5 MB`` (powers of 1000)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
 
 
 def default_note(help: str, default: str) -> str:
@@ -226,9 +236,55 @@ def add_pack_arguments(sub: argparse.ArgumentParser, num_samples: bool = True, h
                                            "unless the weights are proportional to their sizes"))
     else:
         sub.set_defaults(num_samples=None)
-    sub.add_argument("--cache-dir", help=default_note("folder of cached indices", "build in memory"))
+    add_cache_arguments(sub, indices=True)
     sub.add_argument("--seed", type=int, help=default_note("seed of the shuffles and draws", "the config's"))
     add_geometry_arguments(sub)
+
+
+def _size(text: str) -> int:
+    """An argparse type: a size in bytes (:func:`mmidx.io.cache_folder.parse_size`), or a usage error saying why."""
+    from mmidx.io.cache_folder import CacheError, parse_size
+
+    try:
+        return parse_size(text)
+    except CacheError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_cache_arguments(sub: argparse.ArgumentParser, indices: bool = False, limit: bool = True) -> None:
+    """``--cache-dir`` and ``--cache-limit`` of every command that reads datasets (:func:`cache_options` applies
+    them to every reader of the command, as ``MMIDX_CACHE_DIR`` and ``MMIDX_CACHE_LIMIT`` do); ``indices``: the
+    command caches the indices it builds there too; ``limit``: it reads data by byte range (not whole files)."""
+    what = "mmidx's cache folder: remote datasets' small files" + (" and, with --cache-limit, data blocks" * limit)
+    sub.add_argument("--cache-dir", metavar="DIR", help=default_note(
+        what + ("; the indices built are cached there too" if indices else ""),
+        "$MMIDX_CACHE_DIR, else ~/.cache/mmidx" + ("; indices built in memory" if indices else "")))
+    if limit:
+        sub.add_argument("--cache-limit", type=_size, metavar="BYTES", help=default_note(
+            "turn on the data cache of remote datasets: the bytes it may take on this node, shared by its processes "
+            "(500G, 1.5T, 64MiB; 0: none)", "$MMIDX_CACHE_LIMIT, else no data cache"))
+
+
+@contextlib.contextmanager
+def cache_options(args: argparse.Namespace) -> Iterator[None]:
+    """While a command runs: its ``--cache-dir`` and ``--cache-limit`` as ``MMIDX_CACHE_DIR`` and
+    ``MMIDX_CACHE_LIMIT``, which every reader it opens (loader workers included) takes."""
+    from mmidx.io.cache_folder import CACHE_DIR_VARIABLE, CACHE_LIMIT_VARIABLE
+
+    folder, limit = getattr(args, "cache_dir", None), getattr(args, "cache_limit", None)
+    given = {CACHE_DIR_VARIABLE: None if folder is None else os.path.abspath(folder),
+             CACHE_LIMIT_VARIABLE: None if limit is None else str(limit)}
+    given = {name: value for name, value in given.items() if value is not None}
+    saved = {name: os.environ.get(name) for name in given}
+    os.environ.update(given)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def add_geometry_arguments(sub: argparse.ArgumentParser) -> None:

@@ -9,15 +9,16 @@ import json
 import sys
 from typing import Any
 
-from mmidx.cli.common import PATHS_HELP, PREFIX_OR_DATA_YAML, Commands, _dataset_prefixes, add_command, named_output
-
-
-def _human_bytes(size: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    raise AssertionError("unreachable")
+from mmidx.cli.common import (
+    PATHS_HELP,
+    PREFIX_OR_DATA_YAML,
+    Commands,
+    _dataset_prefixes,
+    add_cache_arguments,
+    add_command,
+    human_bytes,
+    named_output,
+)
 
 
 def _number(value: float) -> str:
@@ -58,8 +59,8 @@ def format_summary(info: dict[str, Any]) -> str:
                       f"  image bytes      {_describe(images['bytes'])}"]
     for enc in info.get("encodings", []):
         lines.append(f"  encoding {enc['name']:<7} {enc['records']:,} {enc['modality']} records ({enc['store']}, "
-                     f"{enc['dtype']}, {_human_bytes(enc['bytes'])}) of {enc['encoder']}")
-    files = ", ".join(f"{name} {_human_bytes(size)}" for name, size in info["files"].items())
+                     f"{enc['dtype']}, {human_bytes(enc['bytes'])}) of {enc['encoder']}")
+    files = ", ".join(f"{name} {human_bytes(size)}" for name, size in info["files"].items())
     lines.append(f"  files            {files}")
     return "\n".join(lines)
 
@@ -132,6 +133,7 @@ def _register_fetch(commands: Commands) -> None:
     sub.add_argument("--force", action="store_true",
                      help="replace another dataset of the same name in the folder (a copy of the same dataset is "
                           "fetched again without it)")
+    add_cache_arguments(sub, limit=False)  # whole files are copied: no data block is cached
 
 
 def _register_inspect_and_verify(commands: Commands) -> None:
@@ -140,10 +142,12 @@ def _register_inspect_and_verify(commands: Commands) -> None:
     sub.add_argument("paths", nargs="+", metavar=PREFIX_OR_DATA_YAML, help=PATHS_HELP)
     sub.add_argument("--json", action="store_true",
                      help="print machine-readable JSON (one dataset: an object; several: a list)")
+    add_cache_arguments(sub)
     sub = add_command(commands, "verify", cmd_verify,
                       "Recompute checksums and structural invariants, probe every image; exit 1 on any problem.")
     sub.add_argument("paths", nargs="+", metavar=PREFIX_OR_DATA_YAML, help=PATHS_HELP)
     sub.add_argument("--decode", action="store_true", help="also decode every stored image (slower)")
+    add_cache_arguments(sub)
 
 
 def register(commands: Commands) -> None:

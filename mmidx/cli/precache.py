@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from mmidx.cli.common import PREFIX_OR_DATA_YAML, Commands, add_command, at_least, default_note
+from mmidx.cli.common import PREFIX_OR_DATA_YAML, Commands, add_cache_arguments, add_command, at_least, default_note
 
 SHORTHAND = ("encoder", "name")  # the single-encoder options: a one-entry config
 
@@ -68,3 +68,4 @@ def register(commands: Commands) -> None:
     sub.add_argument("--force", action="store_true",
                      help="replace a finished encoding of the same name that another encoder or other options "
                           "computed (the same options compute it again without it)")
+    add_cache_arguments(sub)

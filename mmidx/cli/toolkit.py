@@ -13,6 +13,7 @@ from mmidx.cli.common import (
     PREFIX,
     PREFIX_HELP,
     Commands,
+    add_cache_arguments,
     add_command,
     add_pack_arguments,
     at_least,
@@ -124,6 +125,7 @@ def _register_toolkit(commands: Commands) -> None:
                      help="view number; epoch e reads view e mod views")
     sub.add_argument("-o", "--output", help=default_note("folder to write the sample's images to", "none written"))
     sub.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_cache_arguments(sub)
     sub = add_command(commands, "export", cmd_export,
                       "Write a dataset back to a raw layout BAGEL reads (t2i/edit parquet, LLaVA JSONL + images) "
                       "or to WebDataset tars or a Hugging Face datasets folder (load_from_disk), with the original "
@@ -133,6 +135,7 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("-o", "--output", metavar="FOLDER", help="folder to write (created; must not hold files already)")
     sub.add_argument("folder", nargs="?", help=argparse.SUPPRESS)  # deprecated: the folder, named with --output now
     sub.set_defaults(late_positional="folder")  # the old form gave it after --to: mmidx export PREFIX --to X FOLDER
+    add_cache_arguments(sub)
 
 
 def _add_au_arguments(sub: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from mmidx.cli.common import (
     PATHS_HELP,
     PREFIX_OR_DATA_YAML,
+    add_cache_arguments,
     add_command,
     add_geometry_arguments,
     dataset_prefix,
@@ -76,6 +77,7 @@ def register(commands: Any) -> None:
                           "machines (a warning says so)")
     sub.add_argument("--port", type=_port, default=8765, help="port to listen on (0: any free port)")
     add_geometry_arguments(sub)  # the packs of a data YAML
+    add_cache_arguments(sub)
     group = sub.add_argument_group("limits", "what one client may take of the viewer, so that slow, greedy or "
                                              "absurd requests cannot stall it; each says what happens at its limit")
     group.add_argument("--time-limit", type=_positive(float), default=limits.TIME_LIMIT, metavar="SECONDS",

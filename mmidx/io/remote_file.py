@@ -2,7 +2,9 @@
 
 ``source[a:b]`` is exactly bytes [a, b) of the object, or a :class:`~mmidx.io.storage.StorageError`: served from
 chunks fetched ahead of need (:mod:`mmidx.read.prefetch`, on a per-process thread pool) or, failing that, from
-one ranged request retried as :func:`~mmidx.io.storage.retrying` does.
+one ranged request retried as :func:`~mmidx.io.storage.retrying` does. With a data cache (a limit in its
+:class:`~mmidx.io.cache_folder.CacheSettings`), both go through the node's disk cache
+(:class:`~mmidx.io.block_cache.BlockCache`): blocks found there are not requested again.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from mmidx.io.storage import StorageError, file_uri, filesystem, object_size, retrying
+from mmidx.io.block_cache import BlockCache, FileKey
+from mmidx.io.cache_folder import CacheSettings, checked
+from mmidx.io.storage import StorageError, cached_small_files, file_uri, filesystem, object_size, retrying
 
 FETCH_THREADS = 8  # ranged requests in flight per process
 
@@ -34,11 +39,12 @@ class RemoteFile:
 
     Chunks fetched ahead (:meth:`fetch`, tagged by pack) serve the reads they cover until they are
     :meth:`release`-d; other reads are one ranged request each. ``requests`` counts requests made,
-    ``misses`` the reads no fetched chunk served.
+    ``misses`` the reads no fetched chunk served. ``key`` names the file in the cache, which ``settings`` with
+    a limit turns on.
     """
 
-    def __init__(self, uri: str, size: int):
-        self.uri, self.size = uri, size
+    def __init__(self, uri: str, size: int, key: FileKey | None = None, settings: CacheSettings | None = None):
+        self.uri, self.size, self.key, self.settings = uri, size, key, settings
         self.requests = self.misses = 0
         self._fs, self._path = filesystem(uri)
         self._handle: Any = None
@@ -49,9 +55,24 @@ class RemoteFile:
         return self.size
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return RemoteFile, (self.uri, self.size)
+        return RemoteFile, (self.uri, self.size, self.key, self.settings)
 
-    def _read(self, start: int, stop: int) -> bytes:
+    @property
+    def cache(self) -> BlockCache | None:
+        """This process's data cache for the file (None: read uncached)."""
+        if self.key is None or self.settings is None or self.settings.limit is None:
+            return None
+        return BlockCache.of(self.settings)
+
+    def _read(self, start: int, stop: int, pack: Any = None) -> bytes:
+        """Bytes [start, stop): through the cache when there is one (``pack``: what they are fetched for)."""
+        cache = self.cache
+        if cache is None:
+            return self._get(start, stop)
+        return cache.read(self.key, start, stop, self._get, pack if isinstance(pack, int) else None)
+
+    def _get(self, start: int, stop: int) -> bytes:
+        """Bytes [start, stop) from storage: one ranged request, retried."""
         def read() -> bytes:
             if self._handle is None:
                 self._handle = self._fs.open_input_file(self._path)
@@ -82,7 +103,7 @@ class RemoteFile:
     def fetch(self, tag: Any, ranges: list[tuple[int, int]]) -> int:
         """Start fetching ``ranges`` (inside the file) for ``tag``; the bytes asked."""
         pool = fetch_pool()
-        futures = [(start, stop, pool.submit(self._read, start, stop)) for start, stop in ranges]
+        futures = [(start, stop, pool.submit(self._read, start, stop, tag)) for start, stop in ranges]
         with self._lock:
             self._chunks.setdefault(tag, []).extend(futures)
         return sum(stop - start for start, stop in ranges)
@@ -98,10 +119,14 @@ class RemoteFile:
             return tag in self._chunks
 
 
-def data_file(prefix: str, role: str, meta: dict[str, Any]) -> RemoteFile:
+def data_file(prefix: str, role: str, meta: dict[str, Any], settings: CacheSettings | None = None, *,
+              checked: bool = True) -> RemoteFile:
     """The data file ``role`` ("bin", "images") of the remote dataset ``prefix``, checked to hold
-    exactly the bytes its metadata records."""
+    exactly the bytes its metadata records (``checked=False``: a process that opened it already checked)."""
     uri, expected = file_uri(prefix, role), meta["files"][role]["bytes"]
+    key = FileKey(meta["meta_sha256"], role, uri, prefix, expected)
+    if not checked:
+        return RemoteFile(uri, expected, key, settings)
     size = object_size(uri)
     if size < expected:
         raise StorageError(f"{uri}: object shorter than the metadata says ({size} bytes, {expected} recorded): "
@@ -109,4 +134,20 @@ def data_file(prefix: str, role: str, meta: dict[str, Any]) -> RemoteFile:
     if size > expected:
         raise StorageError(f"{uri}: {size} bytes, the metadata records {expected}: the object was replaced; "
                            "re-upload the dataset")
-    return RemoteFile(uri, size)
+    return RemoteFile(uri, size, key, settings)
+
+
+def remote_dataset(prefix: str, settings: CacheSettings,
+                   known: str | None = None) -> tuple[dict[str, Any], dict[str, Path], dict[str, RemoteFile]]:
+    """The remote dataset ``prefix``: its metadata, the local copies of its small files (in ``settings.folder``)
+    and its data files as byte sources (through the data cache when ``settings`` has a limit). ``known``: the
+    ``meta_sha256`` the process that pickled it opened (a loader worker reads that version, or none)."""
+    if settings.limit is not None:  # a data cache it cannot use is one line now, not a failure in a worker
+        checked(settings)
+    meta, local = cached_small_files(prefix, settings.folder, known)
+    if known is not None and meta["meta_sha256"] != known:
+        raise StorageError(f"{prefix}: replaced in storage since this job opened it (metadata {known[:12]}..., now "
+                           f"{meta['meta_sha256'][:12]}...): restart the job to read the new version")
+    files = {role: data_file(prefix, role, meta, settings, checked=known is None)
+             for role in ("bin", "images") if role in meta["files"]}
+    return meta, local, files

@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 from mmidx import format as fmt
 from mmidx.errors import option
 from mmidx.format import FormatError
+from mmidx.io.cache_folder import default_folder
 from mmidx.io.files import read_json
 
 RETRIES = 4  # attempts of a transient failure (connection reset, throttling, 5xx) before it is an error
@@ -51,9 +52,10 @@ def join(location: str, name: str, separator: str = "/") -> str:
     return f"{base.rstrip('/') if separator else base}{separator}{name}{mark}{query}"
 
 
-def cache_root() -> Path:
-    """Where the small files of remote datasets are cached: ``$MMIDX_CACHE_DIR`` or ``~/.cache/mmidx``."""
-    return Path(os.environ.get("MMIDX_CACHE_DIR") or Path.home() / ".cache" / "mmidx") / "remote"
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the small files of remote datasets are cached: ``remote/`` in ``cache_dir`` (a reader's), else in
+    ``$MMIDX_CACHE_DIR`` or ``~/.cache/mmidx``."""
+    return default_folder(cache_dir) / "remote"
 
 
 _filesystems: dict[tuple[int, str, int], pafs.FileSystem] = {}
@@ -217,24 +219,20 @@ def delete_folder(uri: str) -> None:
         retrying(uri, lambda name=name: fs.delete_file(f"{path.rstrip('/')}/{name}"))
 
 
-def cached_small_files(prefix: str) -> tuple[dict[str, Any], dict[str, Path]]:
+def cached_small_files(prefix: str, cache_dir: str | os.PathLike | None = None,
+                       known: str | None = None) -> tuple[dict[str, Any], dict[str, Path]]:
     """Metadata of the remote dataset ``prefix`` and local copies of its small files, each checked
-    against the checksum the metadata records (downloaded once; later opens find them in the cache)."""
-    meta_uri = file_uri(prefix, "meta")
-    scratch = cache_root() / "incoming"
-    scratch.mkdir(parents=True, exist_ok=True)
-    fresh = scratch / f"{os.getpid()}.{threading.get_ident()}.meta.json"
-    try:
-        download(meta_uri, fresh)
-        try:
-            meta = fmt.read_metadata(fresh)
-        except FormatError as error:  # named as the user named it
-            raise StorageError(str(error).replace(str(fresh), meta_uri)) from None
-        folder = cache_root() / meta["meta_sha256"]
-        folder.mkdir(parents=True, exist_ok=True)
-        os.replace(fresh, folder / "dataset.meta.json")
-    finally:
-        fresh.unlink(missing_ok=True)
+    against the checksum the metadata records (downloaded once into :func:`cache_root`; later opens find them
+    there). ``known``: the ``meta_sha256`` another process of this job opened (a loader worker): its cached
+    files are used without asking storage again."""
+    root = cache_root(cache_dir)
+    folder = root / (known or "?")
+    if known is not None and (folder / "dataset.meta.json").exists():
+        meta = fmt.read_metadata(folder / "dataset.meta.json")  # checks its own checksum
+    else:
+        meta, folder = _fetched_metadata(prefix, root)
+    if not (folder / "uri").exists():  # which dataset it is, for `mmidx cache clear --dataset`
+        (folder / "uri").write_text(prefix)
     paths = {"meta": folder / "dataset.meta.json"}
     for role in ("idx", "plan"):
         if role not in meta["files"]:
@@ -254,6 +252,26 @@ def cached_small_files(prefix: str) -> tuple[dict[str, Any], dict[str, Path]]:
                 unverified.unlink(missing_ok=True)
         paths[role] = local
     return meta, paths
+
+
+def _fetched_metadata(prefix: str, root: Path) -> tuple[dict[str, Any], Path]:
+    """The remote dataset's metadata, downloaded and checked, and its folder in the cache ``root``."""
+    meta_uri = file_uri(prefix, "meta")
+    scratch = root / "incoming"
+    scratch.mkdir(parents=True, exist_ok=True)
+    fresh = scratch / f"{os.getpid()}.{threading.get_ident()}.meta.json"
+    try:
+        download(meta_uri, fresh)
+        try:
+            meta = fmt.read_metadata(fresh)
+        except FormatError as error:  # named as the user named it
+            raise StorageError(str(error).replace(str(fresh), meta_uri)) from None
+        folder = root / meta["meta_sha256"]
+        folder.mkdir(parents=True, exist_ok=True)
+        os.replace(fresh, folder / "dataset.meta.json")
+    finally:
+        fresh.unlink(missing_ok=True)
+    return meta, folder
 
 
 # Files in the order a copy writes them: data first, the index and metadata last, so that a copy

@@ -21,6 +21,7 @@ metadata travels; :mod:`mmidx.pack.masks` builds masks on the device).
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Sequence
 
@@ -99,12 +100,16 @@ class PackBuilder:
     ``packed_vit_tokens``, which is left out; texts bring ``packed_text_embeddings`` at
     ``packed_text_embedding_indexes``; any other use names a text-input encoding (one record per text,
     keys in :mod:`mmidx.encodings.batch`); streams computed from other inputs are refused.
+
+    ``cache_dir``, ``cache_limit``: where the datasets it opens (unless ``datasets`` are given) cache, as
+    :class:`~mmidx.read.dataset.MMIDXDataset` takes them (a data cache for datasets in object storage).
     """
 
     def __init__(self, config: DataConfig, *, use_flex: bool = True,
                  datasets: Sequence[Sequence[MMIDXDataset]] | None = None,
                  special_tokens: dict[str, int] | None = None, decode_images: str = "loader",
-                 stage: Stage = _untimed, encodings: dict[str, str] | None = None):
+                 stage: Stage = _untimed, encodings: dict[str, str] | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None):
         if decode_images not in ("loader", "device"):
             raise ValueError(f"decode_images is 'loader' (exact BAGEL pixels, decoded where the batch is built) or "
                              f"'device' (encoded bytes travel, decoded where the batch moves), not {decode_images!r}")
@@ -113,7 +118,8 @@ class PackBuilder:
         self.decode_images = decode_images
         self.stage = stage
         self.datasets = [list(group) for group in datasets] if datasets is not None else \
-            [[MMIDXDataset(prefix) for prefix in group.datasets] for group in config.groups]
+            [[MMIDXDataset(prefix, cache_dir=cache_dir, cache_limit=cache_limit) for prefix in group.datasets]
+             for group in config.groups]
         self.special_tokens = special_tokens or self._special_tokens_of_datasets()
         images = any(dataset.kind == "multimodal" for group in self.datasets for dataset in group)
         needed = [name for name in SPECIAL_TOKEN_NAMES if images or name not in fmt.IMAGE_SPECIAL_TOKENS]

@@ -18,8 +18,9 @@ import numpy as np
 from mmidx import format as fmt
 from mmidx._reader import ImageTable, TokenStream, map_readonly
 from mmidx.format import FormatError
-from mmidx.io.remote_file import RemoteFile, data_file
-from mmidx.io.storage import cached_small_files, is_remote
+from mmidx.io.cache_folder import CacheSettings, cache_settings
+from mmidx.io.remote_file import RemoteFile, remote_dataset
+from mmidx.io.storage import is_remote
 from mmidx.read.invariants import (
     _check_counts,
     _check_file_sizes,
@@ -55,21 +56,19 @@ class _Mapped:
     remote: dict[str, RemoteFile] = field(default_factory=dict)  # data files read by byte range, by role
 
 
-def _open(prefix: str) -> _Mapped:
+def _open(prefix: str, cache: CacheSettings, known: str | None = None) -> _Mapped:
     if is_remote(prefix):  # small files cached and checked locally, data files read by byte range
-        meta, local = cached_small_files(prefix)
+        meta, local, remote = remote_dataset(prefix, cache, known)
         files: dict[str, Any] = {role: map_readonly(path) for role, path in local.items() if role != "meta"}
-        files.update({role: data_file(prefix, role, meta) for role in ("bin", "images") if role in meta["files"]})
-        return _assemble(prefix, meta, local["idx"], files)
+        return _assemble(prefix, meta, local["idx"], {**files, **remote})
     meta_path, idx_path, bin_path = (fmt.file_path(prefix, role) for role in ("meta", "idx", "bin"))
     meta = fmt.read_metadata(meta_path) if meta_path.exists() else None
     if meta is None and not idx_path.exists():
         raise FormatError(f"{prefix}: no dataset here: neither {meta_path.name} nor {idx_path.name} exists")
-    if meta is None:
-        multimodal = [path.name for role in ("plan", "images") if (path := fmt.file_path(prefix, role)).exists()]
-        if multimodal:  # without its metadata a multimodal dataset would silently read as text only
-            raise FormatError(f"{meta_path}: missing, but {' and '.join(multimodal)} beside it make this a "
-                              "multimodal dataset that cannot be read without it: restore it or rebuild")
+    multimodal = [path.name for role in ("plan", "images") if (path := fmt.file_path(prefix, role)).exists()]
+    if meta is None and multimodal:  # without its metadata a multimodal dataset would silently read as text only
+        raise FormatError(f"{meta_path}: missing, but {' and '.join(multimodal)} beside it make this a "
+                          "multimodal dataset that cannot be read without it: restore it or rebuild")
     if meta is not None:
         _check_file_sizes(prefix, meta)
     if not bin_path.exists():
@@ -263,23 +262,29 @@ class MMIDXDataset:
 
     ``prefix`` names the files (``prefix.idx``, ``prefix.bin``, ...). A Megatron ``.idx``/``.bin``
     pair without mmidx metadata opens as a text dataset whose samples are Megatron's documents.
+    A dataset in object storage caches its small files in ``cache_dir`` and, given ``cache_limit`` (bytes, or
+    ``"500G"``), its data in blocks there too, shared by the node's processes (:mod:`mmidx.io.block_cache`);
+    ``$MMIDX_CACHE_DIR`` and ``$MMIDX_CACHE_LIMIT`` stand for them (:func:`~mmidx.io.cache_folder.cache_settings`).
     """
 
-    def __init__(self, prefix: str | os.PathLike):
-        self.prefix = os.fspath(prefix)
-        self._mapped: _Mapped | None = _open(self.prefix)
+    def __init__(self, prefix: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None):
+        self.prefix, self.cache = os.fspath(prefix), cache_settings(cache_dir, cache_limit)
+        self._mapped: _Mapped | None = _open(self.prefix, self.cache)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"prefix": self.prefix}
+    def __getstate__(self) -> dict[str, Any]:  # a remote dataset's worker reads the version its parent opened
+        known = self._mapped.meta["meta_sha256"] if self._mapped and self._mapped.remote else None
+        return {"prefix": self.prefix, "cache": (os.fspath(self.cache.folder), self.cache.limit),
+                "known": getattr(self, "_known", None) or known}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.prefix = state["prefix"]
-        self._mapped = None
+        self.prefix, self._known, self._mapped = state["prefix"], state["known"], None
+        self.cache = CacheSettings(*state["cache"])
 
     @property
     def _files(self) -> _Mapped:
         if self._mapped is None:
-            self._mapped = _open(self.prefix)
+            self._mapped = _open(self.prefix, self.cache, self._known)
         return self._mapped
 
     @property

@@ -26,6 +26,8 @@ import torch
 from mmidx import format as fmt
 from mmidx.format import FormatError
 from mmidx.images.transform import ImageTransform
+from mmidx.io.block_cache import FileKey
+from mmidx.io.cache_folder import CacheSettings
 from mmidx.io.remote_file import RemoteFile
 from mmidx.io.storage import (
     StorageError,
@@ -143,11 +145,13 @@ def _map(path: Path, expected: int, where: str | None = None) -> mmap.mmap | byt
         raise FormatError(f"{where or path}: cannot open ({error.strerror}): the encoding is incomplete") from error
 
 
-def _fetched_table(prefix: str, name: str) -> tuple[dict[str, Any], Path, RemoteFile]:
+def _fetched_table(prefix: str, name: str,
+                   settings: CacheSettings | None = None) -> tuple[dict[str, Any], Path, RemoteFile]:
     """A remote stream's checked metadata, its ``.idx`` downloaded once into the cache (checked against the
-    metadata's checksum) and its ``.bin`` as a byte source."""
+    metadata's checksum) and its ``.bin`` as a byte source (through the data cache of ``settings``)."""
     json_uri, idx_uri, bin_uri = (stream_location(prefix, name, role) for role in ("json", "idx", "bin"))
-    incoming = cache_root() / "incoming"
+    root = cache_root(None if settings is None else settings.folder)
+    incoming = root / "incoming"
     incoming.mkdir(parents=True, exist_ok=True)
     fresh = incoming / f"{os.getpid()}.{name}.enc.json"
     try:
@@ -161,7 +165,7 @@ def _fetched_table(prefix: str, name: str) -> tuple[dict[str, Any], Path, Remote
         meta = read_json(fresh, json_uri)
     finally:
         fresh.unlink(missing_ok=True)
-    folder = cache_root() / meta["meta_sha256"]
+    folder = root / meta["meta_sha256"]
     folder.mkdir(parents=True, exist_ok=True)
     table, entry = folder / "encoding.idx", meta["files"]["idx"]
     if not table.exists():
@@ -180,7 +184,7 @@ def _fetched_table(prefix: str, name: str) -> tuple[dict[str, Any], Path, Remote
     if size != expected:
         raise StorageError(f"{bin_uri}: {size} bytes, its metadata records {expected}: the upload did not finish "
                            "or the object was replaced; precache it again")
-    return meta, table, RemoteFile(bin_uri, size)
+    return meta, table, RemoteFile(bin_uri, size, FileKey(meta["meta_sha256"], "bin", bin_uri, prefix, size), settings)
 
 
 def upload_stream(local: str | os.PathLike, prefix: str, name: str) -> None:
@@ -206,13 +210,15 @@ class EncodingStream:
     values: Any
 
     @classmethod
-    def open(cls, prefix: str | os.PathLike, name: str, dataset_checksum: str | None = None) -> EncodingStream:
-        """Open ``P.enc.NAME``; refuse it if any file is inconsistent or (given) it was computed from other data."""
+    def open(cls, prefix: str | os.PathLike, name: str, dataset_checksum: str | None = None,
+             settings: CacheSettings | None = None) -> EncodingStream:
+        """Open ``P.enc.NAME``; refuse it if any file is inconsistent or (given) it was computed from other data.
+        ``settings``: where a remote stream's files are cached."""
         prefix = os.fspath(prefix)
         json_path, idx_path = (stream_location(prefix, name, role) for role in ("json", "idx"))
         values: Any
         if is_remote(prefix):
-            meta, local_table, values = _fetched_table(prefix, name)
+            meta, local_table, values = _fetched_table(prefix, name, settings)
         else:
             if not Path(json_path).exists():
                 raise FormatError(f"{json_path}: missing: no precached encoding {name!r} for {prefix} "
@@ -285,7 +291,7 @@ def open_stream(dataset: Any, name: str) -> EncodingStream:
     of the dataset (and so in each worker process)."""
     opened = dataset._files.encodings
     if name not in opened:
-        opened[name] = EncodingStream.open(dataset.prefix, name, dataset.checksum)
+        opened[name] = EncodingStream.open(dataset.prefix, name, dataset.checksum, dataset.cache)
     return opened[name]
 
 

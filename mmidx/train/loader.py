@@ -19,7 +19,7 @@ from mmidx.index.pack_index import PackItem
 from mmidx.pack.batch import PackedBatch
 from mmidx.pack.builder import PackBuilder
 from mmidx.read.prefetch import PackPrefetcher, WorkerSchedule
-from mmidx.train.shares import GlobalBatchSampler
+from mmidx.train.shares import GlobalBatchSampler, NodeSchedule
 from mmidx.train.state import state_after, steps_of_state
 
 
@@ -29,13 +29,15 @@ class PackDataset(torch.utils.data.Dataset):
     ``packs`` is anything with ``len()`` and ``items(k) -> list[PackItem]``
     (a :class:`~mmidx.index.pack_index.PackIndex`).
     ``upcoming`` (set by :class:`PackLoader`): pack k -> the packs this worker builds next, whose bytes
-    are fetched ahead from datasets in object storage (:mod:`mmidx.read.prefetch`).
+    are fetched ahead from datasets in object storage (:mod:`mmidx.read.prefetch`); ``schedule`` (set by
+    it too): the packs this node trains on at each step (:class:`NodeSchedule`), which a data cache evicts by.
     """
 
     def __init__(self, packs: Any, builder: PackBuilder):
         self.packs = packs
         self.builder = builder
         self.upcoming: Callable[[int], list[int]] | None = None
+        self.schedule: NodeSchedule | None = None
         self._prefetcher: PackPrefetcher | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -54,7 +56,7 @@ class PackDataset(torch.utils.data.Dataset):
         if not any(dataset.remote_files for group in self.builder.datasets for dataset in group):
             return self.builder.build(index, items)
         if self._prefetcher is None:
-            self._prefetcher = PackPrefetcher(self.packs, self.builder.datasets)
+            self._prefetcher = PackPrefetcher(self.packs, self.builder.datasets, schedule=self.schedule)
         self._prefetcher.before(index, self.upcoming(index) if self.upcoming else [])
         try:
             return self.builder.build(index, items)
@@ -119,6 +121,7 @@ class PackLoader:
         extra = {"prefetch_factor": self.prefetch_factor} if self.num_workers and self.prefetch_factor else {}
         sampler = self.sampler()
         self.dataset.upcoming = WorkerSchedule(sampler, self.num_workers)
+        self.dataset.schedule = NodeSchedule(sampler)
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_size=1, sampler=sampler, collate_fn=collate_pack,
             num_workers=self.num_workers, pin_memory=self.pin_memory, **extra)

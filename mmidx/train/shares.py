@@ -1,4 +1,5 @@
-"""Which pack each rank trains at each micro-step: ``GlobalBatchSampler``, a rank's share of every global batch.
+"""Which pack each rank trains at each micro-step: ``GlobalBatchSampler``, a rank's share of every global batch,
+and ``NodeSchedule``, the packs of a node's ranks (what the node's data cache reads when).
 
 Order is a pure function of (config, seed, pack number): pack k is the same batch in any process, worker
 or run. A *global batch* is ``global_batch_size`` consecutive packs; rank r of world w takes the r-th
@@ -9,7 +10,8 @@ ranks' packs of a global batch is the single-rank global batch whatever w is.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -97,3 +99,35 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         for step in range(self.start, self.start + len(self)):
             yield self.pack_of_step(step)
+
+
+class NodeSchedule:
+    """The packs the ranks of one node train on at each micro-step: when the node's data cache reads what.
+
+    Every process of the node (each rank's loader workers) computes the same schedule from the sampler's
+    arguments, so their caches evict by one order without talking. ``ranks``: the node's ranks, by default
+    those torchrun puts there (``LOCAL_WORLD_SIZE`` consecutive ranks around ``rank``, :func:`node_ranks`).
+    """
+
+    def __init__(self, sampler: GlobalBatchSampler, ranks: Sequence[int] | None = None):
+        ranks = node_ranks(sampler.rank, sampler.world_size) if ranks is None else ranks
+        self.samplers = [GlobalBatchSampler(sampler.num_packs, global_batch_size=sampler.global_batch_size, rank=rank,
+                                            world_size=sampler.world_size, start=sampler.start,
+                                            pack_costs=sampler.pack_costs) for rank in ranks]
+        self.steps = range(sampler.start, sampler.start + len(sampler))
+
+    def __call__(self, step: int) -> list[int]:
+        return [sampler.pack_of_step(step) for sampler in self.samplers]
+
+    def step_of(self, pack: int) -> int | None:
+        """The step at which a rank of the node trains on ``pack`` (None: no rank of this node does)."""
+        return next((step for sampler in self.samplers if (step := sampler.step_of_pack(pack)) is not None), None)
+
+
+def node_ranks(rank: int, world_size: int) -> range:
+    """The ranks on this rank's node: ``LOCAL_WORLD_SIZE`` consecutive ranks from ``rank - LOCAL_RANK`` (what
+    torchrun sets), or ``rank`` alone without them."""
+    local, size = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if not 0 <= local < size or local > rank:
+        return range(rank, rank + 1)
+    return range(rank - local, min(rank - local + size, world_size))
