@@ -21,6 +21,7 @@ _EXPORTS = {
     "write": "mmidx.ingest.function",
     "DataConfig": "mmidx.config",
     "build_pack_index": "mmidx.index.pack_index",
+    "PackCosts": "mmidx.index.pack_costs",
     "PackBuilder": "mmidx.pack.builder",
     "PackedBatch": "mmidx.pack.batch",
     "PackDataset": "mmidx.train.loader",

@@ -19,11 +19,17 @@ after BAGEL's four. The dataset's metadata records each string and its id in the
 A :class:`Tokenizer` pickles as its name or path, its added tokens and the sha256 of its serialized form: a
 worker process loads it again and refuses a tokenizer that changed on disk in between.
 
+A tokenizer is named by a folder (``save_pretrained`` output), a ``tokenizer.json`` file (the tokenizers
+library's), a model id in the local Hugging Face cache, or an org/name id of the hub, downloaded unless
+``HF_HUB_OFFLINE`` is set. Which one is decided before ``transformers`` is imported: a name that is none of these
+fails at once, in one line saying where it looked on disk and whether the hub was asked (once, for an org/name id
+only, within ``HUB_TIMEOUT`` seconds), instead of after a minute of ``transformers``' retries.
+
 Loading through ``transformers`` costs about 4 CPU-seconds per process (it imports torch), more than a
-whole small build's work. So the first load of a local tokenizer directory records what the build needs
+whole small build's work. So the first load of a local tokenizer directory or file records what the build needs
 (the Rust backend as ``transformers`` set it up, once it agreed with ``tokenizer.encode``; the class
 name, vocabulary size, special ids and checksum) in ``$MMIDX_CACHE_DIR/tokenizers`` (default
-``~/.cache/mmidx``), keyed by the name, size, time and content of every file of the directory and the
+``~/.cache/mmidx``), keyed by the name, size, time and content of every file of the directory (or the file) and the
 versions of ``transformers`` and ``tokenizers``; a later load with the same key takes the backend from
 there (0.5 CPU-s) and loads ``transformers`` only if ``hf``, ``encode`` or ``decode`` is used.
 """
@@ -38,6 +44,7 @@ import json
 import os
 import re
 import secrets
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -65,8 +72,10 @@ class TokenizerError(MMIDXError, ValueError):
 class Tokenizer:
     """A loaded Hugging Face tokenizer with BAGEL's special tokens, as the builders use it.
 
-    ``name_or_path`` is a local directory (``save_pretrained`` output) or a model name already in
-    the local Hugging Face cache; nothing is downloaded (set ``HF_HUB_OFFLINE=1``). ``added_tokens`` are
+    ``name_or_path`` is a local directory (``save_pretrained`` output), a ``tokenizer.json`` file (the tokenizers
+    library's), a model id in the local Hugging Face cache, or an org/name id of the hub, downloaded unless
+    ``HF_HUB_OFFLINE`` is set; a name that is none of these fails at once, saying where it looked (see the
+    module's docstring). ``added_tokens`` are
     special tokens the dataset adds (see the module's docstring); each must come out of the tokenizer as
     one id, or loading fails saying which would be split.
     """
@@ -162,6 +171,14 @@ class Tokenizer:
 
 
 _REPO_ID = re.compile(r"[A-Za-z0-9_][\w.-]*(/[A-Za-z0-9_][\w.-]*)?")
+HUB_TIMEOUT = 3.0  # seconds the hub is given to say whether an org/name id exists (no retries)
+
+
+def _what_to_give() -> str:
+    """The end of every message about a tokenizer not found: what one is, and the one way to keep Qwen2's."""
+    return (f"{option('tokenizer')} is a folder written by save_pretrained, a tokenizer.json file, or a Hugging Face "
+            "org/name id, cached or online (to keep one: AutoTokenizer.from_pretrained('Qwen/Qwen2-7B')"
+            ".save_pretrained('Qwen2-7B'))")
 
 
 def _names_a_path(name: str) -> bool:
@@ -180,22 +197,89 @@ def _check_folder(name_or_path: str) -> None:
                              "AutoTokenizer.from_pretrained(NAME).save_pretrained(FOLDER)")
 
 
-def _load_hf(name_or_path: str, added_tokens: Sequence[str] = ()) -> Any:
-    """``AutoTokenizer.from_pretrained`` with BAGEL's special tokens added as BAGEL adds them, then
-    ``added_tokens`` (those not in the vocabulary yet) as special tokens, each checked to encode as one id."""
-    from transformers import AutoTokenizer
+def _locate(name_or_path: str) -> tuple[str, str]:
+    """Where the tokenizer ``name_or_path`` loads from: ``("folder", path)``, ``("file", path)`` (a tokenizers JSON
+    file), ``("cache", snapshot folder)`` (a model id in the local Hugging Face cache, loaded from the folder of its
+    cached files, so no file the hub never sent is looked for) or ``("hub", id)`` (an org/name id the hub holds).
 
-    if not os.path.isdir(name_or_path) and _names_a_path(name_or_path):  # not Hugging Face's repo-id rules
-        what = "not a directory" if os.path.exists(name_or_path) else "no such directory"
-        raise TokenizerError(f"{name_or_path}: {what}; {option('tokenizer')} is a folder written by save_pretrained "
-                             "(with tokenizer.json or vocab files), or the name of one in the local Hugging Face cache")
+    Decided before ``transformers`` is imported, so that a name that resolves nowhere fails at once in one
+    TokenizerError saying where it looked, instead of ``transformers`` retrying the hub for a minute. The hub is
+    asked only for an org/name id, once, with a :data:`HUB_TIMEOUT`, and never when ``HF_HUB_OFFLINE`` is set.
+    """
+    if os.path.isdir(name_or_path):
+        return "folder", name_or_path
+    if os.path.isfile(name_or_path):
+        return "file", name_or_path
+    looked = f"{name_or_path}: no folder or file {os.path.abspath(os.path.expanduser(name_or_path))}"
+    if _names_a_path(name_or_path):
+        raise TokenizerError(f"{looked}; {_what_to_give()}")
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
     try:
-        hf = AutoTokenizer.from_pretrained(name_or_path)
-    except (OSError, ValueError) as error:
-        why = " ".join(str(error).split())  # one line, however many the library wrote
-        raise TokenizerError(f"cannot load a tokenizer from {name_or_path!r}: {why} Give a local "
-                             "directory written by save_pretrained, or a name in the local Hugging Face "
-                             "cache (downloads are off)") from error
+        cached = [try_to_load_from_cache(name_or_path, file) for file in ("tokenizer_config.json", "tokenizer.json")]
+    except HFValidationError:  # not a repo id after all (Hugging Face's rules are stricter than _REPO_ID's)
+        raise TokenizerError(f"{looked}; {_what_to_give()}") from None
+    for path in cached:
+        if isinstance(path, str):
+            return "cache", os.path.dirname(path)
+    looked += f", no model {name_or_path} in the Hugging Face cache {constants.HF_HUB_CACHE}"
+    if constants.HF_HUB_OFFLINE:
+        raise TokenizerError(f"{looked}, and the hub was not asked (HF_HUB_OFFLINE is set); {_what_to_give()}")
+    if "/" not in name_or_path:
+        raise TokenizerError(f"{looked}, and the hub was not asked (it is asked for an org/name id only); "
+                             f"{_what_to_give()}")
+    answer = _ask_hub(name_or_path)
+    if answer:
+        raise TokenizerError(f"{looked}, and the hub ({constants.ENDPOINT}) {answer}; {_what_to_give()}")
+    return "hub", name_or_path
+
+
+def _ask_hub(repo_id: str) -> str | None:
+    """None if the hub holds the model ``repo_id`` (gated ones too: loading then says what access it needs), else
+    what it answered, in words. One request, given :data:`HUB_TIMEOUT` seconds in all (name resolution included,
+    which no socket timeout bounds: the request runs in a daemon thread that is abandoned when late)."""
+    answers: list[str | None] = []
+    asking = threading.Thread(target=lambda: answers.append(_hub_answer(repo_id)), daemon=True)
+    asking.start()
+    asking.join(HUB_TIMEOUT)
+    return answers[0] if answers else f"did not answer within {HUB_TIMEOUT:g} s"
+
+
+def _hub_answer(repo_id: str) -> str | None:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(repo_id, timeout=HUB_TIMEOUT)
+    except GatedRepoError:
+        return None
+    except RepositoryNotFoundError:
+        return f"has no model {repo_id} that this machine may read"
+    except Exception as error:  # httpx's timeouts and connection errors, an HTTP error status, a proxy's reply
+        why = " ".join(str(error).split())[:160] or type(error).__name__
+        return f"did not answer ({why})"
+    return None
+
+
+def _load_hf(name_or_path: str, added_tokens: Sequence[str] = ()) -> Any:
+    """``AutoTokenizer.from_pretrained`` (or a tokenizer.json file) with BAGEL's special tokens added as BAGEL adds
+    them, then ``added_tokens`` (those not in the vocabulary yet) as special tokens, each checked to encode as one
+    id."""
+    where, path = _locate(name_or_path)
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    # the tokenizers library's parse errors are bare Exceptions; transformers' are OSError or ValueError
+    unreadable = Exception if where == "file" else (OSError, ValueError)
+    try:
+        if where == "file":
+            hf = PreTrainedTokenizerFast(tokenizer_file=path)
+        else:
+            hf = AutoTokenizer.from_pretrained(path, local_files_only=where != "hub")
+    except unreadable as error:
+        why = " ".join(str(error).split())[:300] or type(error).__name__  # one line, however many they wrote
+        raise TokenizerError(f"cannot load a tokenizer from the {where} {name_or_path!r}: {why}; {_what_to_give()}") \
+            from error
     special = set()
     for value in hf.special_tokens_map.values():
         special.update([value] if isinstance(value, str) else value)
@@ -227,16 +311,16 @@ def _serialized_sha256(hf: Any, backend: Any) -> str:
 
 
 def _cache_key(name_or_path: str, added_tokens: Sequence[str] = ()) -> str | None:
-    """The cache key of a local tokenizer directory (None for anything else): its files, the tokens added to it
-    and the versions."""
+    """The cache key of a local tokenizer directory or tokenizer.json file (None for anything else): its files,
+    the tokens added to it and the versions."""
     folder = Path(name_or_path)
-    if not folder.is_dir():
+    if not (folder.is_dir() or folder.is_file()):
         return None
     digest = hashlib.sha256(repr((_CACHE_FORMAT, BAGEL_SPECIAL_TOKENS, tuple(added_tokens), _AGREEMENT_PROBES,
                                   importlib.metadata.version("transformers"),
                                   importlib.metadata.version("tokenizers"))).encode())
     try:
-        for path in sorted(folder.iterdir()):
+        for path in [folder] if folder.is_file() else sorted(folder.iterdir()):
             if path.is_file():
                 stat = path.stat()
                 digest.update(repr((path.name, stat.st_size, stat.st_mtime_ns)).encode())

@@ -15,8 +15,10 @@ from mmidx.cli import main
 from mmidx.config import DataConfig
 from mmidx.index import gpu_time
 from mmidx.index.cost import LLMGeometry, pack_costs, step_balance
-from mmidx.index.pack_index import build_pack_index, view_token_counts
+from mmidx.index.pack_index import build_pack_index
 from mmidx.index.packer import pack_samples
+from mmidx.index.sizes import view_token_counts
+from mmidx.pack.builder import PackBuilder
 from mmidx.read.dataset import MMIDXDataset
 from mmidx.train.shares import GlobalBatchSampler
 from mmidx.train.state import steps_of_state
@@ -121,7 +123,7 @@ def test_index_command_reports_both_policies_as_recomputed_from_the_packs(demo, 
     for policy in ("bagel", "tight"):
         index = build_pack_index(replace(config, packing=replace(config.packing, policy=policy)), num_samples=3000,
                                  cache_dir=tmp_path, progress=False)
-        # each item's size through the pack reader and each dataset's own view sizes, pack by pack
+        # each item's size through the pack reader and each dataset's own view sizes, pack by pack: the index's fill
         sizes = {}
         for g, group in enumerate(index.config.groups):
             for d, prefix in enumerate(group.datasets):
@@ -129,6 +131,9 @@ def test_index_command_reports_both_policies_as_recomputed_from_the_packs(demo, 
         lengths = [[int(sizes[i.group, i.dataset][1][sizes[i.group, i.dataset][0][i.sample] + i.view])
                     for i in index.items(k)] for k in range(len(index))]
         fill = sum(map(sum, lengths)) / len(lengths) / config.packing.max_num_tokens
+        # the balance of what the accelerators compute: the built packs' samples, CFG dropout applied
+        builder = PackBuilder(index.config, decode_images="device")  # sizes need no pixels
+        lengths = [builder.build(k, index.items(k)).sample_lens for k in range(len(index))]
         costs = pack_costs(np.concatenate([[0], np.cumsum([len(x) for x in lengths])]),
                            [n for x in lengths for n in x])
         assert len(lengths) >= 8

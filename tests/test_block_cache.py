@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmidx.io import block_cache
-from mmidx.io.block_cache import NEVER, BlockCache, FileKey, keep_nearest
+from mmidx.io.block_cache import HEADROOM, NEVER, BlockCache, FileKey, keep_nearest
 from mmidx.io.cache_admin import cache_info, clear_cache
 from mmidx.io.cache_folder import (
     CacheError,
@@ -189,7 +189,9 @@ def test_a_replay_by_next_use_hits_at_least_as_often_as_lru_and_lru_replays_as_t
     uses = np.unique(np.array([block * STEP + step for step, blocks in enumerate(trace) for block in blocks]))
     sizes = {("s", "r"): 31 * BLOCK}
     entry = 2 * 4096  # a block of 4096 bytes and its header take two pages
-    limit = capacity * entry  # headroom (limit // 32) is smaller than one entry: exact Belady
+    # the limit whose headroom (limit // 32) still leaves room for `capacity` entries, and no more up to 30: both
+    # policies hold the same entries, so a replay by next use is Belady's and can never hit less
+    limit = -(-capacity * entry * HEADROOM // (HEADROOM - 1))
     by_use = simulate({("s", "r"): uses}, sizes, BLOCK, limit, "next-use")
     by_lru = simulate({("s", "r"): uses}, sizes, BLOCK, limit, "lru")
     assert by_lru["bytes_hit"] == lru_reference(trace, capacity) * BLOCK

@@ -13,9 +13,10 @@ import torch
 from support.packing import GEOMETRY, SPECIAL, VAE, _encoded, assert_same, reference_batch
 
 from mmidx.config import DataConfig
+from mmidx.index.dropout import sample_randomness
 from mmidx.index.pack_index import PackItem
 from mmidx.ingest.writer import DatasetBuilder
-from mmidx.pack.builder import PackBuilder, sample_randomness
+from mmidx.pack.builder import PackBuilder
 from mmidx.sources.elements import Element
 
 FRAMES = 4

@@ -1,7 +1,8 @@
 """The per-sample fast paths of pack building give exactly what their straightforward forms give.
 
-``sample_randomness`` sets the state of a reused Philox generator instead of constructing one per
-sample: its draws must equal a freshly constructed ``Philox(key=seed, counter=[0, 0, position, pack])``'s.
+``sample_randomness`` (:mod:`mmidx.index.dropout`) sets the state of a reused Philox generator instead of
+constructing one per sample: its draws must equal a freshly constructed
+``Philox(key=seed, counter=[0, 0, position, pack])``'s.
 ``element_problem`` accepts one sample's sound plan records in Python ints: on sound and corrupted
 records alike it must answer what its vectorised form (per-record counts) answers.
 """
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from mmidx import format as fmt
-from mmidx.pack.builder import sample_randomness
+from mmidx.index.dropout import sample_randomness
 from mmidx.read.invariants import element_problem
 
 

@@ -7,8 +7,9 @@ import pytest
 from support.packing import PACKING, build_groups, config_of
 
 from mmidx.format import FormatError
-from mmidx.index.pack_index import PackItem, build_pack_index, view_table, view_token_counts
+from mmidx.index.pack_index import PackItem, build_pack_index
 from mmidx.index.packer import pack_samples
+from mmidx.index.sizes import view_table, view_token_counts
 from mmidx.index.stream import multimodal_stream, stream_views
 from mmidx.pack.builder import PackBuilder
 from mmidx.read.dataset import MMIDXDataset

@@ -15,7 +15,8 @@ from support.packing import GEOMETRY, build_groups
 from mmidx.cli import main
 from mmidx.config import DataConfig
 from mmidx.index.history import MixtureHistory, resumed_history
-from mmidx.index.pack_index import build_pack_index, pack_index_costs
+from mmidx.index.pack_costs import PackCosts
+from mmidx.index.pack_index import build_pack_index
 from mmidx.pack.builder import PackBuilder
 from mmidx.read.dataset import MMIDXDataset
 from mmidx.train.loader import PackDataset, PackLoader
@@ -50,7 +51,7 @@ def train(index, world_size, global_batch_size, steps=None, state=None, *, balan
     """Every rank's loader over ``index`` (resumed from ``state``) for ``steps`` micro-steps (None: to the end):
     ({pack: [what each time it was handed out]}, the state every rank saved after)."""
     trained, states = {}, []
-    costs = pack_index_costs(index) if balanced else None
+    costs = PackCosts(index) if balanced else None  # each global batch priced after CFG dropout as dealt
     for rank in range(world_size):
         loader = PackLoader(PackDataset(index, builder or ItemsBuilder()), global_batch_size=global_batch_size,
                             rank=rank, world_size=world_size, pack_costs=costs)

@@ -17,8 +17,9 @@ from support.sources import build, decoded, image_bytes, pyav_frames, tokenizer_
 
 from mmidx.cli import main
 from mmidx.config import DataConfig
+from mmidx.index.dropout import sample_randomness
 from mmidx.index.pack_index import PackItem
-from mmidx.pack.builder import PackBuilder, sample_randomness
+from mmidx.pack.builder import PackBuilder
 from mmidx.read.dataset import MMIDXDataset
 from mmidx.sources.grouping import split_integer_exp_decay
 from mmidx.toolkit.show import (

@@ -52,8 +52,9 @@ from bagel_rows import BagelSamples, NotBagels
 from common import commit
 
 from mmidx.config import DataConfig
+from mmidx.index.dropout import sample_randomness
 from mmidx.index.pack_index import PackItem, build_pack_index
-from mmidx.pack.builder import PackBuilder, sample_randomness
+from mmidx.pack.builder import PackBuilder
 from mmidx.read.dataset import MMIDXDataset
 
 PLAN_KEYS = ("type", "enable_cfg", "loss", "special_token_loss", "special_token_label", "split_start", "split_end",

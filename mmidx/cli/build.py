@@ -122,7 +122,8 @@ def _register_build(commands: Commands) -> None:
                       help="YAML mapping group → dataset name → data_dir / jsonl_path")
     what.add_argument("--output-dir", metavar="FOLDER", help="folder for the datasets of --config and their data.yaml")
     what.add_argument("--tokenizer", required=True, metavar="TOKENIZER",
-                      help="Hugging Face tokenizer folder (or the name of one in the local Hugging Face cache)")
+                      help="tokenizer folder (save_pretrained), tokenizer.json file, or Hugging Face org/name id "
+                           "(cached, or fetched online)")
     run = sub.add_argument_group("how it runs")
     run.add_argument("--workers", type=at_least(1), default=1,
                      help="worker processes (--engine ray: CPUs of the local cluster it starts)")

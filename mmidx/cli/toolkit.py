@@ -181,7 +181,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _register_demo(commands: Commands) -> None:
     sub = add_command(commands, "demo", cmd_demo,
                       "Generate BAGEL-style sample data, build, index and pack it, and print a summary.")
-    sub.add_argument("--workdir", default="mmidx-demo", help="folder for the generated data and outputs")
+    sub.add_argument("--workdir", default="mmidx-demo",
+                     help="folder for the generated data and outputs: a new or empty one, or an earlier demo's (its "
+                          "corpus and datasets reused when unchanged); never a folder of other files")
     sub.add_argument("--quick", action="store_true", help="a smaller corpus (for tests)")
 
 

@@ -84,8 +84,12 @@ def pack_costs(pack_offsets: np.ndarray, segment_tokens: np.ndarray,
             np.diff(offsets) < 0):
         raise ValueError("pack_offsets must rise from 0 to len(segment_tokens), one more entry than packs")
     per_segment = geometry.linear_flops_per_token * tokens + geometry.attention_flops_per_square_token * tokens ** 2
-    sums = np.concatenate(([0.0], np.cumsum(per_segment)))
-    return sums[offsets[1:]] - sums[offsets[:-1]]
+    # each pack summed on its own, so its cost is the same float whichever range of packs it is priced with
+    costs = np.zeros(len(offsets) - 1)
+    held = np.diff(offsets) > 0
+    if held.any():
+        costs[held] = np.add.reduceat(per_segment, offsets[:-1][held])
+    return costs
 
 
 def deal_by_cost(costs: np.ndarray, world_size: int) -> np.ndarray:

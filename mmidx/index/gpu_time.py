@@ -2,8 +2,9 @@
 --global-batch-size G``), for the config's packing policy and the other one on the same stream.
 
 - ``fill_vs_max``: mean pack tokens ÷ ``max_num_tokens`` (the pack index's statistic);
-- ``step_balance``: :func:`mmidx.index.cost.step_balance` of the packs' costs, dealt by cost (balanced
-  steps) and as contiguous shares (``step_balance_contiguous``);
+- ``step_balance``: :func:`mmidx.index.cost.step_balance` of the packs' costs after CFG dropout (what the
+  accelerators compute, :func:`~mmidx.index.pack_index.pack_index_costs`), dealt by them (balanced steps, as the
+  loaders deal) and as contiguous shares (``step_balance_contiguous``);
 - ``gpu_efficiency``: ``fill_vs_max × step_balance``.
 """
 

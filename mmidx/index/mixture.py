@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from mmidx.index.pack_index import PackIndex, view_table
+from mmidx.index.pack_index import PackIndex
+from mmidx.index.sizes import view_table
 from mmidx.read.dataset import MMIDXDataset
 
 

@@ -30,89 +30,21 @@ from tqdm import tqdm
 
 from mmidx import _packing
 from mmidx import format as fmt
-from mmidx.config import DataConfig, GroupConfig, ModelGeometry
-from mmidx.images.transform import ImageTransform, num_image_tokens
+from mmidx.config import DataConfig
 from mmidx.index.cache import ArraySink, cached_build
-from mmidx.index.cost import LLMGeometry, pack_costs
+from mmidx.index.cost import LLMGeometry
 from mmidx.index.history import MixtureHistory
 from mmidx.index.identity import StreamIdentity
+from mmidx.index.pack_costs import PackCosts
 from mmidx.index.pack_stream import PackStream
 from mmidx.index.schedule import Phase
+from mmidx.index.sizes import view_table
 from mmidx.index.stream import ViewTable
-from mmidx.index.subsets import selected_views, used_samples
+from mmidx.index.subsets import used_samples
 from mmidx.read.dataset import MMIDXDataset
 
 # 3: a schedule of one phase blends by that phase's weights (2 took the groups' weight keys instead)
 INDEX_VERSION = 3
-
-
-def view_token_counts(dataset: MMIDXDataset, group: GroupConfig,
-                      geometry: ModelGeometry) -> tuple[np.ndarray, np.ndarray]:
-    """(view_offsets, view_tokens): the views of sample s are ``view_tokens[view_offsets[s]:view_offsets[s+1]]``.
-
-    Each view's size counts every element's tokens plus its two framing tokens, as BAGEL's packer
-    estimates a sample (``num_tokens + 2 * len(sequence_plan)``); it is exact when nothing is dropped.
-    """
-    dataset.check_structure()  # everything below indexes with the index arrays
-    tokens = dataset.tokens
-    lengths = tokens.sequence_lengths.astype(np.int64)
-    documents = tokens.document_indices
-    plan = dataset.plan
-    if plan is None:  # text datasets: one view, one loss-bearing text element per sequence
-        cumulative = np.concatenate([[0], np.cumsum(lengths + 2)])
-        return np.arange(len(dataset) + 1, dtype=np.int64), np.diff(cumulative[documents])
-    elements = plan["elements"]
-    view_offsets = plan["sample_view_offsets"].astype(np.int64)
-    element_offsets = plan["view_element_offsets"].astype(np.int64)
-    sample_of_element = dataset.element_samples()
-    counts = np.full(len(elements), 2, dtype=np.int64)
-    kind = elements["kind"]
-    payload = elements["payload"].astype(np.int64)
-    is_text = kind == fmt.TEXT
-    counts[is_text] += lengths[documents[sample_of_element[is_text]] + payload[is_text]]
-    images = plan["sample_image_offsets"][sample_of_element] + payload
-    info = plan["image_info"]
-    for code, transform, patch, limit in (
-            (fmt.VAE_IMAGE, group.vae_transform, geometry.vae_image_downsample, "max_latent_size"),
-            (fmt.VIT_IMAGE, group.vit_transform, geometry.vit_patch_size, "max_num_patch_per_side")):
-        selected = kind == code
-        if not selected.any():
-            continue
-        if transform is None:
-            raise ValueError(f"group {group.name!r}: {dataset.prefix} has {fmt.KIND_NAMES[code]} elements but "
-                             "the group has no image_transform_args")
-        number = images[selected]
-        counts[selected] += num_image_tokens(info["width"][number], info["height"][number], transform,
-                                             img_nums=elements["img_num"][selected], patch_size=patch)
-        if not geometry.interpolate_pos:
-            _check_grids(dataset, group, np.flatnonzero(selected), transform, patch, limit,
-                         getattr(geometry, limit))
-    cumulative = np.concatenate([[0], np.cumsum(counts)])
-    return view_offsets, np.diff(cumulative[element_offsets])
-
-
-def _check_grids(dataset: MMIDXDataset, group: GroupConfig, selected: np.ndarray, transform: ImageTransform,
-                 patch: int, limit_name: str, limit: int) -> None:
-    """Refuse the index when an image element's patch grid is wider or taller than the model's position
-    table (BAGEL's extrapolated ids would collide), naming the largest such image and the value it needs."""
-    plan = dataset.plan
-    elements = plan["elements"][selected]
-    samples = dataset.element_samples()[selected]
-    number = plan["sample_image_offsets"][samples] + elements["payload"]
-    info = plan["image_info"][number]
-    widths, heights = transform.output_shapes(info["width"], info["height"], elements["img_num"])
-    sides = np.maximum(heights // patch, widths // patch)
-    if len(sides) == 0 or sides.max() <= limit:
-        return
-    worst = int(np.argmax(sides))
-    sample, image = int(samples[worst]), int(elements["payload"][worst])
-    source, row = dataset[sample].origin
-    where = f" ({source} row {row})" if source is not None else ""
-    raise ValueError(
-        f"group {group.name!r}, dataset {dataset.prefix}: image {image} of sample {sample}{where}, "
-        f"{int(info['width'][worst])}x{int(info['height'][worst])} stored, becomes a "
-        f"{int(heights[worst]) // patch}x{int(widths[worst]) // patch} grid of {patch}-pixel patches, more than "
-        f"{limit_name}={limit}; set {limit_name} to at least {int(sides.max())} or lower the group's max_image_size")
 
 
 def _unsigned(bound: int) -> np.dtype:
@@ -247,27 +179,6 @@ def _check_duplicates(config: DataConfig, checksums: list[list[str]]) -> None:
             seen[checksum] = f"{prefix} (group {group.name!r})"
 
 
-def view_table(config: DataConfig, datasets: list[list[MMIDXDataset]],
-               selections: list[list[np.ndarray | None]] | None = None) -> ViewTable:
-    """Every view's packed size, all groups' datasets end to end (in config order), counting only
-    each dataset's used samples (``selections`` per group and dataset; None: all)."""
-    if selections is None:
-        selections = [[None] * len(group) for group in datasets]
-    view_offsets, view_tokens = [], []
-    for group, group_datasets, group_selections in zip(config.groups, datasets, selections, strict=True):
-        offsets_parts, token_parts, base = [np.zeros(1, np.int64)], [], 0
-        for dataset, selection in zip(group_datasets, group_selections, strict=True):
-            offsets, tokens = view_token_counts(dataset, group, config.geometry)
-            if selection is not None:
-                offsets, tokens = selected_views(offsets, tokens, selection)
-            offsets_parts.append(offsets[1:] + base)
-            token_parts.append(tokens)
-            base += int(offsets[-1])
-        view_offsets.append(np.concatenate(offsets_parts))
-        view_tokens.append(np.concatenate(token_parts))
-    return ViewTable.of(view_offsets, view_tokens)
-
-
 def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_samples: int, *,
                      chunk_size: int = 1 << 20, progress: bool = False,
                      phases: list[Phase] | None = None) -> dict[str, Any]:
@@ -331,25 +242,11 @@ def mixture_log(stream: PackStream, config: DataConfig, phases: list[Phase]) -> 
             for log in stream.phase_log if log["end_position"] > log["start_position"] or len(stream.phase_log) == 1]
 
 
-def pack_index_segments(index: PackIndex) -> tuple[np.ndarray, np.ndarray]:
-    """(pack_offsets, segment_tokens): pack k's samples' packed sizes (one attention segment each) are
-    ``segment_tokens[pack_offsets[k]:pack_offsets[k + 1]]``, as the index estimates them (exact when no
-    element is dropped), read from the datasets' index arrays."""
-    datasets = [[MMIDXDataset(prefix) for prefix in group.datasets] for group in index.config.groups]
-    table = view_table(index.config, datasets, index.selections)
-    samples = np.asarray(index.arrays["samples"], dtype=np.int64)
-    views = np.asarray(index.arrays["views"], dtype=np.int64) if "views" in index.arrays else np.zeros_like(samples)
-    if len(samples) and (samples.max() >= len(table.view_offsets) - 1
-                         or np.any(views >= np.diff(table.view_offsets)[samples])):
-        raise fmt.FormatError(f"{index.path}: the pack index names samples or views its datasets do not hold")
-    offsets = np.asarray(index.arrays["pack_offsets"], dtype=np.int64)
-    return offsets, table.view_tokens[table.view_offsets[samples] + views]
-
-
 def pack_index_costs(index: PackIndex, geometry: LLMGeometry | None = None) -> np.ndarray:
-    """Each pack's compute (:func:`mmidx.index.cost.pack_costs`, a sample one attention segment) from
-    its items' packed sizes: pass it as ``pack_costs`` to the loader or sampler for balanced steps."""
-    return pack_costs(*pack_index_segments(index), geometry)
+    """Every pack's compute after CFG dropout, as its batch will be built (:class:`~mmidx.index.pack_costs.PackCosts`
+    of the whole index, priced now): pass it, or the ``PackCosts`` that prices a global batch when it is dealt, as
+    ``pack_costs`` to the loader or sampler for balanced steps."""
+    return PackCosts(index, geometry)[:]
 
 
 class PackItem(NamedTuple):

@@ -47,7 +47,7 @@ def used_samples(dataset: MMIDXDataset, group: GroupConfig, position: int) -> np
 
 def selected_views(offsets: np.ndarray, tokens: np.ndarray, selection: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(view_offsets, view_tokens) of the samples ``selection`` (in that order, repeats allowed), from
-    those of every sample (:func:`mmidx.index.pack_index.view_token_counts`)."""
+    those of every sample (:func:`mmidx.index.sizes.view_token_counts`)."""
     counts = np.diff(offsets)[selection]
     selected = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     views = np.repeat(offsets[:-1][selection] - selected[:-1], counts) + np.arange(selected[-1])

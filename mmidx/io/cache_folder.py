@@ -89,6 +89,9 @@ class CacheSettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "folder", Path(self.folder))
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled into every worker with its dataset: a string, not a Path
+        return CacheSettings, (os.fspath(self.folder), self.limit)
+
     @property
     def data(self) -> Path:
         """The data cache's own folder."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,6 +34,7 @@ from mmidx.encodings.gather import PackRecord
 from mmidx.format import FormatError
 from mmidx.images.patches import position_ids_extrapolate, position_ids_interpolate
 from mmidx.images.transform import ImageTransform
+from mmidx.index.dropout import cfg_dropped, sample_randomness
 from mmidx.index.pack_index import PackItem
 from mmidx.pack.batch import PackedBatch, _Pack
 from mmidx.pack.pixels import Stage, _ImageJob, _output_size, _position_ids, _untimed
@@ -49,31 +49,6 @@ _ELEMENT_FIELDS = ("kind", "flags", "img_num", "frame_delta", "special_token_lab
 
 if fmt.ELEMENT_DTYPE.names != _ELEMENT_FIELDS:  # _add_sample unpacks plan records in this order
     raise ImportError(f"mmidx.format's element fields {fmt.ELEMENT_DTYPE.names} are not {_ELEMENT_FIELDS}")
-
-
-def sample_randomness(seed: int, pack_index: int, position: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Uniform and normal draws for the ``count`` elements of the sample at ``position`` of pack ``pack_index``.
-
-    Philox is counter-based: the stream is a pure function of (seed, pack, position), independent
-    of which process asks, in which order, and of every other sample.
-    """
-    if not (0 <= seed <= _KEY and 0 <= position <= _COUNTER and 0 <= pack_index <= _COUNTER):
-        generator = np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, position, pack_index]))  # refuses
-        return generator.random(count), generator.standard_normal(count)
-    generator = getattr(_PHILOX, "generator", None)
-    if generator is None:
-        generator = _PHILOX.generator = np.random.Generator(np.random.Philox(key=0))
-    # The state ``Philox(key=seed, counter=...)`` starts in (key: 128 bits, low word first; buffer empty), set on
-    # this thread's generator: a third of the cost of constructing one (which also reads OS entropy), same draws.
-    generator.bit_generator.state = {
-        "bit_generator": "Philox", "buffer": np.zeros(4, np.uint64), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0,
-        "state": {"counter": np.array([0, 0, position, pack_index], np.uint64),
-                  "key": np.array([seed & _WORD, seed >> 64], np.uint64)}}
-    return generator.random(count), generator.standard_normal(count)
-
-
-_PHILOX = threading.local()  # each thread's generator for sample_randomness
-_WORD, _KEY, _COUNTER = 2**64 - 1, 2**128 - 1, 2**63 - 1  # beyond _COUNTER, Philox reads a list of counters as floats
 
 
 class PackBuilder:
@@ -202,7 +177,7 @@ class PackBuilder:
     def _add_sample(self, pack: _Pack, item: PackItem, sample: Sample,
                     elements: np.ndarray, uniforms: np.ndarray, normals: np.ndarray) -> None:
         group: GroupConfig = self.config.groups[item.group]
-        dropout, geometry, special = self.config.dropout, self.config.geometry, self.special_tokens
+        geometry, special = self.config.geometry, self.special_tokens
         split_lens: list[int] = []
         attn_modes: list[str] = []
         rope = 0
@@ -212,15 +187,15 @@ class PackBuilder:
         sample_len = 0
         opening = False  # a split has started and none of its elements is kept yet
         split_open = False  # a split holds kept elements and is not closed yet
-        probability = {fmt.TEXT: dropout.text, fmt.VIT_IMAGE: dropout.vit, fmt.VAE_IMAGE: dropout.vae}
         uses, text_uses = self.encodings[item.group], self._text_uses[item.group]
+        dropped = cfg_dropped(elements["kind"], elements["flags"], uniforms, self.config.dropout).tolist()
         # One tuple of Python ints per record (_ELEMENT_FIELDS' order): cheaper than reading fields.
         for e, (kind, flags, img_num, frame_delta, label, payload) in enumerate(elements.tolist()):
             special_loss_label = label if flags & fmt.FLAG_SPECIAL_TOKEN_LOSS else None
             if flags & fmt.FLAG_SPLIT_START:
                 split_len = 0
                 opening = True
-            if flags & fmt.FLAG_ENABLE_CFG and uniforms[e] < probability[kind]:
+            if dropped[e]:
                 rope += kind != fmt.TEXT  # a dropped image leaves a rope gap, a dropped text none
                 if flags & fmt.FLAG_SPLIT_END and split_open:  # a clip's last frame: close on the last kept one
                     split_lens.append(split_len)

@@ -274,12 +274,10 @@ class MMIDXDataset:
 
     def __getstate__(self) -> dict[str, Any]:  # a remote dataset's worker reads the version its parent opened
         known = self._mapped.meta["meta_sha256"] if self._mapped and self._mapped.remote else None
-        return {"prefix": self.prefix, "cache": (os.fspath(self.cache.folder), self.cache.limit),
-                "known": getattr(self, "_known", None) or known}
+        return {"prefix": self.prefix, "cache": self.cache, "known": getattr(self, "_known", None) or known}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.prefix, self._known, self._mapped = state["prefix"], state["known"], None
-        self.cache = CacheSettings(*state["cache"])
+        self.prefix, self.cache, self._known, self._mapped = state["prefix"], state["cache"], state["known"], None
 
     @property
     def _files(self) -> _Mapped:

@@ -2,7 +2,8 @@
 accelerators in step (:mod:`mmidx.toolkit.au`), and the report.
 
 The pack index is built once, long enough for every rank's runs; each pack's compute comes from the one cost
-model (:func:`~mmidx.index.cost.pack_costs` at the model's geometry) and the stated throughput
+model (:func:`~mmidx.index.cost.pack_costs` at the model's geometry, of its samples after CFG dropout:
+:class:`~mmidx.index.pack_costs.PackCosts`, by which balanced steps deal too) and the stated throughput
 (:func:`mmidx.index.accelerator.demand`). A real run starts the ranks (:mod:`mmidx.toolkit.au_ranks`); a dry run
 (``dry=True``) does the same accounting from the pack index alone, at any world size. Every real run is reported
 beside the dry run of the same micro-steps, so the two can be compared run by run.
@@ -22,7 +23,8 @@ from mmidx.config import DataConfig
 from mmidx.errors import option
 from mmidx.index.accelerator import MODELS, demand
 from mmidx.index.cost import LLMGeometry, pack_costs
-from mmidx.index.pack_index import PackIndex, pack_index_segments
+from mmidx.index.pack_costs import PackCosts
+from mmidx.index.pack_index import PackIndex
 from mmidx.toolkit.au import PASS_BAR, combine, dry_run, rank_packs, summarize
 from mmidx.toolkit.bench import machine, pack_index_holding
 
@@ -30,8 +32,9 @@ MICRO_STEPS = 8  # default global batch: this many micro-steps per rank (the pac
 
 
 def pack_sizes(index: PackIndex, geometry: LLMGeometry) -> tuple[np.ndarray, np.ndarray]:
-    """Each pack's forward FLOPs at ``geometry`` and its tokens, from the index's estimates of its samples."""
-    offsets, segments = pack_index_segments(index)
+    """Each pack's forward FLOPs at ``geometry`` and its tokens, as its batch will be built (CFG dropout applied:
+    what a rank receives and the balanced deal prices)."""
+    offsets, segments = PackCosts(index, geometry).sample_tokens(0, len(index))
     sums = np.concatenate(([0], np.cumsum(segments)))
     return pack_costs(offsets, segments, geometry), sums[offsets[1:]] - sums[offsets[:-1]]
 
@@ -87,7 +90,7 @@ def bench_au(config: DataConfig, *, world_size: int = 2, workers: int = 1, model
 
         feed = PackFeed(config, num_samples=int(index.stats["samples"]), cache_dir=folder,
                         global_batch_size=global_batch_size, workers=workers, masks=masks, device=device,
-                        geometry=accelerator.geometry, pack_costs=costs, prefetch_factor=prefetch_factor,
+                        geometry=accelerator.geometry, balanced=balanced, prefetch_factor=prefetch_factor,
                         decode=decode, encodings={"vae": encodings} if encodings else None)
         measured = run_ranks(feed, world_size=world_size, runs=runs, warmup=warmup, steps=steps,
                              time_limit=time_limit, seconds_per_flop=accelerator.seconds_per_flop)

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from mmidx.config import DataConfig
@@ -60,19 +59,21 @@ class PackFeed:
     """mmidx's loader for one rank: a :class:`PackLoader` over ``config``'s pack index of ``num_samples`` (cached
     in ``cache_dir``, where the caller built it), each batch finished as BAGEL's trainer does
     (``batch.to(device).to_dict()``: dense masks are built there, deferred images decoded), its FLOPs from its
-    samples at ``geometry``; ``decode`` and ``encodings`` as :class:`~mmidx.pack.builder.PackBuilder` takes them."""
+    samples at ``geometry``; ``balanced``: each global batch dealt by its packs' costs after CFG dropout at
+    ``geometry`` (:class:`~mmidx.index.pack_costs.PackCosts`), else in contiguous shares; ``decode`` and
+    ``encodings`` as :class:`~mmidx.pack.builder.PackBuilder` takes them."""
 
     def __init__(self, config: DataConfig, *, num_samples: int, cache_dir: str, global_batch_size: int,
-                 workers: int, masks: str, device: str, geometry: LLMGeometry,
-                 pack_costs: np.ndarray | None = None, prefetch_factor: int | None = None, decode: str = "loader",
-                 encodings: dict[str, str] | None = None):
+                 workers: int, masks: str, device: str, geometry: LLMGeometry, balanced: bool = True,
+                 prefetch_factor: int | None = None, decode: str = "loader", encodings: dict[str, str] | None = None):
         self.config, self.num_samples, self.cache_dir = config, num_samples, cache_dir
         self.global_batch_size, self.workers, self.masks, self.device = global_batch_size, workers, masks, device
-        self.geometry, self.pack_costs, self.prefetch_factor = geometry, pack_costs, prefetch_factor
+        self.geometry, self.balanced, self.prefetch_factor = geometry, balanced, prefetch_factor
         self.decode, self.encodings = decode, encodings
         self.loader: PackLoader | None = None
 
     def open(self, rank: int, world_size: int) -> None:
+        from mmidx.index.pack_costs import PackCosts
         from mmidx.index.pack_index import build_pack_index
         from mmidx.pack.builder import PackBuilder
 
@@ -80,9 +81,10 @@ class PackFeed:
         builder = PackBuilder(self.config, use_flex=self.masks != "dense", decode_images=self.decode,
                               encodings=self.encodings)
         dataset = _StampedPacks(index, builder)
+        costs = PackCosts(index, self.geometry, config=self.config, datasets=builder.datasets) if self.balanced \
+            else None
         self.loader = PackLoader(dataset, global_batch_size=self.global_batch_size, rank=rank, world_size=world_size,
-                                 num_workers=self.workers, prefetch_factor=self.prefetch_factor,
-                                 pack_costs=self.pack_costs)
+                                 num_workers=self.workers, prefetch_factor=self.prefetch_factor, pack_costs=costs)
 
     @property
     def position(self) -> int:

@@ -10,6 +10,7 @@ layout of the shared BAGEL side-by-side harness, so both read the very same file
 ``vlm/images/*.jpg``, ``vlm/sft.jsonl``  LLaVA-style conversations with ``<image>``
 ``vlm/images/videos/*.mp4``            short clips for ``<video>`` conversations (optional)
 ``tokenizer/``                         a byte-level BPE with Qwen2's special-token names
+``meta.json``                          the :class:`CorpusSpec` and ``files``: every file written
 =====================================  =====================================================
 
 Images are photo-like (smooth colour fields, shapes, mild noise) so JPEG sizes and decode costs
@@ -115,6 +116,7 @@ def write_corpus(out: str | os.PathLike, spec: CorpusSpec = CorpusSpec()) -> Pat
     import pyarrow.parquet as pq
 
     out = Path(out)
+    written: list[Path] = []  # every file, for meta.json
     rng = random.Random(spec.seed)
     vocabulary = _vocabulary(rng)
     corpus: list[str] = []
@@ -133,6 +135,7 @@ def write_corpus(out: str | os.PathLike, spec: CorpusSpec = CorpusSpec()) -> Pat
             captions.append(json.dumps(caption))
         table = pa.table({"image": pa.array(images, pa.binary()), "captions": pa.array(captions, pa.string())})
         pq.write_table(table, out / "t2i" / f"chunk_{number}.parquet", row_group_size=spec.row_group)
+        written.append(out / "t2i" / f"chunk_{number}.parquet")
 
     edit_dir, info_dir = out / "editing" / "seedxedit_multi", out / "editing" / "parquet_info"
     edit_dir.mkdir(parents=True, exist_ok=True)
@@ -150,19 +153,23 @@ def write_corpus(out: str | os.PathLike, spec: CorpusSpec = CorpusSpec()) -> Pat
         table = pa.table({"image_list": pa.array(image_lists, pa.list_(pa.binary())),
                           "instruction_list": pa.array(instruction_lists, pa.list_(pa.list_(pa.string())))})
         pq.write_table(table, path, row_group_size=max(1, spec.row_group // 2))
+        written.append(path)
         metadata = pq.ParquetFile(path).metadata
         parquet_info[str(path.resolve())] = {"num_row_groups": metadata.num_row_groups, "num_rows": metadata.num_rows}
     (info_dir / "seedxedit_multi.json").write_text(json.dumps(parquet_info))
+    written.append(info_dir / "seedxedit_multi.json")
 
     vlm_dir = out / "vlm"
     (vlm_dir / "images").mkdir(parents=True, exist_ok=True)
     for number in range(spec.vlm_images):
         (vlm_dir / "images" / f"img_{number}.jpg").write_bytes(jpeg())
+        written.append(vlm_dir / "images" / f"img_{number}.jpg")
     if spec.vlm_videos:
         (vlm_dir / "images" / "videos").mkdir(exist_ok=True)
         for number in range(spec.vlm_videos):
             _write_video(vlm_dir / "images" / "videos" / f"clip_{number}.mp4", rng, frames=24,
                          size=min(spec.image_size, 256))
+            written.append(vlm_dir / "images" / "videos" / f"clip_{number}.mp4")
     with open(vlm_dir / "sft.jsonl", "w") as stream:
         for line in range(spec.vlm_lines):
             conversation = []
@@ -180,6 +187,8 @@ def write_corpus(out: str | os.PathLike, spec: CorpusSpec = CorpusSpec()) -> Pat
                 record["image"] = f"img_{rng.randrange(spec.vlm_images)}.jpg"
             stream.write(json.dumps(record) + "\n")
 
-    train_tokenizer(out / "tokenizer", corpus)
-    (out / "meta.json").write_text(json.dumps(asdict(spec), indent=1))
+    written.append(vlm_dir / "sft.jsonl")
+    written += sorted(path for path in train_tokenizer(out / "tokenizer", corpus).iterdir() if path.is_file())
+    files = sorted(path.relative_to(out).as_posix() for path in [*written, out / "meta.json"])
+    (out / "meta.json").write_text(json.dumps({**asdict(spec), "files": files}, indent=1))
     return out

@@ -21,7 +21,8 @@ import torch
 
 from mmidx.config import DataConfig, DropoutConfig, ModelGeometry
 from mmidx.index.history import MixtureHistory, resumed_history
-from mmidx.index.pack_index import build_pack_index, pack_index_costs
+from mmidx.index.pack_costs import PackCosts
+from mmidx.index.pack_index import build_pack_index
 from mmidx.pack.batch import PackedBatch
 from mmidx.pack.builder import SPECIAL_TOKEN_NAMES, PackBuilder
 from mmidx.train.loader import PackDataset, PackLoader
@@ -75,7 +76,8 @@ def trainer_loader(config_file: str | os.PathLike, dataset_config: Any = None, *
     ``packing`` budgets; its ``policy``, ``window`` and ``cost_slack`` are the YAML's. Each rank takes one
     pack per micro-step; ``global_batch_size``: packs per optimizer step over all ranks (default: the world
     size, BAGEL's loop; a trainer that accumulates gradients passes world size × steps), dealt by cost
-    (balanced steps, :func:`~mmidx.index.pack_index.pack_index_costs`) when it exceeds the world size.
+    (balanced steps: each pack's cost after CFG dropout, :class:`~mmidx.index.pack_costs.PackCosts`) when it exceeds
+    the world size.
     ``history``: the run's mixture history file (:mod:`mmidx.index.history`; e.g. beside the cache): a resume
     whose data.yaml changed the weights or schedule continues with them from the end of the global batch it
     was saved in, recorded there, and one that would change consumed packs is refused; ``mmidx index
@@ -116,7 +118,8 @@ def trainer_loader(config_file: str | os.PathLike, dataset_config: Any = None, *
     loader = TrainerLoader(PackDataset(index, builder), global_batch_size=global_batch_size, rank=local_rank,
                            world_size=world_size, num_workers=num_workers, prefetch_factor=prefetch_factor,
                            pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-                           pack_costs=pack_index_costs(index) if global_batch_size > world_size else None)
+                           pack_costs=PackCosts(index, config=config, datasets=builder.datasets)
+                           if global_batch_size > world_size else None)
     if state is not None:
         loader.load_state_dict(state, strict=strict)
     return loader

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from mmidx.index.identity import StreamIdentity
+from mmidx.index.pack_costs import PackCosts
 from mmidx.index.pack_index import PackItem
 from mmidx.pack.batch import PackedBatch
 from mmidx.pack.builder import PackBuilder
@@ -79,14 +80,15 @@ class PackLoader:
     this or another world size at an optimizer step (:mod:`mmidx.train.state`), and refuses a state of
     another stream. It is a ``torch.distributed.checkpoint`` ``Stateful``: ``dcp.save({"data": loader})``
     stores the same small state on every rank. ``device``: when given, batches are moved there
-    (``non_blocking`` from pinned memory). ``pack_costs``: one cost per pack to balance steps by (see
+    (``non_blocking`` from pinned memory). ``pack_costs``: the packs' costs to balance steps by
+    (:class:`~mmidx.index.pack_costs.PackCosts`, or one cost per pack; see
     :class:`~mmidx.train.shares.GlobalBatchSampler`); None: contiguous shares. A world size that does not
     divide ``global_batch_size`` is refused here (``GlobalBatchError``), not at the first batch.
     """
 
     def __init__(self, dataset: PackDataset, *, global_batch_size: int, rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, pin_memory: bool = False, prefetch_factor: int | None = None,
-                 device: torch.device | str | None = None, pack_costs: np.ndarray | None = None):
+                 device: torch.device | str | None = None, pack_costs: PackCosts | np.ndarray | None = None):
         self.dataset = dataset
         self.pack_costs = pack_costs
         self.global_batch_size = global_batch_size

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmidx.index.pack_costs import PackCosts
 from mmidx.train.shares import GlobalBatchSampler
 from mmidx.train.state import LoaderStateError, state_after, steps_of_state
 
@@ -38,13 +39,13 @@ class PackSampler(torch.utils.data.Sampler[int]):
     ``torch.distributed.checkpoint.stateful.Stateful``. A state of another stream is refused. With workers the
     loader draws ahead: save the loader's state (torchdata's snapshots account for that), not the sampler's.
     Datasets in object storage are fetched as each pack is built, without
-    :class:`~mmidx.train.loader.PackLoader`'s look-ahead. ``pack_costs`` (one per pack,
-    :func:`mmidx.index.pack_index.pack_index_costs`) turns on balanced steps: each global batch is dealt to
-    (rank, micro-step) by cost, the same packs per global batch.
+    :class:`~mmidx.train.loader.PackLoader`'s look-ahead. ``pack_costs``
+    (:class:`~mmidx.index.pack_costs.PackCosts`: each pack's cost after CFG dropout; or one cost per pack) turns on
+    balanced steps: each global batch is dealt to (rank, micro-step) by cost, the same packs per global batch.
     """
 
     def __init__(self, dataset: Sized, *, global_batch_size: int = 1, rank: int = 0, world_size: int = 1,
-                 pack_costs: np.ndarray | None = None):
+                 pack_costs: PackCosts | np.ndarray | None = None):
         self.schedule = GlobalBatchSampler(len(dataset), global_batch_size=global_batch_size, rank=rank,
                                            world_size=world_size, pack_costs=pack_costs)
         self.identity = getattr(dataset, "identity", None)  # a PackDataset's stream (None: not checked)

@@ -18,6 +18,7 @@ import torch
 
 from mmidx.errors import MMIDXError
 from mmidx.index.cost import deal_by_cost
+from mmidx.index.pack_costs import PackCosts
 
 
 class GlobalBatchError(MMIDXError, ValueError):
@@ -33,15 +34,16 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
     ``start`` counts micro-steps already taken by every rank (packs consumed // world_size).
     Incomplete trailing global batches are dropped.
 
-    Balanced steps: with ``pack_costs`` (one cost per pack, e.g. :func:`mmidx.index.cost.pack_costs`
-    of the index's packs), each global batch is dealt by cost instead (:func:`mmidx.index.cost.deal_by_cost`):
-    micro-step j of every rank runs packs of about the same cost, so no rank waits for a dearer one.
-    A global batch holds the same packs either way, and the deal depends only on the batch and the
-    world size, so a resume at an optimizer step is exact at any world size.
+    Balanced steps: with ``pack_costs`` (:class:`~mmidx.index.pack_costs.PackCosts` of the index, each pack's
+    cost after CFG dropout, priced a global batch at a time as it is dealt; or any array of one cost per pack),
+    each global batch is dealt by cost instead (:func:`mmidx.index.cost.deal_by_cost`): micro-step j of every rank
+    runs packs of about the same cost, so no rank waits for a dearer one. A global batch holds the same packs
+    either way, and the deal depends only on the batch's costs and the world size, the same on every rank and at
+    every worker count, so a resume at an optimizer step is exact at any world size.
     """
 
     def __init__(self, num_packs: int, *, global_batch_size: int, rank: int = 0, world_size: int = 1,
-                 start: int = 0, pack_costs: np.ndarray | None = None):
+                 start: int = 0, pack_costs: PackCosts | np.ndarray | None = None):
         for name, value in (("global_batch_size", global_batch_size), ("world_size", world_size)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise GlobalBatchError(f"{name} must be a positive integer, got {value!r}")
@@ -55,11 +57,12 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.start = start
-        self.pack_costs = None if pack_costs is None else np.asarray(pack_costs, dtype=np.float64)
+        self.pack_costs = pack_costs if pack_costs is None or isinstance(pack_costs, PackCosts) else \
+            np.asarray(pack_costs, dtype=np.float64)
         if self.pack_costs is not None and len(self.pack_costs) < num_packs:
             raise GlobalBatchError(f"pack_costs holds {len(self.pack_costs)} costs for {num_packs} packs: give one "
-                                   "per pack of the index (pack_index_costs(index))")
-        self._dealt: tuple[int, np.ndarray] | None = None  # (global batch, its packs in dealt order)
+                                   "per pack of the index (PackCosts(index))")
+        self._dealt: dict[int, np.ndarray] = {}  # the last global batches dealt: their packs in dealt order
 
     def deal(self, global_batch: int) -> np.ndarray:
         """Global batch ``global_batch``'s packs in (micro-step, rank) order: entry ``j * world_size + r`` is
@@ -67,10 +70,11 @@ class GlobalBatchSampler(torch.utils.data.Sampler[int]):
         first = global_batch * self.global_batch_size
         if self.pack_costs is None:
             return first + np.arange(self.global_batch_size).reshape(self.world_size, self.per_rank).T.ravel()
-        if self._dealt is None or self._dealt[0] != global_batch:
-            order = deal_by_cost(self.pack_costs[first:first + self.global_batch_size], self.world_size)
-            self._dealt = (global_batch, first + order)
-        return self._dealt[1]
+        dealt = self._dealt.get(global_batch)
+        if dealt is None:  # kept with the one before: a worker's look-ahead crosses into the next batch and back
+            dealt = first + deal_by_cost(self.pack_costs[first:first + self.global_batch_size], self.world_size)
+            self._dealt = {**{b: d for b, d in self._dealt.items() if b == global_batch - 1}, global_batch: dealt}
+        return dealt
 
     @property
     def per_rank(self) -> int:

@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 from mmidx.config import DataConfig
+from mmidx.index.dropout import sample_randomness
 from mmidx.ingest.writer import DatasetBuilder
-from mmidx.pack.builder import sample_randomness
 from mmidx.read.dataset import MMIDXDataset
 from mmidx.sources.elements import Element, StoredImage
 from mmidx.toolkit.synthetic import photo_jpeg

@@ -200,7 +200,7 @@ class _Packs:
 def pack_token_counts(index: Any, datasets: list[list[MMIDXDataset]]) -> np.ndarray:
     """Planned tokens of every pack of ``index`` (its samples' view sizes as the index counted them,
     before CFG dropout), from the index arrays and the view table: no pack is built."""
-    from mmidx.index.pack_index import view_table
+    from mmidx.index.sizes import view_table
 
     table = view_table(index.config, datasets, index.selections)
     samples = index.arrays["samples"].astype(np.int64)
