@@ -141,6 +141,28 @@ def test_loader_batches_are_pinned_and_move_to_cuda_unchanged_with_non_blocking_
     assert all(tensor.is_cuda for tensor in on_device.tensors.values())
 
 
+def test_pinned_batches_from_workers_shared_memory_equal_those_built_without_workers_while_held(tmp_path):
+    from support.packing import build_groups, config_of
+
+    from mmidx.index.pack_index import build_pack_index
+    from mmidx.pack.builder import PackBuilder
+    from mmidx.train.loader import PackDataset, PackLoader
+
+    config = config_of(build_groups(tmp_path), dropout={"text": 0.3, "vit": 0.3, "vae": 0.3})
+    dataset = PackDataset(build_pack_index(config, num_samples=120), PackBuilder(config))
+    expected = list(PackLoader(dataset, global_batch_size=1))
+    held = []  # every batch kept on the device while later ones are copied from the worker's reused segments
+    for batch in PackLoader(dataset, global_batch_size=1, num_workers=2, pin_memory=True, device="cuda"):
+        held.append(batch)
+    torch.cuda.synchronize()
+    assert len(held) == len(expected) >= 8
+    for got, want in zip(held, expected, strict=True):
+        assert sorted(got.tensors) == sorted(want.tensors)
+        for key, tensor in want.tensors.items():
+            if isinstance(tensor, torch.Tensor):
+                assert got.tensors[key].is_cuda and torch.equal(got.tensors[key].cpu(), tensor), key
+
+
 def test_device_decode_with_the_callers_stream_busy_equals_the_idle_decode_or_is_refused():
     datas = []
     for seed in range(8):  # PIL writes baseline 4:2:0 JPEGs: nvJPEG's hardware path decodes them where it has one

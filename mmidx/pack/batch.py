@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ import torch
 from mmidx.encodings import batch as encoded
 from mmidx.encodings.gather import PackRecord
 from mmidx.encodings.noise import sample_latents
+from mmidx.pack import shared
 from mmidx.pack.buffers import _batch_buffer
 from mmidx.pack.pixels import DeferredImages, Stage, _ImageJob, _padded_images, _Pixels, _untimed, _vit_tokens
 from mmidx.pack.runs import Runs
@@ -142,6 +145,14 @@ class PackedBatch:
         with stage("read"):
             images = DeferredImages.of(pack.vae_images, pack.vit_images, vit_patch_size) \
                 if deferred and (pack.vae_images or pack.vit_images) else None
+        pool = shared.worker_pool()
+        if pool is not None:  # a DataLoader worker: every tensor in the pack's shared memory, handed over as is
+            with stage("assemble"):
+                tensors = {key: pool.adopt(value) if isinstance(value, torch.Tensor) else value
+                           for key, value in tensors.items()}
+                if images is not None:
+                    images.encoded = [pool.adopt(data) for data in images.encoded]
+            pool.seal()
         return cls(tensors, split_lens=pack.split_lens, attn_modes=pack.attn_modes, sample_lens=pack.sample_lens,
                    use_flex=use_flex, max_num_tokens=max_num_tokens, batch_data_indexes=pack.data_indexes,
                    deferred=images)
@@ -234,3 +245,45 @@ class PackedBatch:
             data["nested_attention_masks"] = self.attention_masks()
         data["batch_data_indexes"] = self.batch_data_indexes
         return data
+
+
+def _reduce_batch(batch: PackedBatch) -> tuple[Any, tuple[Any, ...]]:
+    """``ForkingPickler``'s reduction of a batch (a DataLoader worker's hand-over): the tensors in the worker's
+    shared memory as their places in it (:mod:`mmidx.pack.shared`), the rest pickled as usual."""
+    state = dict(batch.__dict__)
+    pool = shared.worker_pool()
+    if pool is None:
+        return _rebuild_batch, (state, [])
+    handed: list[Any] = []
+    places: list[shared.Place] = []
+
+    def placed(value: Any) -> Any:
+        place = pool.place_of(value, handed) if isinstance(value, torch.Tensor) else None
+        if place is None:
+            return value
+        places.append(place)
+        return place
+
+    state["tensors"] = {key: placed(value) for key, value in batch.tensors.items()}
+    if batch.deferred is not None:
+        state["deferred"] = dataclasses.replace(batch.deferred, encoded=[placed(data) for data in
+                                                                         batch.deferred.encoded])
+    return _rebuild_batch, (state, pool.hand_over(handed, places))
+
+
+def _rebuild_batch(state: dict[str, Any], handles: list[tuple[Any, int]]) -> PackedBatch:
+    """The batch :func:`_reduce_batch` sent, its tensors viewing the worker's shared memory."""
+    arrays = shared.attach(handles)
+
+    def tensor(value: Any) -> Any:
+        return value.tensor(arrays) if isinstance(value, shared.Place) else value
+
+    state["tensors"] = {key: tensor(value) for key, value in state["tensors"].items()}
+    if state["deferred"] is not None:
+        state["deferred"].encoded = [tensor(data) for data in state["deferred"].encoded]
+    batch = PackedBatch.__new__(PackedBatch)
+    batch.__dict__.update(state)
+    return batch
+
+
+ForkingPickler.register(PackedBatch, _reduce_batch)

@@ -1,6 +1,8 @@
 """Batch buffers: large tensors handed out from per-process pools of page-aligned, huge-page-advised
 allocations, so building a pack does not fault in fresh memory for every batch: one pool for the large batch
-keys (pixels, precached encodings), one for the dense attention masks built on the CPU.
+keys (pixels, precached encodings), one for the dense attention masks built on the CPU. In a DataLoader worker
+the batch keys come from shared memory instead (:mod:`mmidx.pack.shared`), so handing the batch over copies
+nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 import torch
 
 from mmidx.io.libc import advise_huge_pages
+from mmidx.pack import shared
 
 _PAGE = 4096
 _HUGE_PAGE = 2 << 20
@@ -26,9 +29,9 @@ class _BufferPool:
     first-touch page faults, the kernel zeroing every page (2.2 ms per 512² image with 4 KiB pages,
     0.6 ms with 2 MiB ones, measured here; ``madvise(MADV_HUGEPAGE)`` asks for the latter). A reused
     buffer is faulted in already. Buffers are numpy arrays handed out as tensors viewing them: every
-    tensor, view or array derived from a batch key keeps its buffer referenced (a copy moved to shared
-    memory by a DataLoader worker lets it go), so a buffer whose only references are the pool's is
-    free. At most ``size`` buffers are kept; when all are in use, a new unpooled one is made.
+    tensor, view or array derived from a batch key keeps its buffer referenced (a copy that torch moves to
+    shared memory lets it go), so a buffer whose only references are the pool's is free. At most ``size``
+    buffers are kept; when all are in use, a new unpooled one is made.
     """
 
     def __init__(self, size: int = 4):
@@ -72,7 +75,12 @@ _BUFFERS = _BufferPool()
 
 
 def _batch_buffer(*shape: int) -> torch.Tensor:
-    """An uninitialised float32 CPU tensor for a large batch key, from the process's pool (``_BufferPool``)."""
+    """An uninitialised float32 CPU tensor for a large batch key: in a DataLoader worker, in the shared memory of
+    the pack being built (:class:`mmidx.pack.shared.SegmentPool`), else from the process's pool
+    (``_BufferPool``)."""
+    pool = shared.worker_pool()
+    if pool is not None:
+        return pool.tensor(shape, torch.float32)
     return _BUFFERS.take(*shape)
 
 

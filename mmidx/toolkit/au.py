@@ -41,8 +41,8 @@ class Received:
     seconds it cost: ``trainer_cpu_s`` in the rank's own process (receiving and finishing it, and building it
     when there is no worker), ``worker_cpu_s`` in the loader worker that built it, all its threads, and
     ``build_cpu_s`` the part its main thread spent (building it; the rest is handing it over: the queue's thread
-    pickles it into shared memory). Both 0 without workers; None when unknown (a worker's first batch, whose
-    CPU time includes the worker's start)."""
+    pickles it, torch copying into shared memory whatever is not there yet). Both 0 without workers; None when
+    unknown (a worker's first batch, whose CPU time includes the worker's start)."""
 
     tokens: int
     flops: float
