@@ -340,11 +340,18 @@ def head(host: str, size: int, close: bool = True) -> bytes:
 
 
 def answers(url: str, data: bytes, piece: int | None = None) -> bytes:
-    """What the server sends back to ``data`` (in pieces of ``piece`` bytes, if given) until it closes (or 5 s pass)."""
+    """What the server sends back to ``data`` (in pieces of ``piece`` bytes, if given) until it closes (or 5 s pass).
+
+    A server that answers 400 to an oversized head closes the connection with the client's later pieces unread, so
+    its kernel resets it: a send after that fails, and the client, as a browser does, stops sending and reads the
+    answer that arrived before the reset."""
     host, port = url.split("//")[1].strip("/").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as connection:
-        for start in range(0, len(data), piece or len(data)):
-            connection.sendall(data[start:start + (piece or len(data))])
+        try:
+            for start in range(0, len(data), piece or len(data)):
+                connection.sendall(data[start:start + (piece or len(data))])
+        except (BrokenPipeError, ConnectionResetError):
+            pass
         received = b""
         try:
             while chunk := connection.recv(1 << 16):
