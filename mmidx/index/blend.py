@@ -46,13 +46,19 @@ def exhaustive_blending_indices(sizes: np.ndarray | list[int]) -> tuple[np.ndarr
     return dataset_index, dataset_sample_index
 
 
-def _normalize(weights: np.ndarray | list[float]) -> np.ndarray:
-    """Megatron's ``normalize``: ``w / sum(w)`` in float64, after checking the weights."""
+def checked_weights(weights: np.ndarray | list[float]) -> np.ndarray:
+    """``weights`` in float64, checked: a non-empty 1-D sequence of finite, positive numbers."""
     w = np.array(weights, dtype=np.float64)
     if w.ndim != 1 or w.size == 0:
         raise ValueError("weights must be a non-empty 1-D sequence, one weight per dataset")
     if not np.all(np.isfinite(w)) or np.any(w <= 0):
         raise ValueError("weights must be finite and positive; leave out the datasets you do not want")
+    return w
+
+
+def _normalize(weights: np.ndarray | list[float]) -> np.ndarray:
+    """Megatron's ``normalize``: ``w / sum(w)`` in float64, after checking the weights."""
+    w = checked_weights(weights)
     return w / np.sum(w)
 
 

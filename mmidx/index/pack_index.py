@@ -44,7 +44,9 @@ from mmidx.index.subsets import used_samples
 from mmidx.read.dataset import MMIDXDataset
 
 # 3: a schedule of one phase blends by that phase's weights (2 took the groups' weight keys instead)
-INDEX_VERSION = 3
+# 4: a blend of one phase normalises its weights once, as a schedule's phases (3 did twice: the last bits of
+#    the weights differed, so did ties of the blend, and a run edited at a resume was not the packs it trained)
+INDEX_VERSION = 4
 
 
 def _unsigned(bound: int) -> np.dtype:

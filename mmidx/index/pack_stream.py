@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from mmidx import _stream
-from mmidx.index.blend import _normalize
+from mmidx.index.blend import checked_weights
 from mmidx.index.packer import DEFAULT_COST_SLACK, _check_budgets, _check_kernel, _check_policy, _packer, packing_stats
 from mmidx.index.schedule import Phase, PhasedBlend
 from mmidx.index.stream import ViewTable, _group_keys
@@ -70,7 +70,9 @@ class PackStream:
                  chunk_size: int = 1 << 20, phases: list[Phase] | None = None, policy: str = "bagel",
                  window: int = 128, cost_slack: float | None = DEFAULT_COST_SLACK):
         self.table = table
-        self.phases = [Phase(tuple(_normalize(weights)))] if phases is None else list(phases)
+        # the weights as given: the blend normalises each phase's once (normalised here too, w / sum(w) twice is
+        # not w / sum(w) to the last bit, and the same weights blended alone and as a schedule's phase differed)
+        self.phases = [Phase(tuple(checked_weights(weights).tolist()))] if phases is None else list(phases)
         if len(self.phases[0].weights) != table.num_groups or len(mandatory) != table.num_groups:
             raise ValueError("weights, mandatory and the view table need one entry per group")
         if num_samples < 0 or chunk_size < 1:
