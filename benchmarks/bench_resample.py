@@ -6,7 +6,8 @@ Every kernel the CPU runs (``mmidx._pixels.available_kernels()``, forced in turn
 and normalises the same images to BAGEL's sizes (``BAGEL_VIT_TRANSFORM`` / ``BAGEL_VAE_TRANSFORM``'s
 ``output_size``: 512² photos to the ViT's 518², upscales to the VAE's minimum side, downscales of 1536² and
 larger, odd sizes; and a 512² photo kept at 512² for the VAE, which only normalises: the AVX2 kernel computes
-the normalised values, the others look them up), one thread, the kernels taking turns image by image over
+the normalised values, the others look them up; each ViT image also as the pack writes it, in 14-pixel patches:
+``patches_into``), one thread, the kernels taking turns image by image over
 ``--rounds`` rounds (benchmarks/common.py's protocol). Per image: each kernel's median milliseconds of CPU
 time, and the median ratio of the scalar kernel's time to each SIMD kernel's with its spread over the rounds.
 Every kernel's output is checked equal to the scalar kernel's (the tests check each against Pillow).
@@ -17,8 +18,9 @@ taking turns pack by pack; the ratio is per round over the same packs. Decoding 
 so these ratios are smaller than the per-image ones.
 
 ``--baseline PATH`` adds another build of the kernel (the ``mmidx/_pixels*.so`` of another checkout, e.g. one
-before the SIMD kernels) as a side ``baseline`` in the same turns, per image, its output checked equal too, and
-prints its time over the best kernel's: the speed-up of this build over that one.
+before the SIMD kernels, or main's) as a side ``baseline`` in the same turns, per image, its output checked equal
+too, and per pack (its best kernel: the transforms of the same ``PackBuilder`` call it instead, the first pack's
+tensors checked equal), and prints its time over the best kernel's: the speed-up of this build over that one.
 """
 
 from __future__ import annotations
@@ -58,9 +60,14 @@ def load_baseline(path: str) -> ModuleType:
     return module
 
 
+PATCH = 14
+"""BAGEL's ViT patch: a ViT image is also timed as the pack writes it, patchified into ``packed_vit_tokens``."""
+
+
 def image_cases() -> list[tuple[str, np.ndarray, torch.Tensor, ImageTransform]]:
     """(name, pixels, output buffer, transform) per source size and BAGEL transform that resizes it (a
-    transform that keeps the size is left out, but for the 512² photo: normalising alone, t2i's case)."""
+    transform that keeps the size is left out, but for the 512² photo: normalising alone, t2i's case); each ViT
+    image twice: as a (3, H, W) image and as the pack writes it, patches (a (patches, 588) output)."""
     rng = np.random.default_rng(0)
     cases = []
     for width, height in SOURCES:
@@ -69,22 +76,32 @@ def image_cases() -> list[tuple[str, np.ndarray, torch.Tensor, ImageTransform]]:
             new_width, new_height = (int(side) for side in transform.output_shapes(width, height, 1))
             if (new_width, new_height) == (width, height) != (512, 512):
                 continue
-            cases.append((f"{width}×{height} → {new_width}×{new_height} {label}", pixels,
-                          torch.empty(3, new_height, new_width), transform))
+            name = f"{width}×{height} → {new_width}×{new_height} {label}"
+            cases.append((name, pixels, torch.empty(3, new_height, new_width), transform))
+            if label == "vit":
+                patches = torch.empty((new_height // PATCH) * (new_width // PATCH), PATCH * PATCH * 3)
+                cases.append((f"{name} patches", pixels, patches, transform))
     return cases
 
 
 def render(module: ModuleType, kernel: str | None, case: tuple) -> None:
-    """``ImageTransform.normalize_into``'s call of the kernel, with ``module``'s kernel ``kernel`` (a baseline
-    build, ``kernel`` None, may predate the normalise step and its ``normalization`` argument)."""
+    """``ImageTransform.normalize_into``'s (or, for patches, ``patches_into``'s) call of the kernel, with
+    ``module``'s kernel ``kernel`` (a baseline build, ``kernel`` None, may predate the normalise step and its
+    ``normalization`` argument)."""
     _name, pixels, out, transform = case
-    height, width = out.shape[1:]
-    arguments = (pixels, out.numpy(), transform.lookup_table, _vertical_pass_first(pixels, width, height))
-    if kernel is None:
-        module.render_chw(*arguments)
-        return
-    module.set_kernel(kernel)
-    module.render_chw(*arguments, transform.normalization)
+    patches = out.dim() == 2
+    height, width = (int(side) for side in transform.output_shapes(pixels.shape[1], pixels.shape[0], 1)[::-1]) \
+        if patches else out.shape[1:]
+    # a baseline build without the normalise step (no computes_levels) takes no normalization
+    last = () if kernel is None and not hasattr(module, "computes_levels") else (transform.normalization,)
+    if kernel is not None:
+        module.set_kernel(kernel)
+    if patches:
+        module.render_patches(pixels, out.numpy(), transform.lookup_table, height, width, PATCH,
+                              _vertical_pass_first(pixels, width, height), *last)
+    else:
+        module.render_chw(pixels, out.numpy(), transform.lookup_table, _vertical_pass_first(pixels, width, height),
+                          *last)
 
 
 def ratios(names: list[str]) -> list[tuple[str, str]]:
@@ -119,32 +136,48 @@ def per_image(rounds: int, baseline: ModuleType | None) -> dict[str, list[float]
     return {name: turns.per_round(name) for name in names}
 
 
-def per_pack(workdir: Path, modes: list[str], packs: int, rounds: int) -> None:
-    """Print each mode's row: ms per pack per kernel and the scalar kernel's time over each SIMD kernel's."""
+def per_pack(workdir: Path, modes: list[str], packs: int, rounds: int, baseline: ModuleType | None) -> None:
+    """Print each mode's row: ms per pack per kernel (and with ``baseline``, that build, its best kernel, in the
+    same turns), the scalar kernel's time over each SIMD kernel's and the baseline's over the best kernel's."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_pack import MODES, _config_and_items, prepare
 
+    from mmidx.images import transform
     from mmidx.pack.builder import PackBuilder
 
     _raw, datasets = prepare(workdir)
-    names = kernels()
+    names = list(kernels()) + (["baseline"] if baseline else [])
     print(f"\n{'mode (512² JPEGs)':<18}" + "".join(f" {name + ' ms/pack':>17}" for name in names)
-          + "".join(f" {f'{names[0]} / {name}':>28}" for name in names[1:]))
+          + "".join(f" {f'{top} / {bottom}':>28}" for top, bottom in ratios(names)))
     for mode in modes:
         config, items = _config_and_items(datasets, MODES[mode], packs)
         builder = PackBuilder(config)
 
-        def build(name: str, k: int, builder: PackBuilder = builder, items: list = items) -> None:
-            _pixels.set_kernel(name)
-            builder.build(k, items[k]).to_dict()
+        def pack(name: str, k: int, builder: PackBuilder = builder, items: list = items) -> dict:
+            transform._pixels = baseline if name == "baseline" else _pixels  # the module PackBuilder's transforms call
+            if name != "baseline":
+                _pixels.set_kernel(name)
+            try:
+                return builder.build(k, items[k]).to_dict()
+            finally:
+                transform._pixels = _pixels
+
+        def build(name: str, k: int, pack=pack) -> None:
+            pack(name, k)
 
         build(names[-1], 0)  # warm caches
+        first = {name: {key: value.clone() for key, value in pack(name, 0).items() if isinstance(value, torch.Tensor)}
+                 for name in names}  # copies: the batch buffers are reused
+        if any(first[name].keys() != first[names[0]].keys() or
+               not all(torch.equal(value, first[names[0]][key]) for key, value in first[name].items())
+               for name in names):
+            sys.exit(f"the kernels' {mode} packs differ")
         turns = interleave({name: (lambda k, name=name: build(name, k)) for name in names}, range(len(items)),
                            rounds)
         totals = {name: turns.per_round(name) for name in names}
         line = f"{mode:<18}" + "".join(
             f" {statistics.median(totals[name]) / len(items) * 1e3:>17.1f}" for name in names)
-        line += "".join(f" {ratio(totals[names[0]], totals[name])!s:>28}" for name in names[1:])
+        line += "".join(f" {ratio(totals[top], totals[bottom])!s:>28}" for top, bottom in ratios(names))
         print(line, flush=True)
 
 
@@ -155,7 +188,8 @@ def main() -> None:
     parser.add_argument("--pack-rounds", type=int, default=3, help="rounds of the kernels taking turns per pack")
     parser.add_argument("--modes", default="t2i,edit,vlm,mix", help="pack modes, as bench_pack.py's")
     parser.add_argument("--workdir", default="/tmp/mmidx-bench-pack", help="bench_pack.py's corpus and datasets")
-    parser.add_argument("--baseline", help="another build's mmidx/_pixels*.so to time beside these, per image")
+    parser.add_argument("--baseline", help="another build's mmidx/_pixels*.so to time beside these, per image and "
+                                           "per pack")
     args = parser.parse_args()
     torch.set_num_threads(1)
     baseline = load_baseline(args.baseline) if args.baseline else None
@@ -167,7 +201,7 @@ def main() -> None:
     with Watch() as watch:
         totals = per_image(args.rounds, baseline)
         if args.packs:
-            per_pack(Path(args.workdir), args.modes.split(","), args.packs, args.pack_rounds)
+            per_pack(Path(args.workdir), args.modes.split(","), args.packs, args.pack_rounds, baseline)
     if baseline:
         print(f"# baseline: {args.baseline}")
     for top, bottom in ratios(names):

@@ -25,8 +25,10 @@
  * done (a multiple of the vector width: the caller looks up the rest). */
 typedef ptrdiff_t (*mmidx_planes_fn)(const uint8_t *row, ptrdiff_t pixel_stride, ptrdiff_t width,
                                      const float *norm, float *r, float *g, float *b);
-/* Write `count` >= 8 values of pixel-major RGB bytes (value i is channel i % 3) to `out`. */
-typedef void (*mmidx_values_fn)(const uint8_t *in, ptrdiff_t count, const float *norm, float *out);
+/* Write `runs` runs of `count` >= 8 values of pixel-major RGB bytes (value i of a run is channel i % 3) one after
+ * the other to `out`: run r is in[r * stride, r * stride + count) (the rows of one patch). */
+typedef void (*mmidx_values_fn)(const uint8_t *in, ptrdiff_t stride, ptrdiff_t count, ptrdiff_t runs,
+                                const float *norm, float *out);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -117,7 +119,8 @@ static ptrdiff_t mmidx_planes_avx2(const uint8_t *row, ptrdiff_t pixel_stride, p
 }
 
 __attribute__((target("avx2")))
-static void mmidx_values_avx2(const uint8_t *in, ptrdiff_t count, const float *norm, float *out) {
+static void mmidx_values_avx2(const uint8_t *in, ptrdiff_t stride, ptrdiff_t count, ptrdiff_t runs,
+                              const float *norm, float *out) {
     /* Value i is channel i % 3, so a vector starting at value i needs the constants of phase i % 3. */
     float divisor[3];
     const int multiply = mmidx_divisors(norm, divisor);
@@ -129,17 +132,18 @@ static void mmidx_values_avx2(const uint8_t *in, ptrdiff_t count, const float *n
                                        divisor[p % 3], divisor[(p + 1) % 3], divisor[(p + 2) % 3],
                                        divisor[p % 3], divisor[(p + 1) % 3]);
     }
-    ptrdiff_t i = 0;
-    for (; i + 8 <= count; i += 8) {
-        const int p = (int)(i % 3);
-        const __m128i levels = _mm_loadl_epi64((const __m128i *)(in + i));
-        _mm256_storeu_ps(out + i, mmidx_normalize8(levels, mean[p], divisor_of[p], multiply));
-    }
-    if (i < count) {   /* the last 8 values, overlapping ones already written (with the same values) */
-        i = count - 8;
-        const int p = (int)(i % 3);
-        const __m128i levels = _mm_loadl_epi64((const __m128i *)(in + i));
-        _mm256_storeu_ps(out + i, mmidx_normalize8(levels, mean[p], divisor_of[p], multiply));
+    const int last = (int)((count - 8) % 3);
+    for (ptrdiff_t r = 0; r < runs; r++, in += stride, out += count) {
+        ptrdiff_t i = 0;
+        int p = 0;                         /* (8 * k) % 3 steps 0, 2, 1, 0, ... */
+        for (; i + 8 <= count; i += 8, p = p ? p - 1 : 2) {
+            const __m128i levels = _mm_loadl_epi64((const __m128i *)(in + i));
+            _mm256_storeu_ps(out + i, mmidx_normalize8(levels, mean[p], divisor_of[p], multiply));
+        }
+        if (i < count) {   /* the last 8 values, overlapping ones already written (with the same values) */
+            const __m128i levels = _mm_loadl_epi64((const __m128i *)(in + count - 8));
+            _mm256_storeu_ps(out + count - 8, mmidx_normalize8(levels, mean[last], divisor_of[last], multiply));
+        }
     }
 }
 #endif

@@ -100,6 +100,26 @@ def test_patches_equal_patchify_of_the_reference(patch):
 
 
 @pytest.mark.usefixtures("resize_kernel")
+@pytest.mark.parametrize("patch", [14, 2, 5])
+@pytest.mark.parametrize(("size", "new_size"), [
+    ((70, 42), (70, 42)), ((50, 42), (70, 42)), ((70, 30), (70, 42)), ((64, 40), (42, 28)), ((48, 300), (84, 28)),
+], ids=["no-resize", "horizontal", "vertical", "both", "vertical-first"])
+def test_patches_from_every_pass_and_pixel_layout_equal_patchify_of_the_reference_in_their_rows_only(
+        size, new_size, patch):
+    """Each pass combination of the resize (vertical-first: Pillow 13's order when the height shrinks most), from
+    3- and 4-byte pixels, each row of patches written whole into the rows of a larger buffer and nothing beside;
+    patch 2's 6-value runs are looked up, the others computed with AVX2 where the kernel is avx2."""
+    width, height = new_size[0] // patch * patch, new_size[1] // patch * patch
+    image = random_image(np.random.default_rng(width * height + patch), *size)
+    expected = patchify(pil_reference(image, width, height, IMAGENET), patch)
+    for pixels in (np.asarray(image), rgb_pixels(image)):
+        buffer = torch.full((len(expected) + 2, patch * patch * 3), 7.0)
+        IMAGENET.patches_into(pixels, buffer[1:-1], patch, height, width)
+        assert torch.equal(buffer[1:-1], expected), pixels.strides
+        assert torch.all(buffer[0] == 7) and torch.all(buffer[-1] == 7)
+
+
+@pytest.mark.usefixtures("resize_kernel")
 @pytest.mark.parametrize(("image", "fmt", "options"), [
     (noise("RGB", 301, 97), "JPEG", {}), (noise("L", 97, 301), "JPEG", {}), (noise("CMYK", 130, 130), "JPEG", {}),
     (noise("RGBA", 150, 40), "PNG", {}), (noise("LA", 40, 150), "PNG", {}), (noise("L", 66, 70), "PNG", {}),
