@@ -115,12 +115,68 @@ def test_a_bad_entry_is_dropped_and_fetched_again_never_served(tmp_path, damage)
         raw = bytearray()
     entry.write_bytes(raw)
     calls = len(source.calls)
+    # The process that stored the block serves the bytes it checked, from memory (never the damaged file's):
     assert cache.read(key, 3 * BLOCK + 10, 3 * BLOCK + 2000, source) == data[3 * BLOCK + 10:3 * BLOCK + 2000]
+    assert len(source.calls) == calls
+    other = opened(tmp_path, 1 << 20)  # another process reads the damaged entry from the folder
+    assert other.read(key, 3 * BLOCK + 10, 3 * BLOCK + 2000, source) == data[3 * BLOCK + 10:3 * BLOCK + 2000]
     assert source.calls[calls:] == [(3 * BLOCK, 4 * BLOCK)]  # fetched again
-    cache.flush()
+    other.flush()
     assert read_state(cache.data)["run"]["dropped"] == 1
-    assert cache.read(key, 3 * BLOCK, 4 * BLOCK, source) == data[3 * BLOCK:4 * BLOCK]  # stored again, good
-    assert len(source.calls) == calls + 1 and consistent(cache)
+    assert other.read(key, 3 * BLOCK, 4 * BLOCK, source) == data[3 * BLOCK:4 * BLOCK]  # stored again, good
+    assert opened(tmp_path, 1 << 20).read(key, 3 * BLOCK, 4 * BLOCK, source) == data[3 * BLOCK:4 * BLOCK]
+    assert len(source.calls) == calls + 1 and consistent(other)
+
+
+def test_a_block_read_again_is_served_from_the_processs_memory_without_opening_its_entry(tmp_path):
+    data = blob_of(10 * BLOCK + 123)
+    source, key = Source(data), key_of(data)
+    cache = opened(tmp_path, 1 << 20)
+    assert cache.read(key, 0, len(data), source) == data  # fetched, stored and kept
+    assert opened(tmp_path, 1 << 20).read(key, 0, len(data), source) == data  # read back and checked, kept
+    entries = cache.data / SHA / "images"
+    for entry in entries.iterdir():
+        entry.unlink()  # gone by hand: the folder no longer holds these bytes, the cache's arrays still say so
+    for start, stop in [(0, 1), (5, 3 * BLOCK + 9), (2 * BLOCK, 3 * BLOCK), (9 * BLOCK + 7, len(data))]:
+        assert cache.read(key, start, stop, source) == data[start:stop]
+        assert cache.at_hand(key, start, stop) == data[start:stop]
+        assert cache.read(key, start, stop, source).readonly  # nobody can change what the process keeps
+    assert source.calls == [(0, len(data))]  # no request, no entry opened
+    assert opened(tmp_path, 1 << 20).read(key, 0, BLOCK, source) == data[:BLOCK]  # another process fetches
+    assert source.calls[1:] == [(0, BLOCK)]
+
+
+def test_a_kept_block_another_process_evicted_is_a_miss_read_from_the_cache_again(tmp_path):
+    data, other = blob_of(8 * BLOCK), blob_of(40 * BLOCK, 1)
+    source, key = Source(data), key_of(data)
+    cache = opened(tmp_path, 16 * 2 * BLOCK)  # 16 entries of a header and a block (2 pages each), less the arrays
+    assert cache.read(key, 0, 4 * BLOCK, source) == data[:4 * BLOCK]
+    assert cache.at_hand(key, 0, 4 * BLOCK) == data[:4 * BLOCK]
+    neighbour = opened(tmp_path, 16 * 2 * BLOCK)  # another process reads another file: the least recently read go
+    for block in range(40):
+        neighbour.read(key_of(other, role="bin"), block * BLOCK, (block + 1) * BLOCK, Source(other))
+    assert not (cache.data / SHA / "images" / "0").exists()
+    assert cache.at_hand(key, 0, BLOCK) is None  # evicted: no longer a hit, though this process kept its bytes
+    assert cache.read(key, 0, BLOCK, source) == data[:BLOCK]
+    assert source.calls == [(0, 4 * BLOCK), (0, BLOCK)]  # a miss, fetched again
+    assert cache.at_hand(key, 0, BLOCK) == data[:BLOCK] and consistent(cache)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 6), st.lists(st.tuples(st.integers(0, 20 * BLOCK - 1), st.integers(1, 5 * BLOCK)),
+                                   min_size=1, max_size=30))
+def test_the_blocks_a_process_keeps_stay_within_its_bound(tmp_path_factory, kept_blocks, reads):
+    data = blob_of(20 * BLOCK)
+    source, key = Source(data), key_of(data)
+    cache = opened(tmp_path_factory.mktemp("c"), 1 << 20)
+    cache.kept.limit = kept_blocks * BLOCK
+    for start, length in reads:
+        stop = min(start + length, len(data))
+        assert cache.read(key, start, stop, source) == data[start:stop]
+        held = cache.kept._blocks.values()
+        assert cache.kept.bytes == sum(len(kept.data) for kept in held) <= cache.kept.limit
+        assert all(kept.data == data[block * BLOCK:(block + 1) * BLOCK]
+                   for (_, _, block), kept in cache.kept._blocks.items())
 
 
 def test_a_changed_dataset_never_serves_the_old_versions_bytes(tmp_path):
