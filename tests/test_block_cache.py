@@ -25,10 +25,12 @@ from mmidx.io.cache_folder import (
     CacheError,
     CacheSettings,
     cache_settings,
+    checked,
     create,
     folder_bytes,
     parse_size,
     read_state,
+    repair,
 )
 from mmidx.read.next_use import STEP, NextUse, next_reads, simulate
 
@@ -393,6 +395,28 @@ def test_a_state_left_busy_is_repaired_with_its_temporaries_and_half_made_roles(
     assert (cache.data / "mine.txt").exists()
     assert consistent(cache)
     assert cache.read(key_of(data), 0, len(data), Source(data)) == data
+
+
+def test_a_process_opening_the_cache_while_another_repairs_it_is_never_refused(tmp_path):
+    """A repair (the first lock holder of a run) empties tmp/ and keeps it: a process checking the folder meanwhile
+    found it missing, or a file, and was refused as if the folder were not writable."""
+    settings = CacheSettings(tmp_path / "cache", 1 << 30)
+    create(settings.folder, BLOCK)
+    done = threading.Event()
+
+    def repairing():
+        while not done.is_set():
+            repair(settings.data, BLOCK, None)
+
+    thread = threading.Thread(target=repairing)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            assert checked(settings, BLOCK) == BLOCK
+    finally:
+        done.set()
+        thread.join()
 
 
 def test_bad_configuration_is_one_clear_error(tmp_path):
