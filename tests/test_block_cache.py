@@ -520,6 +520,10 @@ def test_next_use_answers_as_a_scan_of_the_whole_run_however_far_its_window_has_
     short = NextUse(packs, sample_bytes, lambda step: [step], range(700), lambda pack: pack, BLOCK, 4 * BLOCK)
     for now in range(0, 700, 37):  # a window of one chunk, rebuilt as the steps pass its middle
         short.at(now)
+        found = short.next_use(("f", "images"), blocks, None).tolist()
         assert now in short.window and len(short.window) <= 256
-        assert short.next_use(("f", "images"), blocks, None).tolist() == [
-            found if (found := scanned(b, now)) < short.window.stop else NEVER for b in blocks]
+        assert found == [step if (step := scanned(b, now)) < short.window.stop else NEVER for b in blocks]
+    idle = NextUse(packs, sample_bytes, lambda step: [step], range(700), lambda pack: pack, BLOCK, 10**9)
+    for now in range(0, 700, 37):
+        idle.at(now)
+    assert not idle.window  # never asked (a cache that never evicts): the window was never built
