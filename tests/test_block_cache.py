@@ -164,6 +164,22 @@ def test_a_kept_block_another_process_evicted_is_a_miss_read_from_the_cache_agai
     assert cache.at_hand(key, 0, BLOCK) == data[:BLOCK] and consistent(cache)
 
 
+def test_a_read_of_kept_blocks_never_waits_for_a_store_under_way(tmp_path):
+    data = blob_of(8 * BLOCK)
+    source, key = Source(data), key_of(data)
+    cache = opened(tmp_path, 1 << 20)
+    cache.read(key, 0, len(data), source)
+    cache._flushed = 0  # its counters are due to be added to the state
+    served = []
+    with cache._lock, cache.accounting.hold():  # another thread of the process storing, the folder's lock held
+        reader = threading.Thread(target=lambda: served.append(cache.read(key, 5, 3 * BLOCK, source)))
+        reader.start()
+        reader.join(timeout=5)
+        assert not reader.is_alive() and served == [data[5:3 * BLOCK]]
+    cache.flush()
+    assert read_state(cache.data)["run"]["hits"] == 3 and len(source.calls) == 1
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 6), st.lists(st.tuples(st.integers(0, 20 * BLOCK - 1), st.integers(1, 5 * BLOCK)),
                                    min_size=1, max_size=30))

@@ -126,7 +126,8 @@ class BlockCache:
         self._roles: dict[tuple[str, str], _Role] = {}
         self._names = itertools.count()
         self._flushed, self._pid = time.monotonic(), os.getpid()
-        self._lock = threading.Lock()  # the counters and the maps, across this process's threads
+        self._lock = threading.Lock()  # stores and evictions, and the maps, across this process's threads
+        self._counting = threading.Lock()  # the counters (the others, set under _lock, are not a read's)
         self.kept = KeptBlocks(KEPT_BYTES)
         self.block_size = folder_.checked(settings, block_size)
         self.accounting = folder_.Accounting(self.data, self.block_size)
@@ -370,11 +371,17 @@ class BlockCache:
     # -- counters -------------------------------------------------------------------------------------------
 
     def _count(self, **amounts: int) -> None:
-        with self._lock:
+        """Add a read's counts (hits, misses, bytes): under their own lock, so that a read never waits for a store
+        of this process's (which holds ``_lock`` while it writes, and the folder's lock)."""
+        with self._counting:
             for name, amount in amounts.items():
                 self.counters[name] += amount
-        if time.monotonic() - self._flushed > FLUSH_SECONDS:
-            self.flush()
+        if time.monotonic() - self._flushed > FLUSH_SECONDS and self._lock.acquire(blocking=False):
+            try:  # (a store under way adds them itself)
+                with self.accounting.hold() as state:
+                    self._flush(state)
+            finally:
+                self._lock.release()
 
     def flush(self) -> None:
         """Add this process's counters to the run's, in the state."""
@@ -383,7 +390,8 @@ class BlockCache:
                 self._flush(state)
 
     def _flush(self, state: dict[str, Any]) -> None:
-        for name, amount in self.counters.items():
-            state["run"][name] = state["run"].get(name, 0) + amount
-            self.counters[name] = 0
-        self._flushed = time.monotonic()
+        with self._counting:
+            for name, amount in self.counters.items():
+                state["run"][name] = state["run"].get(name, 0) + amount
+                self.counters[name] = 0
+            self._flushed = time.monotonic()
