@@ -48,8 +48,7 @@ class RemoteFile:
     def __init__(self, uri: str, size: int, key: FileKey | None = None, settings: CacheSettings | None = None):
         self.uri, self.size, self.key, self.settings = uri, size, key, settings
         self.requests = self.misses = 0
-        self._fs, self._path = filesystem(uri)
-        self._handle: Any = None
+        self._handle: Any = None  # opened at the first request (a worker served by the cache makes none)
         self._lock = threading.Lock()
         self._chunks: dict[Any, tuple[list[int], list[Chunk]]] = {}  # by tag: the starts, and the chunks, sorted
         self._cache: tuple[int, BlockCache | None] | None = None
@@ -79,7 +78,8 @@ class RemoteFile:
         """Bytes [start, stop) from storage: one ranged request, retried."""
         def read() -> bytes:
             if self._handle is None:
-                self._handle = self._fs.open_input_file(self._path)
+                system, path = filesystem(self.uri)
+                self._handle = system.open_input_file(path)
             return self._handle.read_at(stop - start, start)
 
         with self._lock:
