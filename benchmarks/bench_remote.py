@@ -21,6 +21,10 @@ The readers take turns, ``--rounds`` times (the first reader rotating), so that 
 hits them alike; each reader's rate is the median over rounds, and its ratio to local files the median of
 the per-round ratios, with their range. The load, and the cores other processes used, are printed under the
 table, whose ratios are withheld when other processes used more than half a core (benchmarks/common.py).
+Beside the rates, the CPU each reader cost per pack handed out (median over rounds; the first, untimed pack,
+the workers' start and the packs they built ahead included): the loader workers' (where packs are built and
+the cache is read), and this process's, which holds the trainer's loop but also the S3 server and the proxy:
+what a remote reader makes the store spend on the same cores shows, and CPU is less distorted by load than rates.
 
     python benchmarks/bench_remote.py --packs 20 --workers 2 --delay-ms 20
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import socket
 import statistics
 import tempfile
@@ -148,6 +153,12 @@ def measure(loader, packs: int) -> tuple[float, int]:
     return count / (time.perf_counter() - start), count
 
 
+def children_seconds() -> float:
+    """CPU seconds of this process's children that have ended (the loaders' workers)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--packs", type=int, default=40, help="packs timed per reader")
@@ -193,6 +204,7 @@ def main() -> None:
         measure(loader_of("s3://bench/data/t2i", args.packs + 1, args.workers, True), args.packs)
     rates: dict[str, list[float]] = {name: [] for name, *_ in readers}
     requests: dict[str, list[float]] = {name: [] for name, *_ in readers}
+    cpu: dict[str, list[tuple[float, float]]] = {name: [] for name, *_ in readers}  # (workers, this process)
     with Watch() as watch:
         for round_ in range(args.rounds):  # in turn, the first reader rotating
             shift = round_ % len(readers)
@@ -200,22 +212,28 @@ def main() -> None:
                 if cache == "cold":
                     clear_cache(folder / "cache-cold")
                     create(folder / "cache-cold", args.block_size)
+                spent = children_seconds(), time.process_time()
                 with reading_through(folder, cache, limits):
                     loader = loader_of(prefix, args.packs + 1, args.workers, prefetch)
                     before = proxy.data_requests
-                    rate, count = measure(loader, args.packs)
+                    rate, count = measure(loader, args.packs)  # its workers are joined when it returns
                 rates[name].append(rate)
                 requests[name].append((proxy.data_requests - before) / (count + 1))
+                cpu[name].append(((children_seconds() - spent[0]) / (count + 1),
+                                  (time.process_time() - spent[1]) / (count + 1)))
     local = rates["local files"]
     print(f"machine: {machine()}")
     print(f"dataset: {args.samples} samples, " + ", ".join(f"{n} {s / 1e6:.1f} MB" for n, s in sorted(sizes.items()))
           + f"; {args.delay_ms:g} ms added per request; {args.workers} workers; {args.packs} packs timed per reader "
           f"and round, {args.rounds} rounds; cache blocks of {args.block_size:,} bytes, half = a limit of "
           f"{limits['half']:,} bytes")
-    print(f"{'reader':<24}{'packs/s, median':>16}{'× local files, median (range)':>40}{'data requests/pack':>20}")
+    print(f"{'reader':<24}{'packs/s, median':>16}{'× local files, median (range)':>40}{'data requests/pack':>20}"
+          f"{'CPU ms/pack: workers':>22}{'this process':>14}")
     for name, *_ in readers:
+        workers, own = (statistics.median(spent[side] for spent in cpu[name]) * 1e3 for side in (0, 1))
         print(f"{name:<24}{statistics.median(rates[name]):>16.2f}"
-              f"{watch.headline(str(ratio(rates[name], local))):>40}{max(requests[name]):>20.1f}")
+              f"{watch.headline(str(ratio(rates[name], local))):>40}{max(requests[name]):>20.1f}"
+              f"{workers:>22.1f}{own:>14.1f}")
     print(f"# {watch.describe()}")
     server.stop()
 

@@ -25,10 +25,12 @@ from mmidx.io.cache_folder import (
     CacheError,
     CacheSettings,
     cache_settings,
+    checked,
     create,
     folder_bytes,
     parse_size,
     read_state,
+    repair,
 )
 from mmidx.read.next_use import STEP, NextUse, next_reads, simulate
 
@@ -115,12 +117,84 @@ def test_a_bad_entry_is_dropped_and_fetched_again_never_served(tmp_path, damage)
         raw = bytearray()
     entry.write_bytes(raw)
     calls = len(source.calls)
+    # The process that stored the block serves the bytes it checked, from memory (never the damaged file's):
     assert cache.read(key, 3 * BLOCK + 10, 3 * BLOCK + 2000, source) == data[3 * BLOCK + 10:3 * BLOCK + 2000]
+    assert len(source.calls) == calls
+    other = opened(tmp_path, 1 << 20)  # another process reads the damaged entry from the folder
+    assert other.read(key, 3 * BLOCK + 10, 3 * BLOCK + 2000, source) == data[3 * BLOCK + 10:3 * BLOCK + 2000]
     assert source.calls[calls:] == [(3 * BLOCK, 4 * BLOCK)]  # fetched again
-    cache.flush()
+    other.flush()
     assert read_state(cache.data)["run"]["dropped"] == 1
-    assert cache.read(key, 3 * BLOCK, 4 * BLOCK, source) == data[3 * BLOCK:4 * BLOCK]  # stored again, good
-    assert len(source.calls) == calls + 1 and consistent(cache)
+    assert other.read(key, 3 * BLOCK, 4 * BLOCK, source) == data[3 * BLOCK:4 * BLOCK]  # stored again, good
+    assert opened(tmp_path, 1 << 20).read(key, 3 * BLOCK, 4 * BLOCK, source) == data[3 * BLOCK:4 * BLOCK]
+    assert len(source.calls) == calls + 1 and consistent(other)
+
+
+def test_a_block_read_again_is_served_from_the_processs_memory_without_opening_its_entry(tmp_path):
+    data = blob_of(10 * BLOCK + 123)
+    source, key = Source(data), key_of(data)
+    cache = opened(tmp_path, 1 << 20)
+    assert cache.read(key, 0, len(data), source) == data  # fetched, stored and kept
+    assert opened(tmp_path, 1 << 20).read(key, 0, len(data), source) == data  # read back and checked, kept
+    entries = cache.data / SHA / "images"
+    for entry in entries.iterdir():
+        entry.unlink()  # gone by hand: the folder no longer holds these bytes, the cache's arrays still say so
+    for start, stop in [(0, 1), (5, 3 * BLOCK + 9), (2 * BLOCK, 3 * BLOCK), (9 * BLOCK + 7, len(data))]:
+        assert cache.read(key, start, stop, source) == data[start:stop]
+        assert cache.at_hand(key, start, stop) == data[start:stop]
+        assert cache.read(key, start, stop, source).readonly  # nobody can change what the process keeps
+    assert source.calls == [(0, len(data))]  # no request, no entry opened
+    assert opened(tmp_path, 1 << 20).read(key, 0, BLOCK, source) == data[:BLOCK]  # another process fetches
+    assert source.calls[1:] == [(0, BLOCK)]
+
+
+def test_a_kept_block_another_process_evicted_is_a_miss_read_from_the_cache_again(tmp_path):
+    data, other = blob_of(8 * BLOCK), blob_of(40 * BLOCK, 1)
+    source, key = Source(data), key_of(data)
+    cache = opened(tmp_path, 16 * 2 * BLOCK)  # 16 entries of a header and a block (2 pages each), less the arrays
+    assert cache.read(key, 0, 4 * BLOCK, source) == data[:4 * BLOCK]
+    assert cache.at_hand(key, 0, 4 * BLOCK) == data[:4 * BLOCK]
+    neighbour = opened(tmp_path, 16 * 2 * BLOCK)  # another process reads another file: the least recently read go
+    for block in range(40):
+        neighbour.read(key_of(other, role="bin"), block * BLOCK, (block + 1) * BLOCK, Source(other))
+    assert not (cache.data / SHA / "images" / "0").exists()
+    assert cache.at_hand(key, 0, BLOCK) is None  # evicted: no longer a hit, though this process kept its bytes
+    assert cache.read(key, 0, BLOCK, source) == data[:BLOCK]
+    assert source.calls == [(0, 4 * BLOCK), (0, BLOCK)]  # a miss, fetched again
+    assert cache.at_hand(key, 0, BLOCK) == data[:BLOCK] and consistent(cache)
+
+
+def test_a_read_of_kept_blocks_never_waits_for_a_store_under_way(tmp_path):
+    data = blob_of(8 * BLOCK)
+    source, key = Source(data), key_of(data)
+    cache = opened(tmp_path, 1 << 20)
+    cache.read(key, 0, len(data), source)
+    cache._flushed = 0  # its counters are due to be added to the state
+    served = []
+    with cache._lock, cache.accounting.hold():  # another thread of the process storing, the folder's lock held
+        reader = threading.Thread(target=lambda: served.append(cache.read(key, 5, 3 * BLOCK, source)))
+        reader.start()
+        reader.join(timeout=5)
+        assert not reader.is_alive() and served == [data[5:3 * BLOCK]]
+    cache.flush()
+    assert read_state(cache.data)["run"]["hits"] == 3 and len(source.calls) == 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 6), st.lists(st.tuples(st.integers(0, 20 * BLOCK - 1), st.integers(1, 5 * BLOCK)),
+                                   min_size=1, max_size=30))
+def test_the_blocks_a_process_keeps_stay_within_its_bound(tmp_path_factory, kept_blocks, reads):
+    data = blob_of(20 * BLOCK)
+    source, key = Source(data), key_of(data)
+    cache = opened(tmp_path_factory.mktemp("c"), 1 << 20)
+    cache.kept.limit = kept_blocks * BLOCK
+    for start, length in reads:
+        stop = min(start + length, len(data))
+        assert cache.read(key, start, stop, source) == data[start:stop]
+        held = cache.kept._blocks.values()
+        assert cache.kept.bytes == sum(len(kept.data) for kept in held) <= cache.kept.limit
+        assert all(kept.data == data[block * BLOCK:(block + 1) * BLOCK]
+                   for (_, _, block), kept in cache.kept._blocks.items())
 
 
 def test_a_changed_dataset_never_serves_the_old_versions_bytes(tmp_path):
@@ -339,6 +413,28 @@ def test_a_state_left_busy_is_repaired_with_its_temporaries_and_half_made_roles(
     assert cache.read(key_of(data), 0, len(data), Source(data)) == data
 
 
+def test_a_process_opening_the_cache_while_another_repairs_it_is_never_refused(tmp_path):
+    """A repair (the first lock holder of a run) empties tmp/ and keeps it: a process checking the folder meanwhile
+    found it missing, or a file, and was refused as if the folder were not writable."""
+    settings = CacheSettings(tmp_path / "cache", 1 << 30)
+    create(settings.folder, BLOCK)
+    done = threading.Event()
+
+    def repairing():
+        while not done.is_set():
+            repair(settings.data, BLOCK, None)
+
+    thread = threading.Thread(target=repairing)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            assert checked(settings, BLOCK) == BLOCK
+    finally:
+        done.set()
+        thread.join()
+
+
 def test_bad_configuration_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(CacheError, match=r"cannot be written there .*writable --cache-dir"):
@@ -440,6 +536,10 @@ def test_next_use_answers_as_a_scan_of_the_whole_run_however_far_its_window_has_
     short = NextUse(packs, sample_bytes, lambda step: [step], range(700), lambda pack: pack, BLOCK, 4 * BLOCK)
     for now in range(0, 700, 37):  # a window of one chunk, rebuilt as the steps pass its middle
         short.at(now)
+        found = short.next_use(("f", "images"), blocks, None).tolist()
         assert now in short.window and len(short.window) <= 256
-        assert short.next_use(("f", "images"), blocks, None).tolist() == [
-            found if (found := scanned(b, now)) < short.window.stop else NEVER for b in blocks]
+        assert found == [step if (step := scanned(b, now)) < short.window.stop else NEVER for b in blocks]
+    idle = NextUse(packs, sample_bytes, lambda step: [step], range(700), lambda pack: pack, BLOCK, 10**9)
+    for now in range(0, 700, 37):
+        idle.at(now)
+    assert not idle.window  # never asked (a cache that never evicts): the window was never built

@@ -1,10 +1,12 @@
 """``BlockCache``: a node's disk cache of remote data files, in fixed blocks, shared by its processes, within a limit.
 
-A read of bytes [a, b) of a remote file is served block by block: a block found in the cache is read whole
-and checked against its digest (a bad one is dropped and fetched again, never served); the missing blocks are
-fetched, each run of neighbours in one ranged request, and stored. Readers take no lock: an entry is written
-under a temporary name and renamed into place, so a reader finds a whole entry or none. Storing and evicting
-take the folder's lock (:class:`mmidx.io.cache_folder.Accounting`), which keeps the folder within its limit.
+A read of bytes [a, b) of a remote file is served block by block: a block this process keeps, checked, while
+the cache still holds its entry, from memory (:mod:`mmidx.io.kept_blocks`: no system call); one found in the
+cache is read whole and checked against its digest (a bad one is dropped and fetched again, never served), then
+kept; the missing blocks are fetched, each run of neighbours in one ranged request, stored and kept (served
+from what was fetched, not read back). Readers take no lock: an entry is written under a temporary name and
+renamed into place, so a reader finds a whole entry or none. Storing and evicting take the folder's lock
+(:class:`mmidx.io.cache_folder.Accounting`), which keeps the folder within its limit.
 
 Eviction keeps what is needed soonest: a policy (:mod:`mmidx.read.next_use`, which knows the steps ahead from
 the pack order) gives each block the step that reads it next, and when a block must make room, the blocks read
@@ -35,8 +37,10 @@ import xxhash
 
 from mmidx.io import cache_folder as folder_
 from mmidx.io.cache_folder import HEADER, MAGIC, CacheError, CacheSettings
+from mmidx.io.kept_blocks import KeptBlocks, joined
 
 NEVER = np.iinfo(np.int64).max  # the next use of a block no step ahead reads
+KEPT_BYTES = 32 << 20  # checked blocks a process keeps in memory (BlockCache.at_hand), at most
 HEADROOM = 32  # an eviction frees 1/HEADROOM of the limit beyond what it needs, so evictions come in batches
 FLUSH_SECONDS = 1.0  # a process adds its counters to the state at least this often while it reads
 
@@ -68,6 +72,14 @@ def keep_nearest(next_use: np.ndarray, touched: np.ndarray, sizes: np.ndarray, r
     order = np.lexsort((-touched.astype(np.float64), next_use))
     keep[order] = np.cumsum(sizes[order]) <= room - headroom
     return keep
+
+
+def read_into(fd: int, buffer: bytearray) -> int:
+    """Read the file ``fd`` from its start into ``buffer`` until it is full or the file ends; the bytes read."""
+    view, got = memoryview(buffer), 0
+    while got < len(buffer) and (count := os.preadv(fd, [view[got:]], got)):
+        got += count
+    return got
 
 
 def digest(key: FileKey, block: int, data: bytes | memoryview) -> bytes:
@@ -114,7 +126,9 @@ class BlockCache:
         self._roles: dict[tuple[str, str], _Role] = {}
         self._names = itertools.count()
         self._flushed, self._pid = time.monotonic(), os.getpid()
-        self._lock = threading.Lock()  # the counters and the maps, across this process's threads
+        self._lock = threading.Lock()  # stores and evictions, and the maps, across this process's threads
+        self._counting = threading.Lock()  # the counters (the others, set under _lock, are not a read's)
+        self.kept = KeptBlocks(KEPT_BYTES)
         self.block_size = folder_.checked(settings, block_size)
         self.accounting = folder_.Accounting(self.data, self.block_size)
         self._users = os.open(self.data / "users", os.O_RDWR | os.O_CREAT, 0o644)
@@ -135,13 +149,16 @@ class BlockCache:
     # -- reading --------------------------------------------------------------------------------------------
 
     def read(self, key: FileKey, start: int, stop: int, fetch: Callable[[int, int], bytes],
-             pack: int | None = None) -> bytes:
+             pack: int | None = None) -> memoryview:
         """Bytes [start, stop) of the file ``key``: its blocks from the cache, the missing ones from ``fetch(a, b)``
         (one call per run of neighbours), stored for later reads; ``pack``: the pack they are fetched for."""
-        size = self.block_size
+        size, stop = self.block_size, min(stop, key.size)
         blocks = range(start // size, (stop - 1) // size + 1)
-        found = {block: self._load(key, block) for block in blocks}
-        missing = [block for block, data in found.items() if data is None]
+        found = self._at_hand(key, blocks)
+        for index, block in enumerate(blocks):
+            if found[index] is None:
+                found[index] = self._load(key, block)
+        missing = [block for block, data in zip(blocks, found, strict=True) if data is None]
         fetched = 0
         for _, run in itertools.groupby(enumerate(missing), lambda pair: pair[1] - pair[0]):
             run_blocks = [block for _, block in run]
@@ -149,46 +166,79 @@ class BlockCache:
             data = memoryview(fetch(first, min((run_blocks[-1] + 1) * size, key.size)))
             fetched += len(data)
             new = {block: data[block * size - first:(block + 1) * size - first] for block in run_blocks}
-            found.update(new)
+            for block, part in new.items():  # served from what was fetched, not read back
+                found[block - blocks.start] = part
             self._store(key, new, pack)
-        self._count(hits=len(found) - len(missing), misses=len(missing), bytes_fetched=fetched,
-                    bytes_from_cache=sum(len(found[block]) for block in blocks) - fetched)
-        parts = [memoryview(found[block])[max(start - block * size, 0):stop - block * size] for block in blocks]
-        return parts[0].tobytes() if len(parts) == 1 else b"".join(parts)
+        self._count(hits=len(blocks) - len(missing), misses=len(missing), bytes_fetched=fetched,
+                    bytes_from_cache=sum(map(len, found)) - fetched)
+        return joined(found, start - blocks.start * size, stop - start)
+
+    def at_hand(self, key: FileKey, start: int, stop: int) -> memoryview | None:
+        """Bytes [start, stop) of the file ``key`` if this process keeps every block they lie in, checked, and
+        each is still in the cache (no system call, no request); else None."""
+        size, stop = self.block_size, min(stop, key.size)
+        blocks = range(start // size, (stop - 1) // size + 1)
+        found = self._at_hand(key, blocks)
+        if any(data is None for data in found):
+            return None
+        self._count(hits=len(blocks), bytes_from_cache=sum(map(len, found)))
+        return joined(found, start - blocks.start * size, stop - start)
 
     def _path(self, key: FileKey, block: int) -> str:
         return f"{self.data}/{key.sha}/{key.role}/{block}"
 
+    def _at_hand(self, key: FileKey, blocks: range) -> list[memoryview | None]:
+        """The kept bytes of each of ``blocks`` whose entry is still the one checked (None for the others); the
+        blocks' read times (the hint) set."""
+        role = self._roles.get(key[:2])
+        if role is None:
+            return [None] * len(blocks)
+        role.used[blocks.start:blocks.stop] = time.time_ns()
+        return self.kept.get(key.sha, key.role, blocks, role.present)
+
     def _load(self, key: FileKey, block: int) -> memoryview | None:
-        """The block's bytes if a good entry holds them (no lock); a bad entry is dropped."""
+        """The block's bytes if a good entry holds them (no lock), kept; a bad entry is dropped."""
+        role = self._mapped_role(key)
+        stamp = int(role.present[block]) if role is not None else 0  # before the entry is read: never newer
+        expected = min(self.block_size, key.size - block * self.block_size)
+        raw = bytearray(HEADER + expected + 1)  # a byte more: a longer file shows
         try:
-            with open(self._path(key, block), "rb") as stream:
-                raw, inode = stream.read(), os.fstat(stream.fileno()).st_ino
+            fd = os.open(self._path(key, block), os.O_RDONLY)
         except OSError:
             return None
-        expected = min(self.block_size, key.size - block * self.block_size)
-        data = memoryview(raw)[HEADER:]
-        if len(raw) != HEADER + expected or raw[:len(MAGIC)] != MAGIC or raw[len(MAGIC):HEADER] != digest(key, block,
-                                                                                                        data):
+        try:
+            inode, got = os.fstat(fd).st_ino, read_into(fd, raw)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        data = memoryview(raw).toreadonly()[HEADER:HEADER + expected]  # kept: no reader may change it
+        if got != HEADER + expected or raw[:len(MAGIC)] != MAGIC or raw[len(MAGIC):HEADER] != digest(key, block, data):
             self._drop(key, block, inode)
             return None
+        self.kept.put(key.sha, key.role, [(block, data, stamp)])
+        return data
+
+    def _mapped_role(self, key: FileKey) -> _Role | None:
+        """The role's arrays mapped in this process (once; no lock needed to read a complete role's), or None
+        when the cache has no complete role for ``key``."""
         role = self._roles.get(key[:2])
         if role is None:
             path = f"{self.data}/{key.sha}/{key.role}"
-            try:  # mapped here once, for the hint; no lock needed to read a complete role's arrays
+            try:
                 if not os.path.exists(path + ".json"):
-                    return data
+                    return None
                 role = self._roles[key[:2]] = _Role(path, folder_.block_count(key.size, self.block_size))
             except OSError:
-                return data
-        role.used[block] = time.time_ns()
-        return data
+                return None
+        return role
 
     # -- storing and evicting (under the lock) ---------------------------------------------------------------
 
     def _store(self, key: FileKey, blocks: dict[int, memoryview], pack: int | None) -> None:
         if not self.writable:
             return
+        stored: list[tuple[int, memoryview, int]] = []
         try:
             with self._lock, self.accounting.hold() as state:  # a failure leaves it busy: the next holder repairs
                 self._flush(state)
@@ -205,11 +255,13 @@ class BlockCache:
                 for block, accounted in zip(new.tolist(), sizes.tolist(), strict=True):
                     self._write(key, block, blocks[block])
                     state["bytes"] += accounted
-                    role.present[block] = time.time_ns()
+                    role.present[block] = stamp = time.time_ns()
+                    stored.append((block, blocks[block], stamp))
         except OSError as error:  # a full disk, a folder made read-only: go on uncached
             self.writable = False
             print(f"mmidx: cache {self.data}: cannot store a block ({error.strerror or error}); this process reads "
                   "uncached from now on (free space or give another --cache-dir)", file=sys.stderr)
+        self.kept.put(key.sha, key.role, stored)
 
     def _write(self, key: FileKey, block: int, data: memoryview) -> None:
         """Write one entry: under a temporary name, then renamed (no reader ever finds part of one)."""
@@ -319,11 +371,17 @@ class BlockCache:
     # -- counters -------------------------------------------------------------------------------------------
 
     def _count(self, **amounts: int) -> None:
-        with self._lock:
+        """Add a read's counts (hits, misses, bytes): under their own lock, so that a read never waits for a store
+        of this process's (which holds ``_lock`` while it writes, and the folder's lock)."""
+        with self._counting:
             for name, amount in amounts.items():
                 self.counters[name] += amount
-        if time.monotonic() - self._flushed > FLUSH_SECONDS:
-            self.flush()
+        if time.monotonic() - self._flushed > FLUSH_SECONDS and self._lock.acquire(blocking=False):
+            try:  # (a store under way adds them itself)
+                with self.accounting.hold() as state:
+                    self._flush(state)
+            finally:
+                self._lock.release()
 
     def flush(self) -> None:
         """Add this process's counters to the run's, in the state."""
@@ -332,7 +390,8 @@ class BlockCache:
                 self._flush(state)
 
     def _flush(self, state: dict[str, Any]) -> None:
-        for name, amount in self.counters.items():
-            state["run"][name] = state["run"].get(name, 0) + amount
-            self.counters[name] = 0
-        self._flushed = time.monotonic()
+        with self._counting:
+            for name, amount in self.counters.items():
+                state["run"][name] = state["run"].get(name, 0) + amount
+                self.counters[name] = 0
+            self._flushed = time.monotonic()

@@ -195,8 +195,12 @@ def repair(data: Path, block_size: int, run: dict[str, Any] | None) -> dict[str,
     """The state of the cache folder ``data`` rebuilt from its files (under the lock): temporaries deleted, each
     role's arrays rebuilt from the entries found (malformed ones and a role's files without its JSON deleted:
     mmidx's own names, nothing else), the bytes used counted."""
-    shutil.rmtree(data / "tmp", ignore_errors=True)
     (data / "tmp").mkdir(exist_ok=True)
+    for leftover in (data / "tmp").iterdir():  # the folder stays: a process opening the cache checks it meanwhile
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
     complete = {(sha, role): meta for sha, role, meta in roles(data)}
     for folder in data.glob("*"):
         if not SHA.fullmatch(folder.name) or not folder.is_dir():
@@ -309,7 +313,13 @@ def create(folder: str | os.PathLike, block_size: int = BLOCK_SIZE) -> int:
     (data / "tmp").mkdir(parents=True, exist_ok=True)
     fresh = data / "tmp" / f"cache.json.{os.getpid()}"
     fresh.write_text(json.dumps({"format": FORMAT, "block_size": block_size}))
-    os.replace(fresh, data / "cache.json")
+    try:
+        os.replace(fresh, data / "cache.json")
+    except FileNotFoundError:  # another process repairing the folder deleted it: it made the cache first
+        recorded = read_block_size(data)
+        if recorded is None:
+            raise
+        return recorded
     return block_size
 
 

@@ -9,6 +9,7 @@ one ranged request retried as :func:`~mmidx.io.storage.retrying` does. With a da
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,6 +24,7 @@ FETCH_THREADS = 8  # ranged requests in flight per process
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}
+Chunk = tuple[int, int, "Future | memoryview"]  # bytes [start, stop) of the file: being fetched, or at hand
 
 
 def fetch_pool() -> ThreadPoolExecutor:
@@ -46,10 +48,10 @@ class RemoteFile:
     def __init__(self, uri: str, size: int, key: FileKey | None = None, settings: CacheSettings | None = None):
         self.uri, self.size, self.key, self.settings = uri, size, key, settings
         self.requests = self.misses = 0
-        self._fs, self._path = filesystem(uri)
-        self._handle: Any = None
+        self._handle: Any = None  # opened at the first request (a worker served by the cache makes none)
         self._lock = threading.Lock()
-        self._chunks: dict[Any, list[tuple[int, int, Future]]] = {}
+        self._chunks: dict[Any, tuple[list[int], list[Chunk]]] = {}  # by tag: the starts, and the chunks, sorted
+        self._cache: tuple[int, BlockCache | None] | None = None
 
     def __len__(self) -> int:
         return self.size
@@ -60,11 +62,12 @@ class RemoteFile:
     @property
     def cache(self) -> BlockCache | None:
         """This process's data cache for the file (None: read uncached)."""
-        if self.key is None or self.settings is None or self.settings.limit is None:
-            return None
-        return BlockCache.of(self.settings)
+        if self._cache is None or self._cache[0] != os.getpid():
+            on = self.key is not None and self.settings is not None and self.settings.limit is not None
+            self._cache = os.getpid(), BlockCache.of(self.settings) if on else None
+        return self._cache[1]
 
-    def _read(self, start: int, stop: int, pack: Any = None) -> bytes:
+    def _read(self, start: int, stop: int, pack: Any = None) -> bytes | memoryview:
         """Bytes [start, stop): through the cache when there is one (``pack``: what they are fetched for)."""
         cache = self.cache
         if cache is None:
@@ -75,7 +78,8 @@ class RemoteFile:
         """Bytes [start, stop) from storage: one ranged request, retried."""
         def read() -> bytes:
             if self._handle is None:
-                self._handle = self._fs.open_input_file(self._path)
+                system, path = filesystem(self.uri)
+                self._handle = system.open_input_file(path)
             return self._handle.read_at(stop - start, start)
 
         with self._lock:
@@ -93,19 +97,34 @@ class RemoteFile:
         if start == stop:
             return memoryview(b"")
         with self._lock:
-            chunk = next((chunk for chunks in self._chunks.values() for chunk in chunks
-                          if chunk[0] <= start and stop <= chunk[1]), None)
+            chunk = self._chunk(start, stop)
         if chunk is None:
             self.misses += 1
             return memoryview(self._read(start, stop))
-        return memoryview(chunk[2].result())[start - chunk[0]:stop - chunk[0]]
+        data = chunk[2].result() if isinstance(chunk[2], Future) else chunk[2]
+        return memoryview(data)[start - chunk[0]:stop - chunk[0]]
+
+    def _chunk(self, start: int, stop: int) -> Chunk | None:
+        """A chunk holding [start, stop), if one was fetched (under the lock)."""
+        for starts, chunks in self._chunks.values():
+            at = bisect.bisect_right(starts, start) - 1
+            if at >= 0 and stop <= chunks[at][1]:
+                return chunks[at]
+        return None
 
     def fetch(self, tag: Any, ranges: list[tuple[int, int]]) -> int:
-        """Start fetching ``ranges`` (inside the file) for ``tag``; the bytes asked."""
-        pool = fetch_pool()
-        futures = [(start, stop, pool.submit(self._read, start, stop, tag)) for start, stop in ranges]
+        """Start fetching ``ranges`` (inside the file, not overlapping) for ``tag``; the bytes asked. Ranges whose
+        blocks this process keeps from the data cache are served at once (:meth:`BlockCache.at_hand`)."""
+        cache = self.cache
+        fetched: list[Chunk] = []
+        for start, stop in ranges:
+            data = None if cache is None else cache.at_hand(self.key, start, stop)
+            if data is None:
+                data = fetch_pool().submit(self._read, start, stop, tag)
+            fetched.append((start, stop, data))
         with self._lock:
-            self._chunks.setdefault(tag, []).extend(futures)
+            chunks = sorted(self._chunks.get(tag, ([], []))[1] + fetched, key=lambda chunk: chunk[0])
+            self._chunks[tag] = [chunk[0] for chunk in chunks], chunks
         return sum(stop - start for start, stop in ranges)
 
     def release(self, tag: Any) -> None:

@@ -86,9 +86,16 @@ class NextUse:
         self._warned = False
 
     def at(self, step: int, front: int | None = None) -> None:
-        """This process builds ``step`` now and has fetched the packs of steps up to ``front`` (default ``step``):
-        the window moves on once it is half behind."""
+        """This process builds ``step`` now and has fetched the packs of steps up to ``front`` (default ``step``).
+        The window is first built when the cache asks (a cache that never evicts never pays for it), then moved
+        here, outside the cache's lock, once it is half behind."""
         self.now, self.front = step, max(step, step if front is None else front)
+        if self.window:
+            self._follow()
+
+    def _follow(self) -> None:
+        """Move the window to the step built now, once it is half behind."""
+        step = self.now
         inside = self.window.start <= step < self.window.stop
         if inside and ((step - self.window.start) * 2 < len(self.window) or self.window.stop >= self.steps.stop):
             return
@@ -108,6 +115,7 @@ class NextUse:
         fetched for it, else from the front of this process's fetches on. The cache is read when packs are
         fetched, some steps ahead of their build, and a fetched pack's bytes are in memory: the steps before
         the front read nothing more from it (each process of the node fetches as far ahead)."""
+        self._follow()
         step = None if pack is None else self.step_of(pack)
         after = self.front if step is None else step + 1
         return next_reads(self.uses.get(key, np.zeros(0, np.int64)), blocks, after)
