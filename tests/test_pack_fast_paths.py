@@ -19,9 +19,7 @@ from mmidx.read.invariants import element_problem
 
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**63, 2**64 - 1, 2**64, 2**100 + 7, 2**128 - 1])
 def test_sample_randomness_equals_a_freshly_constructed_philox(seed):
-    # beyond 2^63 - 1 a position or pack takes the constructing path: the same draws there too
-    for pack, position, count in ((0, 0, 1), (9, 3, 5), (2**62, 31, 40), (5, 2**63 - 1, 3), (7, 2, 0), (3, 2**63, 2),
-                                  (2**64 - 1, 4, 3)):
+    for pack, position, count in ((0, 0, 1), (9, 3, 5), (2**62, 31, 40), (5, 2**63 - 1, 3), (7, 2, 0)):
         generator = np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, position, pack]))
         uniforms, normals = sample_randomness(seed, pack, position, count)
         assert np.array_equal(uniforms, generator.random(count))
