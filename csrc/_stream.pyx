@@ -77,9 +77,9 @@ cdef inline uint64_t _permute(const uint64_t* keys, uint64_t n, int bits, uint64
             return x
 
 
-def stream_samples(const group_t[::1] group_ids, const int64_t[::1] taken,
-                   const int64_t[::1] group_sizes, const uint64_t[::1] group_keys,
-                   int64_t[::1] sample_ids, int64_t[::1] epochs):
+def stream_samples(const group_t[::1] group_ids not None, const int64_t[::1] taken not None,
+                   const int64_t[::1] group_sizes not None, const uint64_t[::1] group_keys not None,
+                   int64_t[::1] sample_ids not None, int64_t[::1] epochs not None):
     """Fill ``sample_ids`` and ``epochs`` of every item, the ``taken[i]``-th of its group."""
     cdef int64_t num_groups = group_sizes.shape[0]
     cdef int64_t i, group, size, epoch, within
@@ -116,10 +116,10 @@ def stream_samples(const group_t[::1] group_ids, const int64_t[::1] taken,
     free(bits)
 
 
-def item_views(const int32_t[::1] group_ids, const int64_t[::1] sample_ids, const int64_t[::1] epochs,
-               const int64_t[::1] group_base, const int64_t[::1] view_offsets,
-               const int64_t[::1] view_tokens, int64_t key_stride,
-               int32_t[::1] views, int64_t[::1] counts, int64_t[::1] keys):
+def item_views(const int32_t[::1] group_ids not None, const int64_t[::1] sample_ids not None,
+               const int64_t[::1] epochs not None, const int64_t[::1] group_base not None,
+               const int64_t[::1] view_offsets not None, const int64_t[::1] view_tokens not None, int64_t key_stride,
+               int32_t[::1] views not None, int64_t[::1] counts not None, int64_t[::1] keys not None):
     """View ``epoch mod K`` of every item's sample and its token count; ``keys`` (when not empty)
     gets ``(group_base[group] + sample) * key_stride + view``. Samples are numbered across all
     groups from ``group_base``; the views of sample s are ``view_offsets[s]:view_offsets[s + 1]``.

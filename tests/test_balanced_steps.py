@@ -31,6 +31,16 @@ def schedule(costs, world_size, global_batch_size, start=0):
             for r in range(world_size)}
 
 
+@pytest.mark.parametrize("offsets", [[1, 3], [0, 2], [0, 3, 2, 3], np.array([0, 3, 2, 3], np.uint32), [[0, 3]], []])
+def test_pack_costs_refuse_offsets_that_do_not_rise_from_0_to_the_segments_saying_so(offsets):
+    """Unsigned offsets (an index's, as stored) that fall are refused too, not wrapped round."""
+    with pytest.raises(ValueError, match=r"^pack_offsets must rise from 0 to len\(segment_tokens\), one more entry "
+                                         r"than packs$"):
+        pack_costs(offsets, np.array([5, 6, 7]))
+    assert pack_costs([0, 1, 1, 3], np.array([5, 6, 7])).tolist() == pytest.approx(
+        [pack_costs([0, 1], [5])[0], 0.0, pack_costs([0, 2], [6, 7])[0]])
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.floats(0, 100), min_size=0, max_size=200), st.sampled_from([1, 2, 4, 8]),
        st.integers(1, 3))

@@ -71,3 +71,23 @@ def test_dropped_first_or_last_frames_keep_splits_consistent(groups, use_flex):
         cases.add((bool(kept) and kept[0] > 0, bool(kept) and kept[-1] < FRAMES - 1, not kept))
     assert {(True, False, False), (False, True, False), (True, True, False), (False, False, True),
             (False, False, False)} <= cases
+
+
+def test_a_noised_image_in_the_split_its_caption_opens_takes_its_own_draw_as_timestep(tmp_path):
+    """The split opens on the text; the noised image after it in the same split draws its timestep (the normal
+    of its element, as every noised image whose split has drawn none yet)."""
+    rng = np.random.default_rng(5)
+    with DatasetBuilder(tmp_path / "caption", vocab_size=1000, special_tokens=SPECIAL) as builder:
+        plan = [Element("text", 0, split_end=False), Element("vae_image", 0, loss=True, split_start=False)]
+        builder.add_sample([rng.integers(10, 500, 5).tolist()], [_encoded(rng, "RGB")], [plan])
+        builder.finalize()
+    groups = {"caption": {"datasets": [str(tmp_path / "caption")], "image_transform_args": VAE}}
+    config = DataConfig.from_dict({"groups": groups, "geometry": GEOMETRY, "seed": 11,
+                                   "packing": {"max_num_tokens": 8192, "expected_num_tokens": 4096,
+                                               "max_num_tokens_per_sample": 4096}})
+    for pack in range(3):
+        batch = PackBuilder(config).build(pack, [PackItem(0, 0, 0, 0)])
+        _, normals = sample_randomness(config.seed, pack, 0, len(plan))
+        assert batch.split_lens == [[batch.sequence_length]]  # one split: the caption and its image
+        timesteps = batch.to_dict()["packed_timesteps"]
+        assert len(timesteps) > 0 and torch.equal(timesteps, torch.full_like(timesteps, float(np.float32(normals[1]))))

@@ -254,3 +254,8 @@ def test_costs_refuse_what_they_cannot_price(stream, groups):
     corrupt.arrays["samples"] = np.array([10**6], dtype=np.uint32)
     with pytest.raises(fmt.FormatError, match="samples its datasets do not hold"):
         PackCosts(corrupt)[:]
+    falling = index_of(config, [[(0, 0, 0), (0, 1, 0)], [(0, 2, 0)]])
+    falling.arrays["pack_offsets"] = np.array([0, 3, 2], dtype=np.uint32)  # pack 0 past the samples, pack 1 back
+    with pytest.raises(fmt.FormatError, match="pack_offsets do not rise within the index's samples; delete the cache "
+                                              "entry to rebuild it"):
+        PackCosts(falling)[:]

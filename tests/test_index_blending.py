@@ -46,6 +46,13 @@ def test_blending_indices_equal_megatron_for_integer_and_skewed_weights():
         assert_identical(blending_indices(weights, 5_000), megatron_blend(np.array(weights, float), 5_000))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8])
+def test_blending_indices_equal_megatron_for_weights_of_any_numeric_dtype(dtype):
+    """Megatron's normalize divides in float64 whatever the weights' dtype (a config's float32 weights too)."""
+    weights = np.array([0.7, 0.2, 0.1], dtype) if np.issubdtype(dtype, np.floating) else np.array([5, 3, 1], dtype)
+    assert_identical(blending_indices(weights, 5_000), megatron_blend(weights, 5_000))
+
+
 @pytest.mark.parametrize("num_datasets", [2, 10, 100])
 def test_exhaustive_blending_indices_equal_megatron(num_datasets):
     rng = np.random.default_rng(num_datasets + 1)

@@ -47,11 +47,13 @@ def test_ranks_share_each_global_batch_whatever_the_world_size(world_size):
 def test_resume_at_an_arbitrary_pack_continues_exactly(dataset):
     full = [fingerprint(b) for b in PackLoader(dataset, global_batch_size=2)]
     loader = PackLoader(dataset, global_batch_size=2, num_workers=2)
-    taken = []
+    taken, workers = [], set()
     for batch in loader:
         taken.append(fingerprint(batch))
+        workers |= {entry["worker_id"] for entry in batch.batch_data_indexes}
         if len(taken) == 3:
             break
+    assert workers == {0, 1}  # each sample names the DataLoader worker that built its pack, as BAGEL's do
     state = loader.state_dict()
     assert position(state) == {"packs_consumed": 3, "world_size": 1, "global_batch_size": 2}
     assert state["batch_consumed"] is not None  # inside a global batch: which of its packs were consumed

@@ -30,6 +30,23 @@ def test_the_draw_takes_a_fraction_of_each_module_at_least_the_minimum_and_the_s
     assert first != mutation_sample.draw(by_module, 0.04, 8, seed=2)
 
 
+def test_a_modules_draw_is_the_same_drawn_alone_or_beside_modules_added_since():
+    by_module = {f"m.{name}": [f"m.{name}.f__mutmut_{i}" for i in range(300)] for name in ("b", "d")}
+    before = mutation_sample.draw(by_module, 0.04, 8, seed=48)
+    added = {"m.a": [f"m.a.f__mutmut_{i}" for i in range(300)], "m.c": ["m.c.f__mutmut_1"]}
+    after = mutation_sample.draw(by_module | added, 0.04, 8, seed=48)
+    assert {module: after[module] for module in before} == before
+    assert mutation_sample.draw({"m.d": by_module["m.d"]}, 0.04, 8, seed=48) == {"m.d": before["m.d"]}
+
+
+def test_a_sample_file_is_read_by_module_and_names_its_code_no_longer_has():
+    by_module = {"mmidx.a": ["mmidx.a.x_f__mutmut_1", "mmidx.a.x_f__mutmut_2"], "mmidx.b": ["mmidx.b.x_g__mutmut_1"]}
+    text = ("# seed 48, drawn at abc123\nmmidx.b.x_g__mutmut_1\n\nmmidx.a.x_f__mutmut_2  # a survivor\n"
+            "mmidx.a.x_gone__mutmut_3\n")
+    assert mutation_sample.read_sample(text, by_module) == (
+        {"mmidx.b": ["mmidx.b.x_g__mutmut_1"], "mmidx.a": ["mmidx.a.x_f__mutmut_2"]}, ["mmidx.a.x_gone__mutmut_3"])
+
+
 def test_the_tally_weighs_each_module_by_its_mutants_and_leaves_equivalents_out(tmp_path):
     # module a: 100 mutants, 10 sampled: 8 killed, 1 equivalent, 1 survived; module b: 300, 20 sampled, all killed
     a = {f"a.f__mutmut_{i}": 0 for i in range(100)}

@@ -7,6 +7,8 @@ constructing one per sample: its draws must equal a freshly constructed
 records alike it must answer what its vectorised form (per-record counts) answers.
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -22,6 +24,17 @@ def test_sample_randomness_equals_a_freshly_constructed_philox(seed):
         uniforms, normals = sample_randomness(seed, pack, position, count)
         assert np.array_equal(uniforms, generator.random(count))
         assert np.array_equal(normals, generator.standard_normal(count))
+
+
+def test_sample_randomness_in_new_threads_draws_what_the_main_thread_draws():
+    """Each thread reuses a generator of its own (made on its first draw): a pack built by a thread pool draws
+    the same as one built in the main thread."""
+    asks = [(seed, pack, position, 4) for seed in (0, 7) for pack in (0, 3) for position in (0, 2)]
+    here = [sample_randomness(*ask) for ask in asks]
+    with ThreadPoolExecutor(4) as pool:
+        there = list(pool.map(lambda ask: sample_randomness(*ask), asks))
+    for (uniforms, normals), (their_uniforms, their_normals) in zip(here, there, strict=True):
+        assert np.array_equal(uniforms, their_uniforms) and np.array_equal(normals, their_normals)
 
 
 def test_sample_randomness_refuses_keys_philox_refuses():

@@ -23,6 +23,7 @@ from mmidx.index.pack_index import PackItem
 from mmidx.pack.builder import PackBuilder
 from mmidx.read.dataset import MMIDXDataset
 from mmidx.read.encoding_streams import EncodingStream
+from mmidx.toolkit.bench import STAGES, StageClock
 
 VIT = ImageTransform(max_image_size=56, min_image_size=28, image_stride=14)
 
@@ -156,3 +157,11 @@ def test_a_later_batch_never_overwrites_a_batch_still_in_use(data):
     for batch in later:
         for key in ("packed_vit_embeddings_stored", "padded_latent_moments"):
             assert batch.tensors[key].data_ptr() not in addresses, key
+
+
+def test_a_timed_build_of_precached_records_times_them_under_the_benchmarks_stages(data):
+    """`mmidx bench` breaks a pack's time down by its stages' names: time under another name goes uncounted."""
+    clock = StageClock()
+    builder = PackBuilder(_config(data, ("vit_bf16",), dropout=False), special_tokens=SPECIAL, stage=clock)
+    builder.build(0, [PackItem(1, 0, 0, 0), PackItem(0, 0, 1, 0)])
+    assert "assemble" in clock.seconds and set(clock.seconds) <= set(STAGES)

@@ -5,7 +5,9 @@ import json
 import numpy as np
 import pytest
 from support.packing import PACKING, build_groups, config_of
+from tqdm import tqdm
 
+import mmidx.index.pack_index
 from mmidx.format import FormatError
 from mmidx.index.pack_index import PackItem, build_pack_index
 from mmidx.index.packer import pack_samples
@@ -116,6 +118,15 @@ def test_cache_is_reused_and_keyed_by_config(groups, tmp_path, capsys):
     longer = build_pack_index(config_of(groups), num_samples=41, cache_dir=tmp_path)
     assert len({first.path, other_seed.path, longer.path}) == 3
     assert not list(tmp_path.glob("*.partial-*"))
+
+
+def test_a_build_shows_its_progress_bar_unless_asked_not_to(groups, capsys, monkeypatch):
+    """The bar shows once a build has run 2 s (a quick one prints nothing); here at once, to see it."""
+    monkeypatch.setattr(mmidx.index.pack_index, "tqdm", lambda *args, **kwargs: tqdm(*args, **{**kwargs, "delay": 0}))
+    build_pack_index(config_of(groups), num_samples=40)
+    assert "building pack index" in capsys.readouterr().err
+    build_pack_index(config_of(groups), num_samples=40, progress=False)
+    assert capsys.readouterr().err == ""
 
 
 def test_cache_holds_narrow_arrays_described_in_its_index(groups, tmp_path):

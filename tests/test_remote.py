@@ -7,10 +7,12 @@ import socket
 import numpy as np
 import pytest
 import torch
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.packing import build_groups, config_of
 
+from mmidx.config import DataConfig
 from mmidx.index.pack_index import build_pack_index
 from mmidx.ingest.writer import DatasetBuilder
 from mmidx.io.storage import StorageError
@@ -66,6 +68,14 @@ def test_packs_from_s3_equal_packs_from_local_files_for_0_1_2_workers_and_a_resu
     resumed = PackLoader(remote, global_batch_size=2, num_workers=1)
     resumed.load_state_dict(loader.state_dict())
     assert taken + [everything(b) for b in resumed] == expected
+
+
+def test_a_data_yaml_in_s3_finds_its_relative_datasets_beside_it(stored, s3):
+    spec = {"groups": {name: {**group, "datasets": [name]} for name, group in stored["local"].items()}, "seed": 4}
+    s3.client.put_object(Bucket="mmidx", Key="data/data.yaml", Body=yaml.safe_dump(spec, sort_keys=False).encode())
+    config = DataConfig.from_yaml("s3://mmidx/data/data.yaml")
+    assert config == DataConfig.from_dict({**spec, "groups": stored["remote"]})
+    assert config.groups[0].datasets == ("s3://mmidx/data/t2i",)
 
 
 @pytest.mark.parametrize("kind", ["t2i", "edit", "vlm"])

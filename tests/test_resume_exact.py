@@ -198,6 +198,7 @@ def test_a_balanced_state_inside_a_global_batch_is_refused_by_contiguous_shares(
 def test_a_state_of_another_stream_is_refused_in_one_line_naming_what_differs(groups, changed, differs, fix):
     index = build_pack_index(config_of(groups), num_samples=NUM_SAMPLES, progress=False)
     _, state = train(index, 1, 1, steps=5)
+    changed = dict(changed)  # the parameter itself stays whole for a rerun in the same process (mutmut reruns)
     num_samples = changed.pop("num_samples", NUM_SAMPLES)
     other = build_pack_index(config_of(groups, **changed), num_samples=num_samples, progress=False)
     loader = PackLoader(PackDataset(other, ItemsBuilder()), global_batch_size=1)

@@ -8,11 +8,14 @@ import pytest
 from support.sources import build, image_bytes, write_jsonl, write_parquet
 
 from mmidx.config import DataConfig, data_yaml_group
+from mmidx.index.mixture import mixture_report
 from mmidx.index.pack_index import build_pack_index
+from mmidx.index.sizes import view_token_counts
 from mmidx.read.dataset import MMIDXDataset
 
 VLM = {"image_stride": 14, "max_image_size": 140, "min_image_size": 56}
 VAE = {"image_stride": 16, "max_image_size": 64, "min_image_size": 32}
+VIT = {"image_stride": 14, "max_image_size": 56, "min_image_size": 28}
 PACKING = {"max_num_tokens": 4000, "expected_num_tokens": 3000, "max_num_tokens_per_sample": 2000}
 
 
@@ -76,22 +79,52 @@ def t2i(tmp_path_factory):
     return dataset
 
 
+@pytest.fixture(scope="module")
+def edit(tmp_path_factory):
+    """Three parquet files of two edits each (two images, one instruction); every instruction names its file."""
+    folder = tmp_path_factory.mktemp("edit")
+    for number in range(3):
+        write_parquet(folder / f"part-{number}.parquet",
+                      {"image_list": [[image_bytes(32, 32, seed=2 * number + row), image_bytes(32, 32, seed=9)]
+                                      for row in range(2)],
+                       "instruction_list": [[[f"file {number}"]]] * 2},
+                      {"image_list": pa.list_(pa.binary()), "instruction_list": pa.list_(pa.list_(pa.string()))},
+                      row_group_size=2)
+    dataset, _ = build("edit", [folder], folder / "edit", views=1)
+    return dataset
+
+
 def bagel_parquet_files(names, num_used_data):
     """get_parquet_data_paths for one folder, restated (in name order instead of os.listdir's)."""
     repeat = num_used_data // len(names)
     return (names * (repeat + 1))[:num_used_data]
 
 
+@pytest.mark.parametrize("source", ["t2i", "edit"])  # BAGEL's t2i_pretrain and unified_edit list files alike
 @pytest.mark.parametrize("count", [2, 5])
-def test_parquet_files_are_bagels_cycled_list(t2i, count):
-    config = DataConfig.from_dict({"groups": {"t2i": {"datasets": [t2i.prefix], "image_transform_args": VAE,
-                                                      "num_used_data": [count]}}, "packing": PACKING})
+def test_parquet_files_are_bagels_cycled_list(request, source, count):
+    dataset = request.getfixturevalue(source)
+    transforms = {"image_transform_args": VAE} | ({"vit_image_transform_args": VIT} if source == "edit" else {})
+    config = DataConfig.from_dict({"groups": {source: {"datasets": [dataset.prefix], **transforms,
+                                                       "num_used_data": [count]}}, "packing": PACKING})
     index = build_pack_index(config)
-    names = sorted(t2i.metadata["sources"])
+    names = sorted(dataset.metadata["sources"])
     expected = bagel_parquet_files(names, count)
     assert index.stats["samples"] == 2 * len(expected)  # one epoch: every used sample once per listing
-    drawn = [t2i[item.sample].origin[0] for pack in range(len(index)) for item in index.items(pack)]
+    drawn = [dataset[item.sample].origin[0] for pack in range(len(index)) for item in index.items(pack)]
     assert sorted(drawn) == sorted(name for name in expected for _ in range(2))
+
+
+def test_the_mixture_report_counts_the_tokens_of_the_samples_a_subset_uses(t2i):
+    """Five files of three used (cycled): the index's samples number the used ones, ten of the dataset's six."""
+    config = DataConfig.from_dict({"groups": {"t2i": {"datasets": [t2i.prefix], "image_transform_args": VAE,
+                                                      "num_used_data": [5]}}, "packing": PACKING})
+    index = build_pack_index(config)
+    offsets, tokens = view_token_counts(t2i, config.groups[0], config.geometry)
+    packed = [int(tokens[offsets[item.sample] + item.view]) for pack in range(len(index)) for item in index.items(pack)]
+    assert len(packed) == 10
+    assert mixture_report(index)["phases"][0]["groups"]["t2i"] == {"samples": 10, "tokens": sum(packed),
+                                                                   "share": 1.0, "weight": 1.0}
 
 
 def test_shuffle_lines_on_a_parquet_dataset_is_refused(t2i):

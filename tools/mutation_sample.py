@@ -1,10 +1,13 @@
 """A uniform random sample of mutmut's mutants, module by module, and the kill ratio it estimates.
 
-mutmut mutates the whole core (over 7,000 mutants: hours on a 2-core machine). When the full run does not fit, a
+mutmut mutates the whole core (over 8,000 mutants: hours on a 2-core machine). When the full run does not fit, a
 sample answers how many a test kills, with its uncertainty: from each module, ``max(minimum, fraction × its
-mutants)`` names drawn at random (a seeded ``random.Random``, the names sorted first, so the same seed and mutants
-give the same sample), which ``mutmut run NAME ...`` runs; ``tally`` then reads mutmut's results and prints the
-table of docs/development.md and the estimate for the core. Modules are strata of known size: the estimate
+mutants)`` names drawn at random (a ``random.Random`` per module, seeded by the seed and the module's name, the
+names sorted first, so the same seed and mutants give the same sample, and a module added later leaves the others'
+as they were), which ``mutmut run NAME ...`` runs; ``tally`` then reads mutmut's results and prints the table of
+docs/development.md and the estimate for the core. The sample as drawn and run is kept in a file
+(tests/mutation/sample-48.txt): code changes renumber mutants, so ``tally --sample`` reads the names run, and
+``draw --modules`` draws a module added since. Modules are strata of known size: the estimate
 weighs each module's ratio by its share of the mutants, and its 95% interval is the normal one of a stratified
 sample (each module's variance with the finite-population correction). Mutants listed as equivalent in
 tests/mutation/equivalent.md are left out of a module's ratio (no test can tell them from the code). Usage::
@@ -12,6 +15,8 @@ tests/mutation/equivalent.md are left out of a module's ratio (no test can tell 
     python tools/mutation_sample.py draw > sample.txt      # after mutmut generated its mutants
     nice mutmut run --max-children 2 $(cat sample.txt)
     python tools/mutation_sample.py tally
+    python tools/mutation_sample.py draw --modules mmidx.index.sizes >> tests/mutation/sample-48.txt  # a new module
+    python tools/mutation_sample.py tally --sample tests/mutation/sample-48.txt
 """
 
 from __future__ import annotations
@@ -46,10 +51,27 @@ def mutants_by_module(mutants: Path) -> dict[str, list[str]]:
 
 
 def draw(by_module: dict[str, list[str]], fraction: float, minimum: int, seed: int) -> dict[str, list[str]]:
-    """``max(minimum, round(fraction × N))`` names of each module's N (all of them if fewer), at random."""
-    rng = random.Random(seed)
-    return {module: sorted(rng.sample(names, min(len(names), max(minimum, round(fraction * len(names))))))
+    """``max(minimum, round(fraction × N))`` names of each module's N (all of them if fewer), at random: each
+    module by a generator of its own (seeded by the seed and its name), so that a module added to the core, or
+    drawn alone, leaves the other modules' samples as they were."""
+    return {module: sorted(random.Random(f"{seed} {module}").sample(
+                names, min(len(names), max(minimum, round(fraction * len(names))))))
             for module, names in sorted(by_module.items())}
+
+
+def read_sample(text: str, by_module: dict[str, list[str]]) -> tuple[dict[str, list[str]], list[str]]:
+    """The names of a sample file (one a line; ``#`` starts a comment), by the module whose mutant each is now,
+    and those no module has any more (their code changed since the sample was drawn)."""
+    owner = {name: module for module, names in by_module.items() for name in names}
+    sample: dict[str, list[str]] = {}
+    gone = []
+    for line in text.splitlines():
+        name = line.partition("#")[0].strip()
+        if name and name in owner:
+            sample.setdefault(owner[name], []).append(name)
+        elif name:
+            gone.append(name)
+    return sample, gone
 
 
 @dataclass(frozen=True)
@@ -123,11 +145,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minimum", type=int, default=8, help="mutants of each module at least (default 8)")
     parser.add_argument("--seed", type=int, default=48, help="of the draw (default 48, the issue's number)")
     parser.add_argument("--mutants", type=Path, default=ROOT / "mutants", help="mutmut's folder")
+    parser.add_argument("--modules", nargs="+", metavar="MODULE", help="draw these modules only (mmidx.index.sizes)")
+    parser.add_argument("--sample", type=Path, nargs="+", metavar="FILE",
+                        help="tally the names of these files (a sample drawn before, as it was run) instead of a draw")
     parser.add_argument("--printed", type=Path, nargs="+", metavar="LOG",
                         help="what `mutmut run NAME ...` printed, read instead of mutants/ (mutmut drops the results "
                              "it keeps there when its configuration changes); later logs win")
     args = parser.parse_args(argv)
-    sample = draw(mutants_by_module(args.mutants), args.fraction, args.minimum, args.seed)
+    by_module = mutants_by_module(args.mutants)
+    if args.modules:
+        unknown = sorted(set(args.modules) - set(by_module))
+        if unknown:
+            raise SystemExit(f"no mutants of {', '.join(unknown)} under {args.mutants}: name modules as mutmut "
+                             f"does ({next(iter(by_module))})")
+        by_module = {module: by_module[module] for module in args.modules}
+    gone: list[str] = []
+    if args.sample and args.command == "tally":
+        sample = {}
+        for path in args.sample:
+            found, missing = read_sample(path.read_text(), by_module)
+            gone += missing
+            for module, names in found.items():
+                sample.setdefault(module, []).extend(names)
+    else:
+        sample = draw(by_module, args.fraction, args.minimum, args.seed)
     if args.command == "draw":
         print("\n".join(name for names in sample.values() for name in names))
         return 0
@@ -149,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(95%, stratified, seed {args.seed}, over the modules above)")
     if not_run:
         print("not run yet (left out): " + ", ".join(f"{module} ({n} of its sample)" for module, n in not_run.items()))
+    if gone:
+        print(f"no longer mutants of the code (left out): {len(gone)} of the sample's names")
     return 0
 
 

@@ -40,7 +40,6 @@ and ``image_transform_args`` otherwise — as BAGEL's ``vlm_sft`` group does.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
@@ -297,10 +296,6 @@ class DataConfig:
         if self.packing.policy == "bagel":  # bagel ignores the window and cost: today's cache keys stay valid
             del described["packing"]["policy"], described["packing"]["window"], described["packing"]["cost_slack"]
         return described
-
-    def fingerprint(self) -> str:
-        """sha256 of the description: part of the index cache key."""
-        return hashlib.sha256(json.dumps(self.describe(), sort_keys=True).encode()).hexdigest()
 
 
 # BAGEL's transform arguments for each source type (data/configs/example.yaml), used when datasets are

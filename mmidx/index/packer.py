@@ -173,17 +173,21 @@ def _check_policy(policy: str, window: int, cost_slack: float | None = None) -> 
     return policy == "tight"
 
 
-def _packer(mandatory: np.ndarray, *budgets: int, tight: bool = False, window: int = 128,
-            cost_slack: float | None = DEFAULT_COST_SLACK, geometry: LLMGeometry | None = None) -> _packing.Packer:
-    """The kernel's packer; with ``tight`` and a ``cost_slack``, the cost cap in the geometry's integer weights
-    (the slack in basis points)."""
+def _packer(mandatory: np.ndarray, max_num_tokens: int, expected_num_tokens: int, max_num_tokens_per_sample: int,
+            prefer_buffer_before: int, max_buffer_size: int, stream_length: int, *, tight: bool = False,
+            window: int = 128, cost_slack: float | None = DEFAULT_COST_SLACK,
+            geometry: LLMGeometry | None = None) -> _packing.Packer:
+    """The kernel's packer for a stream of ``stream_length`` items; with ``tight`` and a ``cost_slack``, the cost
+    cap in the geometry's integer weights (the slack in basis points). Every budget is named: the kernel takes
+    them by position, and one left out would shift the rest into the wrong places."""
     linear, attention = (geometry or LLMGeometry()).cost_weights
     capped = tight and cost_slack is not None
-    if capped and budgets[0] > MAX_COST_CAPPED_TOKENS:
-        raise ValueError(f"the cost cap handles max_num_tokens up to {MAX_COST_CAPPED_TOKENS:,}, got {budgets[0]:,}; "
-                         "set cost_slack to None (packing: {cost_slack: null}) for larger packs")
-    return _packing.Packer(np.ascontiguousarray(mandatory, dtype=bool).view(np.uint8), *budgets, tight, window,
-                           linear, attention, round(cost_slack * 10000) if capped else -1)
+    if capped and max_num_tokens > MAX_COST_CAPPED_TOKENS:
+        raise ValueError(f"the cost cap handles max_num_tokens up to {MAX_COST_CAPPED_TOKENS:,}, got "
+                         f"{max_num_tokens:,}; set cost_slack to None (packing: {{cost_slack: null}}) for larger packs")
+    return _packing.Packer(np.ascontiguousarray(mandatory, dtype=bool).view(np.uint8), max_num_tokens,
+                           expected_num_tokens, max_num_tokens_per_sample, prefer_buffer_before, max_buffer_size,
+                           stream_length, tight, window, linear, attention, round(cost_slack * 10000) if capped else -1)
 
 
 def _check_kernel(bad: int, name: str, counts: np.ndarray) -> None:
