@@ -425,3 +425,25 @@ def test_redact_hides_the_credentials_of_every_uri_in_a_message():
 
     text = "copy s3://K:S@b/p to gs://user@bucket/q, keep s3://bucket/a@b and /local/x@y"
     assert redact(text) == "copy s3://***@b/p to gs://***@bucket/q, keep s3://bucket/a@b and /local/x@y"
+
+
+@pytest.mark.parametrize("failures", [0, 1, 2])
+def test_a_remote_jsonls_line_count_rides_out_throttled_requests(s3, failures):
+    """shuffle_lines and num_used_data count the lines of the JSONL a vlm dataset was built from; in S3 the read
+    is one stream, which pyarrow retries (RETRIES attempts): S3 answering 503 SlowDown to the first requests
+    costs a retry, not the build."""
+    from support.s3_faults import ThrottlingProxy
+
+    from mmidx.config import GroupConfig
+    from mmidx.index.subsets import line_count
+
+    s3.client.put_object(Bucket="mmidx", Key="lines/vlm.jsonl",
+                         Body=b"".join(b'{"n": %d}\n' % i for i in range(3000)) + b'{"last": true}')
+    host, port = s3.endpoint.rsplit(":", 1)
+    proxy = ThrottlingProxy((host, int(port)), failures)
+    try:
+        location = f"s3://mmidx/lines/vlm.jsonl?endpoint_override={proxy.endpoint}&scheme=http"
+        assert line_count(location, GroupConfig("vlm", (location,))) == 3001  # the last line has no newline
+        assert proxy.throttled == failures
+    finally:
+        proxy.stop()
