@@ -376,18 +376,19 @@ class BlockCache:
         with self._counting:
             for name, amount in amounts.items():
                 self.counters[name] += amount
-        if time.monotonic() - self._flushed > FLUSH_SECONDS and self._lock.acquire(blocking=False):
-            try:  # (a store under way adds them itself)
-                with self.accounting.hold() as state:
-                    self._flush(state)
-            finally:
-                self._lock.release()
+        if time.monotonic() - self._flushed > FLUSH_SECONDS:
+            self.flush(wait=False)
 
-    def flush(self) -> None:
-        """Add this process's counters to the run's, in the state."""
-        if os.getpid() == self._pid and any(self.counters.values()):
-            with self._lock, self.accounting.hold() as state:
+    def flush(self, wait: bool = True) -> None:
+        """Add this process's counters to the run's, in the state; with ``wait=False`` only when no store of this
+        process holds the lock now (a store under way adds them itself)."""
+        if os.getpid() != self._pid or not any(self.counters.values()) or not self._lock.acquire(blocking=wait):
+            return
+        try:
+            with self.accounting.hold() as state:
                 self._flush(state)
+        finally:
+            self._lock.release()
 
     def _flush(self, state: dict[str, Any]) -> None:
         with self._counting:
