@@ -59,8 +59,12 @@ def stored(s3, tmp_path_factory):
     return {"local": str(folder / "t2i"), "remote": uri, "bytes": data}
 
 
-def packs_of(prefix, epochs=3):
-    config = config_of({"t2i": {"datasets": [prefix], "image_transform_args": VAE}})
+SMALL_PACKS = {"max_num_tokens": 450, "expected_num_tokens": 300, "max_num_tokens_per_sample": 450,
+               "prefer_buffer_before": 150, "max_buffer_size": 4}  # 94 steps of 2-5 samples: a step reads 2-10 blocks
+
+
+def packs_of(prefix, epochs=3, **overrides):
+    config = config_of({"t2i": {"datasets": [prefix], "image_transform_args": VAE}}, **overrides)
     return PackDataset(build_pack_index(config, num_samples=150 * epochs, progress=False), PackBuilder(config))
 
 
@@ -156,13 +160,18 @@ def hit_rate(run):
     return run["bytes_from_cache"] / (run["bytes_from_cache"] + run["bytes_fetched"])
 
 
-def test_eviction_by_next_use_hits_at_least_as_often_as_lru_on_the_same_trace(stored, tmp_path, monkeypatch):
+def test_eviction_by_next_use_hits_at_least_as_often_as_lru_on_the_same_trace(stored, tmp_path, monkeypatch, capfd):
+    """In the regime the guide asks for (a limit above a step's blocks, here a third of the dataset), next use
+    hits more often than LRU, simulated and measured. (Below one step's blocks most reads bypass the cache and
+    the measured rates depend on the fetch threads' timing, so that regime is not compared.)"""
     limit = stored["bytes"] // 3
-    packs = packs_of(stored["remote"])
+    packs = packs_of(stored["remote"], packing=SMALL_PACKS)
     loader = PackLoader(packs, global_batch_size=1)
     schedule = NodeSchedule(loader.sampler())
     ranges = PackPrefetcher(packs.packs, packs.builder.datasets).ranges
     uses = block_uses(packs.packs, schedule.steps, schedule, ranges, BLOCK)
+    largest_step = max(np.bincount((np.concatenate(list(uses.values())) % next_use.STEP).astype(np.int64)))
+    assert 3 * largest_step * BLOCK <= 2 * limit  # the largest step's blocks fit one and a half times
     sizes = {file.key[:2]: file.size for file in packs.builder.datasets[0][0].remote_files.values()}
     simulated = {policy: simulate(uses, sizes, BLOCK, limit, policy)["hit_rate"] for policy in ("next-use", "lru")}
     measured = {}
@@ -171,12 +180,14 @@ def test_eviction_by_next_use_hits_at_least_as_often_as_lru_on_the_same_trace(st
         if policy == "lru":  # the same cache without the schedule: no block is read ahead
             monkeypatch.setattr(next_use.NextUse, "next_use", lambda self, key, blocks, pack: np.full(len(blocks),
                                                                                                  NEVER))
-        list(PackLoader(packs_of(stored["remote"]), global_batch_size=1))
+        list(PackLoader(packs_of(stored["remote"], packing=SMALL_PACKS), global_batch_size=1))
         BlockCache.of(CacheSettings(tmp_path / policy, limit)).flush()
         measured[policy] = hit_rate(read_state(data)["run"])
-    assert simulated["next-use"] >= simulated["lru"]
-    assert measured["next-use"] >= measured["lru"]
-    assert measured["next-use"] > 0
+    assert "bytes of blocks step" not in capfd.readouterr().err
+    # Measured on a 2-core host, 3 runs: next use 0.39-0.40 against LRU 0.27-0.28 (simulated 0.50 and 0.25: the
+    # cache keeps headroom and is read a few steps ahead of the simulated replay).
+    assert simulated["next-use"] > simulated["lru"] + 0.1
+    assert measured["next-use"] > measured["lru"] + 0.05
 
 
 def test_a_limit_below_a_steps_blocks_says_so_once_and_batches_stay_right(stored, local_batches, tmp_path,
