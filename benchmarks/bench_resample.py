@@ -1,4 +1,5 @@
-"""The Pillow-exact resize kernels against each other: scalar C, SSE4.1 and AVX2, per image and per pack.
+"""The Pillow-exact resize kernels against each other: scalar C, SSE4.1 and AVX2 (pmulld, pmaddwd), per image
+and per pack.
 
     python benchmarks/bench_resample.py [--rounds 15] [--packs 6] [--modes t2i,edit,vlm,mix]   # --packs 0: images only
 

@@ -12,12 +12,12 @@ each patch's values one sequential run (writing each image row's 42 values into 
 normalise call each, took 1.7x as long on a 504² image that is not resized). No intermediate image exists
 beyond the horizontal pass's 8-bit rows and that band of patch rows.
 
-The two passes run in one of three kernels, all giving the same bytes: portable C
-(``_pixels_rows.h``, "scalar") and SSE4.1 / AVX2 intrinsics (``_pixels_simd.h``; the AVX2 kernel also
-computes the normalised values instead of looking them up, ``_pixels_normalize.h``, where it reproduces
-every level of the table bit for bit, checked before each image), the best the CPU
-supports chosen at import; ``set_kernel`` forces one (tests run every Pillow comparison on each,
-benchmarks/bench_resample.py times them). The vertical pass runs over whole rows instead of Pillow's
+The two passes run in one of four kernels, all giving the same bytes: portable C
+(``_pixels_rows.h``, "scalar") and SSE4.1 / AVX2 intrinsics (``_pixels_simd.h``: two AVX2 kernels, multiplying
+whole weights with pmulld or split ones with pmaddwd, whichever is faster on the CPU; they also compute the
+normalised values instead of looking them up, ``_pixels_normalize.h``, where that reproduces every level of
+the table bit for bit, checked before each image), the fastest the CPU runs chosen at import;
+``set_kernel`` forces one (tests run every Pillow comparison on each, benchmarks/bench_resample.py times them). The vertical pass runs over whole rows instead of Pillow's
 column-by-column loop, the horizontal pass over 8 rows at once; integer sums are exact, so the order
 does not change the result.
 """
@@ -47,8 +47,12 @@ cdef extern from "_pixels_simd.h":
         mmidx_horizontal_fn horizontal
         mmidx_planes_fn planes
         mmidx_values_fn values
+        int pairs
+        int whole
     const mmidx_kernel mmidx_kernels[]
     int mmidx_kernel_supported(int i) noexcept nogil
+    int mmidx_default_kernel() noexcept nogil
+    int mmidx_split_pairs(const int32_t* k, Py_ssize_t n, Py_ssize_t ksize, int32_t* pairs) noexcept nogil
 
 DEF PRECISION_BITS = 22          # Pillow: 32 - 8 bits of result - 2 bits of overshoot headroom
 
@@ -107,6 +111,16 @@ cdef Py_ssize_t _coefficients(Py_ssize_t in_size, Py_ssize_t out_size, int32_t**
         bounds[0][2 * out + 1] = count
     free(k)
     return ksize
+
+
+cdef int32_t* _pairs(const int32_t* weights, Py_ssize_t outputs, Py_ssize_t ksize) noexcept nogil:
+    """``weights`` (``ksize`` per output) split into madd pairs (``mmidx_split_pairs``: an even number per
+    output), or NULL if memory ran out or a weight is out of the split's range."""
+    cdef int32_t* pairs = <int32_t*>malloc(outputs * ((ksize + 1) // 2 * 2) * sizeof(int32_t))
+    if pairs != NULL and not mmidx_split_pairs(weights, outputs, ksize, pairs):
+        free(pairs)
+        return NULL
+    return pairs
 
 
 cdef bint _levels_match(const mmidx_kernel* kernel, const float* table, const float* norm) noexcept nogil:
@@ -209,6 +223,8 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     cdef Py_ssize_t ksv = 1, ksh = 1, first = 0, last = in_height, y, r, n, out_line = width * 3
     cdef Py_ssize_t in_line = in_width * pixel_stride, in_span = (in_width - 1) * pixel_stride + 3
     cdef bint failed = False
+    cdef int32_t* pairs_v = NULL
+    cdef int32_t* pairs_h = NULL
     vertical_first = vertical_first and horizontal and vertical
     norm = _computed(kernel, table, norm)
     if vertical:
@@ -219,7 +235,7 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     if horizontal:
         ksh = _coefficients(in_width, width, &kh, &bh)
         failed = failed or ksh == 0
-        scratch = <uint8_t*>malloc(in_width * 4 * MMIDX_BLOCK)
+        scratch = <uint8_t*>malloc((in_width + 2) * 4 * MMIDX_BLOCK)     # room for a pair's tap past the last
         if vertical_first:
             middle = <uint8_t*>malloc(in_line * MMIDX_BLOCK)
             rows = <uint8_t*>malloc(out_line * MMIDX_BLOCK)
@@ -227,6 +243,20 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
         else:
             rows = <uint8_t*>malloc((last - first) * out_line)
         failed = failed or rows == NULL or scratch == NULL
+    if kernel.pairs and not failed:        # split both passes' weights, or multiply whole ones
+        pairs_v = _pairs(kv, height, ksv) if vertical else NULL
+        pairs_h = _pairs(kh, width, ksh) if horizontal else NULL
+        if (vertical and pairs_v == NULL) or (horizontal and pairs_h == NULL):
+            free(pairs_v)
+            free(pairs_h)
+            kernel = &mmidx_kernels[kernel.whole]
+        else:
+            if vertical:
+                free(kv)
+                kv, ksv = pairs_v, (ksv + 1) // 2 * 2
+            if horizontal:
+                free(kh)
+                kh, ksh = pairs_h, (ksh + 1) // 2 * 2
     row8 = <uint8_t*>malloc(width * pixel_stride)
     failed = failed or row8 == NULL
     if patches != NULL:
@@ -365,13 +395,15 @@ def computes_levels(const float[:, ::1] table, const float[:, ::1] normalization
 
 
 def available_kernels() -> tuple:
-    """The names of the resize kernels this CPU runs, best last: ``"scalar"`` (portable C, everywhere),
-    ``"sse4"`` and ``"avx2"`` (x86-64 with SSE4.1 / AVX2). All give the same, Pillow's, bytes."""
+    """The names of the resize kernels this CPU runs: ``"scalar"`` (portable C, everywhere), ``"sse4"`` (x86-64
+    with SSE4.1), ``"avx2"`` and ``"avx2-madd"`` (AVX2, multiplying with pmulld or pmaddwd: which is faster
+    depends on the CPU; ``kernel()`` names the one chosen). All give the same, Pillow's, bytes."""
     return tuple(mmidx_kernels[i].name.decode() for i in range(MMIDX_KERNELS) if mmidx_kernel_supported(i))
 
 
 def kernel() -> str:
-    """The name of the resize kernel in use (the best available, unless ``set_kernel`` chose another)."""
+    """The name of the resize kernel in use: the fastest on this CPU (``mmidx_default_kernel`` in
+    ``_pixels_simd.h``), unless ``set_kernel`` chose another."""
     return _kernel.name.decode()
 
 
@@ -387,4 +419,4 @@ def set_kernel(name: str) -> None:
     raise ValueError(f"no resize kernel {name!r} on this CPU; available: {', '.join(available_kernels())}")
 
 
-set_kernel(available_kernels()[len(available_kernels()) - 1])   # the best this CPU runs
+_kernel = &mmidx_kernels[mmidx_default_kernel()]   # the fastest this CPU runs

@@ -10,9 +10,15 @@
  * Every product and partial sum is the one the scalar loop computes (|p * w| <= 255 * 1.2 * 2^22 <
  * 2^31 for Pillow's normalised weights, and the sum is the int32 Pillow itself accumulates), and
  * vector adds wrap modulo 2^32 anyway, so the order of the additions cannot change a result.
- * (Splitting each weight into 16-bit halves for pmaddwd, two taps per instruction, is exact too; on
- * an AMD EPYC (Zen 3) it was 10-18% slower with AVX2 and 5-9% with SSE4.1 than pmulld, and no
- * simpler, so pmulld it is. benchmarks/bench_resample.py measures the kernels.)
+ * The "avx2-madd" kernel multiplies with pmaddwd instead, two taps per instruction: each weight is split
+ * as w = hi * 2^15 + lo, lo = w & 0x7fff in [0, 32767], hi = w >> 15 (arithmetic), an int16 while |w| < 2^30
+ * (mmidx_split_pairs checks; Pillow's weights stay below 1.3 * 2^22); pixels (p_t, p_t+1) as int16 pairs
+ * times (lo_t, lo_t+1) and, separately, (hi_t, hi_t+1) sum into L = HALF + sum p * lo and H = sum p * hi;
+ * a madd is at most 2 * 255 * 2^15 < 2^24 in magnitude, and (H << 15) + L, computed with wrapping vector
+ * adds and shifts, is congruent modulo 2^32 to HALF + sum p * w, which lies in int32 (Pillow's own
+ * accumulator relies on it): the same sum, whatever the number of taps. A tap past the last weighs 0. Which
+ * multiply is faster depends on the CPU: pmulld is 10-18% faster on an AMD Zen 3, pmaddwd 1.1-1.3x on a
+ * Zen 1 (benchmarks/bench_resample.py); mmidx_default_kernel picks by CPU family.
  *
  * Layouts. The vertical pass runs over whole rows, 32 (AVX2) or 16 (SSE4.1) output bytes at a time
  * with every tap summed in registers; a row's last partial chunk is recomputed overlapping the one
@@ -44,7 +50,36 @@ typedef struct {
     mmidx_horizontal_fn horizontal;
     mmidx_planes_fn planes;    /* the normalise step (_pixels_normalize.h), or NULL: the table is looked up */
     mmidx_values_fn values;
+    int pairs;                 /* 1: the passes take weights split into madd pairs (mmidx_split_pairs) */
+    int whole;                 /* the kernel of the same passes on whole weights, where they do not split */
 } mmidx_kernel;
+
+/* The weights of n outputs (ksize each) as madd pairs: output o's pair i is pairs[o * P2 + 2 i] = (lo of tap
+ * 2i, lo of tap 2i+1) as two int16, then the same of the hi parts, P2 = ksize rounded up to even (a tap past
+ * ksize weighs 0). Returns 0 if a weight is out of the split's range (|w| >= 2^30): the caller then takes
+ * a kernel that multiplies whole weights. */
+static int mmidx_split_pairs(const int32_t *k, ptrdiff_t n, ptrdiff_t ksize, int32_t *pairs) {
+    const ptrdiff_t P2 = (ksize + 1) / 2 * 2;
+    for (ptrdiff_t o = 0; o < n; o++) {
+        for (ptrdiff_t t = 0; t < P2; t += 2) {
+            const int32_t a = k[o * ksize + t], b = t + 1 < ksize ? k[o * ksize + t + 1] : 0;
+            if (a >= (1 << 30) || a < -(1 << 30) || b >= (1 << 30) || b < -(1 << 30)) {
+                return 0;
+            }
+            pairs[o * P2 + t] = (int32_t)((uint32_t)(a & 0x7fff) | (uint32_t)(b & 0x7fff) << 16);
+            pairs[o * P2 + t + 1] = (int32_t)((uint32_t)(uint16_t)(a >> 15) | (uint32_t)(uint16_t)(b >> 15) << 16);
+        }
+    }
+    return 1;
+}
+
+/* Tap t's weight rebuilt from its pair (hi * 2^15 + lo): the int32 it was split from. */
+static inline int32_t mmidx_pair_weight(const int32_t *pairs, ptrdiff_t t) {
+    const int shift = (int)(t & 1) * 16;
+    const uint32_t lo = ((uint32_t)pairs[t & ~(ptrdiff_t)1] >> shift) & 0xffff;
+    const int32_t hi = (int16_t)(uint16_t)((uint32_t)pairs[(t & ~(ptrdiff_t)1) + 1] >> shift);
+    return (int32_t)((uint32_t)hi * 32768u + lo);
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MMIDX_X86 1
@@ -182,6 +217,92 @@ static void mmidx_horizontal_avx2(const uint8_t *in, ptrdiff_t row_stride, ptrdi
     }
 }
 
+/* The same passes with pmaddwd on split weights (mmidx_split_pairs: `k` / `weights` hold P2 int32 per
+ * output, `ksize` is P2). The vertical pass pairs rows t and t+1 byte by byte (a missing row t+1 weighs 0 and
+ * reads row t); the horizontal pass pairs taps t and t+1 of the transposed block, whose tail the caller
+ * leaves room for and this zeroes (the tap after an odd count weighs 0). */
+__attribute__((target("avx2")))
+static void mmidx_vertical_avx2_madd(const uint8_t *rows, ptrdiff_t row_stride, ptrdiff_t count, const int32_t *k,
+                                     ptrdiff_t values, uint8_t *restrict out) {
+    if (values < 32) {
+        for (ptrdiff_t i = 0; i < values; i++) {
+            int32_t sum = MMIDX_HALF;
+            for (ptrdiff_t t = 0; t < count; t++) {
+                sum += rows[t * row_stride + i] * mmidx_pair_weight(k, t);
+            }
+            out[i] = mmidx_clip8(sum);
+        }
+        return;
+    }
+    const __m256i half = _mm256_set1_epi32(MMIDX_HALF), zero = _mm256_setzero_si256();
+    const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   /* undoes the lane-wise packs */
+    for (ptrdiff_t i = 0; i < values; i += 32) {
+        const ptrdiff_t at = i + 32 <= values ? i : values - 32;
+        __m256i l0 = half, l1 = half, l2 = half, l3 = half, h0 = zero, h1 = zero, h2 = zero, h3 = zero;
+        for (ptrdiff_t t = 0; t < count; t += 2) {
+            const uint8_t *a = rows + t * row_stride + at, *b = t + 1 < count ? a + row_stride : a;
+            const __m256i wl = _mm256_set1_epi32(k[t]), wh = _mm256_set1_epi32(k[t + 1]);
+            const __m128i a0 = _mm_loadu_si128((const __m128i *)a), b0 = _mm_loadu_si128((const __m128i *)b);
+            const __m128i a1 = _mm_loadu_si128((const __m128i *)(a + 16));
+            const __m128i b1 = _mm_loadu_si128((const __m128i *)(b + 16));
+            __m256i p = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a0, b0));        /* values 0-7 as (p_t, p_t+1) */
+            l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(p, wl));
+            h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(p, wh));
+            p = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a0, b0));                /* 8-15 */
+            l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(p, wl));
+            h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(p, wh));
+            p = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a1, b1));                /* 16-23 */
+            l2 = _mm256_add_epi32(l2, _mm256_madd_epi16(p, wl));
+            h2 = _mm256_add_epi32(h2, _mm256_madd_epi16(p, wh));
+            p = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a1, b1));                /* 24-31 */
+            l3 = _mm256_add_epi32(l3, _mm256_madd_epi16(p, wl));
+            h3 = _mm256_add_epi32(h3, _mm256_madd_epi16(p, wh));
+        }
+        const __m256i s0 = _mm256_srai_epi32(_mm256_add_epi32(l0, _mm256_slli_epi32(h0, 15)), MMIDX_PRECISION_BITS);
+        const __m256i s1 = _mm256_srai_epi32(_mm256_add_epi32(l1, _mm256_slli_epi32(h1, 15)), MMIDX_PRECISION_BITS);
+        const __m256i s2 = _mm256_srai_epi32(_mm256_add_epi32(l2, _mm256_slli_epi32(h2, 15)), MMIDX_PRECISION_BITS);
+        const __m256i s3 = _mm256_srai_epi32(_mm256_add_epi32(l3, _mm256_slli_epi32(h3, 15)), MMIDX_PRECISION_BITS);
+        const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
+        _mm256_storeu_si256((__m256i *)(out + at), _mm256_permutevar8x32_epi32(bytes, in_order));
+    }
+}
+
+__attribute__((target("avx2")))
+static void mmidx_horizontal_avx2_madd(const uint8_t *in, ptrdiff_t row_stride, ptrdiff_t pixel_stride,
+                                       ptrdiff_t in_width, ptrdiff_t rows, const ptrdiff_t *bounds,
+                                       const int32_t *weights, ptrdiff_t ksize, ptrdiff_t width,
+                                       uint8_t *restrict out, ptrdiff_t out_stride, uint8_t *restrict scratch) {
+    const ptrdiff_t ps = pixel_stride, span = (in_width - 1) * ps + 3;
+    mmidx_transpose_rows(in, row_stride, rows, span, scratch);
+    memset(scratch + span * 8, 0, (ps + 1) * 8);     /* the tap after the last pixel, weighing 0 */
+    const __m256i half = _mm256_set1_epi32(MMIDX_HALF), zero = _mm256_setzero_si256();
+    const __m256i rgb_rows = _mm256_setr_epi8(MMIDX_RGB_ROWS, MMIDX_RGB_ROWS);
+    uint32_t words[8];
+    for (ptrdiff_t x = 0; x < width; x++) {
+        const ptrdiff_t count = bounds[2 * x + 1];
+        const uint8_t *taps = scratch + bounds[2 * x] * ps * 8;
+        const int32_t *k = weights + x * ksize;
+        __m256i l[3] = {half, half, half}, h[3] = {zero, zero, zero};     /* channel c of rows 0-7 */
+        for (ptrdiff_t t = 0; t < count; t += 2) {
+            const __m256i wl = _mm256_set1_epi32(k[t]), wh = _mm256_set1_epi32(k[t + 1]);
+            for (int c = 0; c < 3; c++) {
+                const __m128i a = _mm_loadl_epi64((const __m128i *)(taps + (t * ps + c) * 8));
+                const __m128i b = _mm_loadl_epi64((const __m128i *)(taps + ((t + 1) * ps + c) * 8));
+                const __m256i p = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b));   /* 8 rows' (p_t, p_t+1) */
+                l[c] = _mm256_add_epi32(l[c], _mm256_madd_epi16(p, wl));
+                h[c] = _mm256_add_epi32(h[c], _mm256_madd_epi16(p, wh));
+            }
+        }
+        __m256i s[3];
+        for (int c = 0; c < 3; c++) {
+            s[c] = _mm256_srai_epi32(_mm256_add_epi32(l[c], _mm256_slli_epi32(h[c], 15)), MMIDX_PRECISION_BITS);
+        }
+        const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(s[0], s[1]), _mm256_packs_epi32(s[2], s[2]));
+        _mm256_storeu_si256((__m256i *)words, _mm256_shuffle_epi8(bytes, rgb_rows));
+        mmidx_store_rows(words, rows, out + x * 3, out_stride, x == width - 1);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------- SSE4.1 */
 
 __attribute__((target("sse4.1")))
@@ -246,15 +367,30 @@ static void mmidx_horizontal_sse4(const uint8_t *in, ptrdiff_t row_stride, ptrdi
 }
 #endif
 
-/* The kernels, best last. */
+/* The kernels: scalar, then SSE4.1, then the two AVX2 ones (mmidx_default_kernel chooses between them). */
 static const mmidx_kernel mmidx_kernels[] = {
-    {"scalar", mmidx_vertical_scalar, mmidx_horizontal_scalar, NULL, NULL},
+    {"scalar", mmidx_vertical_scalar, mmidx_horizontal_scalar, NULL, NULL, 0, 0},
 #ifdef MMIDX_X86
-    {"sse4", mmidx_vertical_sse4, mmidx_horizontal_sse4, NULL, NULL},
-    {"avx2", mmidx_vertical_avx2, mmidx_horizontal_avx2, mmidx_planes_avx2, mmidx_values_avx2},
+    {"sse4", mmidx_vertical_sse4, mmidx_horizontal_sse4, NULL, NULL, 0, 1},
+    {"avx2", mmidx_vertical_avx2, mmidx_horizontal_avx2, mmidx_planes_avx2, mmidx_values_avx2, 0, 2},
+    {"avx2-madd", mmidx_vertical_avx2_madd, mmidx_horizontal_avx2_madd, mmidx_planes_avx2, mmidx_values_avx2, 1, 2},
 #endif
 };
 #define MMIDX_KERNELS ((int)(sizeof(mmidx_kernels) / sizeof(mmidx_kernels[0])))
+
+#ifdef MMIDX_X86
+#include <cpuid.h>
+
+/* The CPU's family as AMD and Intel number it: the base family, plus the extended family when it is 0xf. */
+static int mmidx_cpu_family(void) {
+    unsigned int eax, ebx, ecx, edx;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
+        return 0;
+    }
+    const int base = (eax >> 8) & 0xf;
+    return base == 0xf ? base + (int)((eax >> 20) & 0xff) : base;
+}
+#endif
 
 /* Whether this CPU runs kernel i (x86-64 CPUs have SSE4.1 from about 2008, AVX2 from 2013). */
 static int mmidx_kernel_supported(int i) {
@@ -263,11 +399,26 @@ static int mmidx_kernel_supported(int i) {
     if (i == 1) {
         return __builtin_cpu_supports("sse4.1");
     }
-    if (i == 2) {
+    if (i == 2 || i == 3) {
         return __builtin_cpu_supports("avx2");
     }
 #endif
     return i == 0;
+}
+
+/* The kernel used unless set_kernel chooses another: the AVX2 one whose multiply is faster on this CPU (pmulld
+ * on AMD from Zen 3, CPU family 0x19, on; pmaddwd elsewhere: Zen 1 and 2, where pmulld takes two cycles a
+ * 128-bit half, and Intel, where it is two micro-ops), else SSE4.1, else scalar. */
+static int mmidx_default_kernel(void) {
+#ifdef MMIDX_X86
+    if (mmidx_kernel_supported(2)) {
+        return __builtin_cpu_is("amd") && mmidx_cpu_family() >= 0x19 ? 2 : 3;
+    }
+    if (mmidx_kernel_supported(1)) {
+        return 1;
+    }
+#endif
+    return 0;
 }
 
 #endif

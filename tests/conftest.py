@@ -19,7 +19,7 @@ warnings.filterwarnings("ignore", module="megatron")
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 
 
-@pytest.fixture(params=["scalar", "sse4", "avx2"])
+@pytest.fixture(params=["scalar", "sse4", "avx2", "avx2-madd"])
 def resize_kernel(request):
     """Each kernel of the Pillow-exact resize (csrc/_pixels_rows.h, csrc/_pixels_simd.h) forced in turn; one this
     CPU (or build) lacks is skipped, saying so, never counted as passing."""

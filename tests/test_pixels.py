@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,9 +160,19 @@ def test_pixels_neither_3_nor_4_bytes_apart_are_resized_as_a_contiguous_copy(new
     assert torch.equal(kernel_chw(columns_first, *new_size, BAGEL_VAE_TRANSFORM), expected)
 
 
-def test_the_best_kernel_the_cpu_runs_is_chosen_and_others_can_be_forced():
+def cpu_info(field: str) -> str | None:
+    """A field of the first processor in /proc/cpuinfo (None off Linux)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.split(":")[0].strip() == field), None)
+
+
+def test_the_fastest_kernel_for_the_cpu_is_chosen_and_others_can_be_forced():
+    """AVX2 CPUs take the pmulld kernel on AMD from Zen 3 (family 0x19 = 25) on, the pmaddwd one elsewhere."""
     available = _pixels.available_kernels()
-    assert available[0] == "scalar" and set(available) <= {"scalar", "sse4", "avx2"}
+    assert available[0] == "scalar" and set(available) <= {"scalar", "sse4", "avx2", "avx2-madd"}
     previous = _pixels.kernel()
     try:
         for name in available:
@@ -171,7 +182,11 @@ def test_the_best_kernel_the_cpu_runs_is_chosen_and_others_can_be_forced():
             _pixels.set_kernel("avx512")
     finally:
         _pixels.set_kernel(previous)
-    assert previous == available[-1]
+    vendor, family = cpu_info("vendor_id"), cpu_info("cpu family")
+    if "avx2" in available and vendor is not None and family is not None:
+        assert previous == ("avx2" if vendor == "AuthenticAMD" and int(family) >= 0x19 else "avx2-madd")
+    else:
+        assert previous == available[-1] or previous in ("avx2", "avx2-madd")
 
 
 CLIP = ImageTransform(518, 224, 14, image_mean=(0.48145466, 0.4578275, 0.40821073),
@@ -195,12 +210,13 @@ def test_unresized_rows_of_every_width_are_the_table_looked_up_bit_for_bit(trans
             assert out.tobytes() == looked_up(np.asarray(image), transform.lookup_table).tobytes(), width
 
 
-def test_the_avx2_kernel_computes_the_levels_of_the_usual_normalisations_and_only_where_they_match():
-    if "avx2" not in _pixels.available_kernels():
-        pytest.skip("this CPU does not run the avx2 kernel, the one with a normalise step")
+@pytest.mark.parametrize("name", ["avx2", "avx2-madd"])
+def test_the_avx2_kernels_compute_the_levels_of_the_usual_normalisations_and_only_where_they_match(name):
+    if name not in _pixels.available_kernels():
+        pytest.skip(f"this CPU does not run the {name} kernel, one with a normalise step")
     previous = _pixels.kernel()
     try:
-        _pixels.set_kernel("avx2")
+        _pixels.set_kernel(name)
         for transform in (BAGEL_VAE_TRANSFORM, BAGEL_VIT_TRANSFORM, IMAGENET, CLIP):
             assert _pixels.computes_levels(transform.lookup_table, transform.normalization)
         table = BAGEL_VAE_TRANSFORM.lookup_table.copy()
