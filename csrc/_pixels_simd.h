@@ -17,7 +17,7 @@
  * a madd is at most 2 * 255 * 2^15 < 2^24 in magnitude, and (H << 15) + L, computed with wrapping vector
  * adds and shifts, is congruent modulo 2^32 to HALF + sum p * w, which lies in int32 (Pillow's own
  * accumulator relies on it): the same sum, whatever the number of taps. A tap past the last weighs 0. Which
- * multiply is faster depends on the CPU: pmulld is 10-18% faster on an AMD Zen 3, pmaddwd 1.1-1.3x on a
+ * multiply is faster depends on the CPU: pmulld was 10-18% faster on an AMD Zen 3, pmaddwd is 1.25x on a
  * Zen 1 (benchmarks/bench_resample.py); mmidx_default_kernel picks by CPU family.
  *
  * Layouts. The vertical pass runs over whole rows, 32 (AVX2) or 16 (SSE4.1) output bytes at a time
@@ -406,9 +406,10 @@ static int mmidx_kernel_supported(int i) {
     return i == 0;
 }
 
-/* The kernel used unless set_kernel chooses another: the AVX2 one whose multiply is faster on this CPU (pmulld
- * on AMD from Zen 3, CPU family 0x19, on; pmaddwd elsewhere: Zen 1 and 2, where pmulld takes two cycles a
- * 128-bit half, and Intel, where it is two micro-ops), else SSE4.1, else scalar. */
+/* The kernel used unless set_kernel chooses another: the AVX2 one whose multiply is faster on this CPU, else
+ * SSE4.1, else scalar. pmulld on AMD from Zen 3 (CPU family 0x19) on, where it measured 10-18% faster; pmaddwd
+ * elsewhere: 1.25x on a Zen 1 (family 0x17), and on Intel cores, where instruction tables give pmulld two
+ * micro-ops to pmaddwd's one (not measured here). */
 static int mmidx_default_kernel(void) {
 #ifdef MMIDX_X86
     if (mmidx_kernel_supported(2)) {
