@@ -153,6 +153,39 @@ static inline void mmidx_store_rows(const uint32_t *words, ptrdiff_t rows, uint8
 
 /* ------------------------------------------------------------------------------------------ AVX2 */
 
+/* Exact int32 sums (22 fractional bits) to 8-bit values, as every AVX2 pass ends: shifted by 22, packed with
+ * saturation (the clip to [0, 255]). mmidx_store_values32 stores 32 sums of one row in order; mmidx_store_block8
+ * stores the R, G and B sums of 8 rows as one pixel of each row (mmidx_store_rows). */
+__attribute__((target("avx2")))
+static inline void mmidx_store_values32(__m256i s0, __m256i s1, __m256i s2, __m256i s3, uint8_t *out) {
+    const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   /* undoes the lane-wise packs */
+    s0 = _mm256_srai_epi32(s0, MMIDX_PRECISION_BITS);
+    s1 = _mm256_srai_epi32(s1, MMIDX_PRECISION_BITS);
+    s2 = _mm256_srai_epi32(s2, MMIDX_PRECISION_BITS);
+    s3 = _mm256_srai_epi32(s3, MMIDX_PRECISION_BITS);
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
+    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(bytes, in_order));
+}
+
+__attribute__((target("avx2")))
+static inline void mmidx_store_block8(__m256i r, __m256i g, __m256i b, ptrdiff_t rows, uint8_t *out,
+                                      ptrdiff_t out_stride, int last) {
+    const __m256i rgb_rows = _mm256_setr_epi8(MMIDX_RGB_ROWS, MMIDX_RGB_ROWS);
+    uint32_t words[8];
+    r = _mm256_srai_epi32(r, MMIDX_PRECISION_BITS);
+    g = _mm256_srai_epi32(g, MMIDX_PRECISION_BITS);
+    b = _mm256_srai_epi32(b, MMIDX_PRECISION_BITS);
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(r, g), _mm256_packs_epi32(b, b));
+    _mm256_storeu_si256((__m256i *)words, _mm256_shuffle_epi8(bytes, rgb_rows));
+    mmidx_store_rows(words, rows, out, out_stride, last);
+}
+
+/* A madd pass's sum from its parts: L + (H << 15), wrapping: Pillow's int32 sum (the header says why). */
+__attribute__((target("avx2")))
+static inline __m256i mmidx_recombine(__m256i low, __m256i high) {
+    return _mm256_add_epi32(low, _mm256_slli_epi32(high, 15));
+}
+
 __attribute__((target("avx2")))
 static void mmidx_vertical_avx2(const uint8_t *rows, ptrdiff_t row_stride, ptrdiff_t count, const int32_t *k,
                                 ptrdiff_t values, uint8_t *restrict out) {
@@ -161,7 +194,6 @@ static void mmidx_vertical_avx2(const uint8_t *rows, ptrdiff_t row_stride, ptrdi
         return;
     }
     const __m256i half = _mm256_set1_epi32(MMIDX_HALF);
-    const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   /* undoes the lane-wise packs */
     for (ptrdiff_t i = 0; i < values; i += 32) {
         const ptrdiff_t at = i + 32 <= values ? i : values - 32;
         __m256i s0 = half, s1 = half, s2 = half, s3 = half;
@@ -177,12 +209,7 @@ static void mmidx_vertical_avx2(const uint8_t *rows, ptrdiff_t row_stride, ptrdi
             s3 = _mm256_add_epi32(s3, _mm256_mullo_epi32(
                 _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(line + 24))), w));
         }
-        s0 = _mm256_srai_epi32(s0, MMIDX_PRECISION_BITS);
-        s1 = _mm256_srai_epi32(s1, MMIDX_PRECISION_BITS);
-        s2 = _mm256_srai_epi32(s2, MMIDX_PRECISION_BITS);
-        s3 = _mm256_srai_epi32(s3, MMIDX_PRECISION_BITS);
-        const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
-        _mm256_storeu_si256((__m256i *)(out + at), _mm256_permutevar8x32_epi32(bytes, in_order));
+        mmidx_store_values32(s0, s1, s2, s3, out + at);
     }
 }
 
@@ -194,8 +221,6 @@ static void mmidx_horizontal_avx2(const uint8_t *in, ptrdiff_t row_stride, ptrdi
     const ptrdiff_t ps = pixel_stride;
     mmidx_transpose_rows(in, row_stride, rows, (in_width - 1) * ps + 3, scratch);
     const __m256i half = _mm256_set1_epi32(MMIDX_HALF);
-    const __m256i rgb_rows = _mm256_setr_epi8(MMIDX_RGB_ROWS, MMIDX_RGB_ROWS);
-    uint32_t words[8];
     for (ptrdiff_t x = 0; x < width; x++) {
         const ptrdiff_t count = bounds[2 * x + 1];
         const uint8_t *taps = scratch + bounds[2 * x] * ps * 8;
@@ -208,12 +233,7 @@ static void mmidx_horizontal_avx2(const uint8_t *in, ptrdiff_t row_stride, ptrdi
                 s[c] = _mm256_add_epi32(s[c], _mm256_mullo_epi32(p, w));
             }
         }
-        for (int c = 0; c < 3; c++) {
-            s[c] = _mm256_srai_epi32(s[c], MMIDX_PRECISION_BITS);
-        }
-        const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(s[0], s[1]), _mm256_packs_epi32(s[2], s[2]));
-        _mm256_storeu_si256((__m256i *)words, _mm256_shuffle_epi8(bytes, rgb_rows));
-        mmidx_store_rows(words, rows, out + x * 3, out_stride, x == width - 1);
+        mmidx_store_block8(s[0], s[1], s[2], rows, out + x * 3, out_stride, x == width - 1);
     }
 }
 
@@ -235,7 +255,6 @@ static void mmidx_vertical_avx2_madd(const uint8_t *rows, ptrdiff_t row_stride, 
         return;
     }
     const __m256i half = _mm256_set1_epi32(MMIDX_HALF), zero = _mm256_setzero_si256();
-    const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   /* undoes the lane-wise packs */
     for (ptrdiff_t i = 0; i < values; i += 32) {
         const ptrdiff_t at = i + 32 <= values ? i : values - 32;
         __m256i l0 = half, l1 = half, l2 = half, l3 = half, h0 = zero, h1 = zero, h2 = zero, h3 = zero;
@@ -258,12 +277,8 @@ static void mmidx_vertical_avx2_madd(const uint8_t *rows, ptrdiff_t row_stride, 
             l3 = _mm256_add_epi32(l3, _mm256_madd_epi16(p, wl));
             h3 = _mm256_add_epi32(h3, _mm256_madd_epi16(p, wh));
         }
-        const __m256i s0 = _mm256_srai_epi32(_mm256_add_epi32(l0, _mm256_slli_epi32(h0, 15)), MMIDX_PRECISION_BITS);
-        const __m256i s1 = _mm256_srai_epi32(_mm256_add_epi32(l1, _mm256_slli_epi32(h1, 15)), MMIDX_PRECISION_BITS);
-        const __m256i s2 = _mm256_srai_epi32(_mm256_add_epi32(l2, _mm256_slli_epi32(h2, 15)), MMIDX_PRECISION_BITS);
-        const __m256i s3 = _mm256_srai_epi32(_mm256_add_epi32(l3, _mm256_slli_epi32(h3, 15)), MMIDX_PRECISION_BITS);
-        const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
-        _mm256_storeu_si256((__m256i *)(out + at), _mm256_permutevar8x32_epi32(bytes, in_order));
+        mmidx_store_values32(mmidx_recombine(l0, h0), mmidx_recombine(l1, h1), mmidx_recombine(l2, h2),
+                             mmidx_recombine(l3, h3), out + at);
     }
 }
 
@@ -276,8 +291,6 @@ static void mmidx_horizontal_avx2_madd(const uint8_t *in, ptrdiff_t row_stride, 
     mmidx_transpose_rows(in, row_stride, rows, span, scratch);
     memset(scratch + span * 8, 0, (ps + 1) * 8);     /* the tap after the last pixel, weighing 0 */
     const __m256i half = _mm256_set1_epi32(MMIDX_HALF), zero = _mm256_setzero_si256();
-    const __m256i rgb_rows = _mm256_setr_epi8(MMIDX_RGB_ROWS, MMIDX_RGB_ROWS);
-    uint32_t words[8];
     for (ptrdiff_t x = 0; x < width; x++) {
         const ptrdiff_t count = bounds[2 * x + 1];
         const uint8_t *taps = scratch + bounds[2 * x] * ps * 8;
@@ -293,13 +306,8 @@ static void mmidx_horizontal_avx2_madd(const uint8_t *in, ptrdiff_t row_stride, 
                 h[c] = _mm256_add_epi32(h[c], _mm256_madd_epi16(p, wh));
             }
         }
-        __m256i s[3];
-        for (int c = 0; c < 3; c++) {
-            s[c] = _mm256_srai_epi32(_mm256_add_epi32(l[c], _mm256_slli_epi32(h[c], 15)), MMIDX_PRECISION_BITS);
-        }
-        const __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(s[0], s[1]), _mm256_packs_epi32(s[2], s[2]));
-        _mm256_storeu_si256((__m256i *)words, _mm256_shuffle_epi8(bytes, rgb_rows));
-        mmidx_store_rows(words, rows, out + x * 3, out_stride, x == width - 1);
+        mmidx_store_block8(mmidx_recombine(l[0], h[0]), mmidx_recombine(l[1], h[1]), mmidx_recombine(l[2], h[2]),
+                           rows, out + x * 3, out_stride, x == width - 1);
     }
 }
 
