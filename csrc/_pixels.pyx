@@ -19,7 +19,9 @@ normalised values instead of looking them up, ``_pixels_normalize.h``, where tha
 the table bit for bit, checked before each image), the fastest the CPU runs chosen at import;
 ``set_kernel`` forces one (tests run every Pillow comparison on each, benchmarks/bench_resample.py times them). The vertical pass runs over whole rows instead of Pillow's
 column-by-column loop, the horizontal pass over 8 rows at once; integer sums are exact, so the order
-does not change the result.
+does not change the result. Each pass's coefficients are computed once per pair of sizes and kept (``_Filter``:
+a corpus's images mostly share a few sizes; 512² photos to BAGEL's 518² ViT size spent 2% of their resize on
+them).
 """
 
 from libc.math cimport ceil
@@ -123,6 +125,61 @@ cdef int32_t* _pairs(const int32_t* weights, Py_ssize_t outputs, Py_ssize_t ksiz
     return pairs
 
 
+cdef struct _Pass:
+    const Py_ssize_t* bounds     # (first input, count) per output
+    const int32_t* weights       # ksize whole weights per output
+    const int32_t* pairs         # the same split into madd pairs (an even number per output), or NULL
+    Py_ssize_t ksize
+
+
+cdef class _Filter:
+    """One pass's coefficients for ``in_size`` → ``out_size`` (``_coefficients``) and their madd pairs (``_pairs``),
+    computed once per pair of sizes and kept (``_filter``): every image of the same size takes the same ones."""
+    cdef _Pass c
+    cdef int32_t* weights
+    cdef Py_ssize_t* bounds
+    cdef int32_t* pairs
+
+    def __cinit__(self, Py_ssize_t in_size, Py_ssize_t out_size):
+        cdef Py_ssize_t ksize = _coefficients(in_size, out_size, &self.weights, &self.bounds)
+        if ksize == 0:
+            raise MemoryError(f"resize coefficients for {in_size} -> {out_size}")
+        self.pairs = _pairs(self.weights, out_size, ksize)
+        self.c.bounds, self.c.weights, self.c.pairs, self.c.ksize = self.bounds, self.weights, self.pairs, ksize
+
+    def __dealloc__(self):
+        free(self.weights)
+        free(self.bounds)
+        free(self.pairs)
+
+
+cdef dict _filters = {}
+DEF FILTERS = 256                # sizes kept: a corpus of many sizes recomputes, one of few never does
+
+
+cdef _Filter _filter(Py_ssize_t in_size, Py_ssize_t out_size):
+    """The ``_Filter`` of ``in_size`` → ``out_size`` from the cache (the oldest of ``FILTERS`` evicted first), or
+    None where the size is kept (no pass). The caller holds it for the call: the cache may let it go meanwhile."""
+    if in_size == out_size:
+        return None
+    key = (in_size, out_size)
+    found = _filters.get(key)
+    if found is None:
+        if len(_filters) >= FILTERS:
+            del _filters[next(iter(_filters))]
+        found = _filters[key] = _Filter(in_size, out_size)
+    return found
+
+
+cdef _Pass _pass(_Filter filter):
+    """``filter``'s coefficients for ``_render``; none (None) where the pass keeps the size."""
+    cdef _Pass none
+    if filter is None:
+        none.bounds, none.weights, none.pairs, none.ksize = NULL, NULL, NULL, 1
+        return none
+    return filter.c
+
+
 cdef bint _levels_match(const mmidx_kernel* kernel, const float* table, const float* norm) noexcept nogil:
     """Whether the kernel's normalise step gives ``table``'s bits for every level of every channel, through
     both of its layouts (CHW planes, pixel-major values): then it may replace looking the table up."""
@@ -199,8 +256,8 @@ cdef void _emit_patches(const uint8_t* band, Py_ssize_t width, const float* tabl
 
 cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_width, Py_ssize_t row_stride,
                  Py_ssize_t pixel_stride, Py_ssize_t height, Py_ssize_t width, bint vertical_first,
-                 const float* table, const float* norm, float* chw, Py_ssize_t plane, Py_ssize_t line,
-                 float* patches, Py_ssize_t patch) noexcept nogil:
+                 const _Pass* pv, const _Pass* ph, const float* table, const float* norm, float* chw,
+                 Py_ssize_t plane, Py_ssize_t line, float* patches, Py_ssize_t patch) noexcept nogil:
     """Resize (in_height, in_width) → (height, width) as Pillow does and emit every row; -1 if out of memory.
 
     Pillow runs the horizontal pass first over the rows the vertical pass reads, unless
@@ -210,53 +267,38 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
     """
     cdef const mmidx_kernel* kernel = _kernel     # read once: set_kernel may run meanwhile
     cdef bint horizontal = width != in_width, vertical = height != in_height
-    cdef int32_t* kv = NULL
-    cdef int32_t* kh = NULL
-    cdef Py_ssize_t* bv = NULL
-    cdef Py_ssize_t* bh = NULL
+    cdef const int32_t* kv = NULL
+    cdef const int32_t* kh = NULL
+    cdef const Py_ssize_t* bv = pv.bounds
+    cdef const Py_ssize_t* bh = ph.bounds
     cdef uint8_t* rows = NULL          # the horizontal pass's rows (all, or one block if vertical first)
     cdef uint8_t* scratch = NULL       # MMIDX_BLOCK input rows interleaved for that pass
     cdef uint8_t* middle = NULL        # MMIDX_BLOCK vertical rows before their horizontal pass (vertical first)
     cdef uint8_t* row8 = NULL          # one output row of the vertical pass
     cdef uint8_t* band = NULL          # the output rows of one row of patches (patches only)
     cdef uint8_t* target8
-    cdef Py_ssize_t ksv = 1, ksh = 1, first = 0, last = in_height, y, r, n, out_line = width * 3
+    cdef Py_ssize_t ksv = pv.ksize, ksh = ph.ksize, first = 0, last = in_height, y, r, n, out_line = width * 3
     cdef Py_ssize_t in_line = in_width * pixel_stride, in_span = (in_width - 1) * pixel_stride + 3
     cdef bint failed = False
-    cdef int32_t* pairs_v = NULL
-    cdef int32_t* pairs_h = NULL
     vertical_first = vertical_first and horizontal and vertical
     norm = _computed(kernel, table, norm)
+    if kernel.pairs and (not vertical or pv.pairs != NULL) and (not horizontal or ph.pairs != NULL):
+        kv, kh = pv.pairs, ph.pairs    # both passes' weights split, or both whole
+        ksv, ksh = (ksv + 1) // 2 * 2, (ksh + 1) // 2 * 2
+    else:
+        kernel = &mmidx_kernels[kernel.whole] if kernel.pairs else kernel
+        kv, kh = pv.weights, ph.weights
     if vertical:
-        ksv = _coefficients(in_height, height, &kv, &bv)
-        failed = ksv == 0
-        if not failed:
-            first, last = bv[0], bv[2 * height - 2] + bv[2 * height - 1]   # the rows the vertical pass reads
+        first, last = bv[0], bv[2 * height - 2] + bv[2 * height - 1]   # the rows the vertical pass reads
     if horizontal:
-        ksh = _coefficients(in_width, width, &kh, &bh)
-        failed = failed or ksh == 0
         scratch = <uint8_t*>malloc((in_width + 2) * 4 * MMIDX_BLOCK)     # room for a pair's tap past the last
         if vertical_first:
             middle = <uint8_t*>malloc(in_line * MMIDX_BLOCK)
             rows = <uint8_t*>malloc(out_line * MMIDX_BLOCK)
-            failed = failed or middle == NULL
+            failed = middle == NULL
         else:
             rows = <uint8_t*>malloc((last - first) * out_line)
         failed = failed or rows == NULL or scratch == NULL
-    if kernel.pairs and not failed:        # split both passes' weights, or multiply whole ones
-        pairs_v = _pairs(kv, height, ksv) if vertical else NULL
-        pairs_h = _pairs(kh, width, ksh) if horizontal else NULL
-        if (vertical and pairs_v == NULL) or (horizontal and pairs_h == NULL):
-            free(pairs_v)
-            free(pairs_h)
-            kernel = &mmidx_kernels[kernel.whole]
-        else:
-            if vertical:
-                free(kv)
-                kv, ksv = pairs_v, (ksv + 1) // 2 * 2
-            if horizontal:
-                free(kh)
-                kh, ksh = pairs_h, (ksh + 1) // 2 * 2
     row8 = <uint8_t*>malloc(width * pixel_stride)
     failed = failed or row8 == NULL
     if patches != NULL:
@@ -295,10 +337,6 @@ cdef int _render(const uint8_t* pixels, Py_ssize_t in_height, Py_ssize_t in_widt
                 _emit(rows + y * out_line, 3, y, width, table, kernel, norm, chw, plane, line, patches, patch, band)
             else:
                 _emit(pixels + y * row_stride, pixel_stride, y, width, table, kernel, norm, chw, plane, line, patches, patch, band)
-    free(kv)
-    free(bv)
-    free(kh)
-    free(bh)
     free(rows)
     free(scratch)
     free(middle)
@@ -349,10 +387,12 @@ def render_chw(const uint8_t[:, :, :] pixels, float[:, :, :] out, const float[:,
         raise ValueError(f"out must be a non-empty (3, h, w) float32 view with contiguous rows, got shape "
                          f"{tuple(out.shape)[:3]} and strides {tuple(out.strides)[:3]}")
     cdef int status
+    cdef _Filter fv = _filter(pixels.shape[0], height), fh = _filter(pixels.shape[1], width)
+    cdef _Pass pv = _pass(fv), ph = _pass(fh)
     with nogil:
         status = _render(source, pixels.shape[0], pixels.shape[1], row_stride, pixel_stride, height, width,
-                         vertical_first, levels, norm, &out[0, 0, 0], out.strides[0] // sizeof(float), out.strides[1] // sizeof(float),
-                         NULL, 0)
+                         vertical_first, &pv, &ph, levels, norm, &out[0, 0, 0], out.strides[0] // sizeof(float),
+                         out.strides[1] // sizeof(float), NULL, 0)
     if status:
         raise MemoryError(f"resizing {pixels.shape[1]}x{pixels.shape[0]} to {width}x{height}")
 
@@ -375,9 +415,11 @@ def render_patches(const uint8_t[:, :, :] pixels, float[:, ::1] out, const float
     if out.shape[0] != count or out.shape[1] != patch * patch * 3:
         raise ValueError(f"out must be ({count}, {patch * patch * 3}), got {tuple(out.shape)[:2]}")
     cdef int status
+    cdef _Filter fv = _filter(pixels.shape[0], height), fh = _filter(pixels.shape[1], width)
+    cdef _Pass pv = _pass(fv), ph = _pass(fh)
     with nogil:
         status = _render(source, pixels.shape[0], pixels.shape[1], row_stride, pixel_stride, height, width,
-                         vertical_first, levels, norm, NULL, 0, 0, &out[0, 0], patch)
+                         vertical_first, &pv, &ph, levels, norm, NULL, 0, 0, &out[0, 0], patch)
     if status:
         raise MemoryError(f"resizing {pixels.shape[1]}x{pixels.shape[0]} to {width}x{height}")
 
