@@ -10,15 +10,20 @@
  * Every product and partial sum is the one the scalar loop computes (|p * w| <= 255 * 1.2 * 2^22 <
  * 2^31 for Pillow's normalised weights, and the sum is the int32 Pillow itself accumulates), and
  * vector adds wrap modulo 2^32 anyway, so the order of the additions cannot change a result.
- * The "avx2-madd" kernel multiplies with pmaddwd instead, two taps per instruction: each weight is split
- * as w = hi * 2^15 + lo, lo = w & 0x7fff in [0, 32767], hi = w >> 15 (arithmetic), an int16 while |w| < 2^30
- * (mmidx_split_pairs checks; Pillow's weights stay below 1.3 * 2^22); pixels (p_t, p_t+1) as int16 pairs
- * times (lo_t, lo_t+1) and, separately, (hi_t, hi_t+1) sum into L = HALF + sum p * lo and H = sum p * hi;
- * a madd is at most 2 * 255 * 2^15 < 2^24 in magnitude, and (H << 15) + L, computed with wrapping vector
- * adds and shifts, is congruent modulo 2^32 to HALF + sum p * w, which lies in int32 (Pillow's own
- * accumulator relies on it): the same sum, whatever the number of taps. A tap past the last weighs 0. Which
- * multiply is faster depends on the CPU: pmulld was 10-18% faster on an AMD Zen 3, pmaddwd is 1.25x on a
- * Zen 1 (benchmarks/bench_resample.py); mmidx_default_kernel picks by CPU family.
+ * The "avx2-madd" kernel multiplies two taps per instruction instead: each weight is split as w = hi * 2^16 + lo,
+ * hi = (w + 2^15) >> 16 (arithmetic), lo = w - hi * 2^16 in [-2^15, 2^15), an int16; pixels (p_t, p_t+1) as int16
+ * pairs times (lo_t, lo_t+1) sum with pmaddwd into L = HALF + sum p * lo (a madd is below 2^24 in magnitude, L
+ * below 2^31 for fewer than 254 taps), and the same pixels as byte pairs times (hi_t, hi_t+1) as int8 sum with
+ * pmaddubsw into H = sum p * hi in int16 lanes, half as many multiply micro-ops as another pmaddwd: exact where
+ * sum |hi| <= 127 over an output's taps (no pair's product and no partial sum then leaves [-32385, 32385], so
+ * nothing saturates or wraps), which mmidx_split_pairs checks (Pillow's normalised weights sum to 1 with small
+ * negative lobes: sum |hi| was 64-80 for every size from 47 -> 1 to 3 -> 4000; only downscales by over 60x, 254
+ * taps or more, take the pmulld kernel). Then L + (H << 16), with wrapping vector adds and shifts, is
+ * congruent modulo 2^32 to HALF + sum p * w, which lies in int32 (Pillow's own accumulator relies on it): the
+ * same sum, whatever the number of taps. A tap past the last weighs 0. Which
+ * multiply is faster depends on the CPU: pmulld was 10-18% faster on an AMD Zen 3 than pmaddwd on weights split
+ * in two 15-bit halves, which was 1.25x pmulld on a Zen 1 (benchmarks/bench_resample.py); mmidx_default_kernel
+ * picks by CPU family.
  *
  * Layouts. The vertical pass runs over whole rows, 32 (AVX2) or 16 (SSE4.1) output bytes at a time
  * with every tap summed in registers; a row's last partial chunk is recomputed overlapping the one
@@ -54,31 +59,42 @@ typedef struct {
     int whole;                 /* the kernel of the same passes on whole weights, where they do not split */
 } mmidx_kernel;
 
-/* The weights of n outputs (ksize each) as madd pairs: output o's pair i is pairs[o * P2 + 2 i] = (lo of tap
- * 2i, lo of tap 2i+1) as two int16, then the same of the hi parts, P2 = ksize rounded up to even (a tap past
- * ksize weighs 0). Returns 0 if a weight is out of the split's range (|w| >= 2^30): the caller then takes
- * a kernel that multiplies whole weights. */
+/* The weights of n outputs (ksize each) as madd pairs: output o's pair i is pairs[o * P2 + 2 i] = (lo of tap 2i,
+ * lo of tap 2i+1) as two int16, then pairs[o * P2 + 2 i + 1] = (hi of tap 2i, hi of tap 2i+1) as two int8 in its low
+ * 16 bits, P2 = ksize rounded up to even (a tap past ksize weighs 0). Returns 0 where the split is not exact (an
+ * output's sum |hi| above 127, or 254 taps or more): the caller then takes a kernel that multiplies whole weights. */
 static int mmidx_split_pairs(const int32_t *k, ptrdiff_t n, ptrdiff_t ksize, int32_t *pairs) {
     const ptrdiff_t P2 = (ksize + 1) / 2 * 2;
+    if (P2 >= 254) {
+        return 0;
+    }
     for (ptrdiff_t o = 0; o < n; o++) {
+        int64_t spread = 0;                        /* sum |hi| */
         for (ptrdiff_t t = 0; t < P2; t += 2) {
-            const int32_t a = k[o * ksize + t], b = t + 1 < ksize ? k[o * ksize + t + 1] : 0;
-            if (a >= (1 << 30) || a < -(1 << 30) || b >= (1 << 30) || b < -(1 << 30)) {
+            int32_t hi[2], lo[2];
+            for (int j = 0; j < 2; j++) {
+                const int64_t w = t + j < ksize ? k[o * ksize + t + j] : 0;
+                hi[j] = (int32_t)((w + 32768) >> 16);
+                lo[j] = (int32_t)(w - (int64_t)hi[j] * 65536);
+                spread += hi[j] < 0 ? -(int64_t)hi[j] : hi[j];
+            }
+            if (spread > 127) {
                 return 0;
             }
-            pairs[o * P2 + t] = (int32_t)((uint32_t)(a & 0x7fff) | (uint32_t)(b & 0x7fff) << 16);
-            pairs[o * P2 + t + 1] = (int32_t)((uint32_t)(uint16_t)(a >> 15) | (uint32_t)(uint16_t)(b >> 15) << 16);
+            pairs[o * P2 + t] = (int32_t)((uint32_t)(uint16_t)lo[0] | (uint32_t)(uint16_t)lo[1] << 16);
+            pairs[o * P2 + t + 1] = (int32_t)((uint32_t)(uint8_t)hi[0] | (uint32_t)(uint8_t)hi[1] << 8);
         }
     }
     return 1;
 }
 
-/* Tap t's weight rebuilt from its pair (hi * 2^15 + lo): the int32 it was split from. */
+/* Tap t's weight rebuilt from its pair (hi * 2^16 + lo): the int32 it was split from. */
 static inline int32_t mmidx_pair_weight(const int32_t *pairs, ptrdiff_t t) {
-    const int shift = (int)(t & 1) * 16;
-    const uint32_t lo = ((uint32_t)pairs[t & ~(ptrdiff_t)1] >> shift) & 0xffff;
-    const int32_t hi = (int16_t)(uint16_t)((uint32_t)pairs[(t & ~(ptrdiff_t)1) + 1] >> shift);
-    return (int32_t)((uint32_t)hi * 32768u + lo);
+    const ptrdiff_t at = t & ~(ptrdiff_t)1;
+    const int shift = (int)(t & 1);
+    const int32_t lo = (int16_t)(uint16_t)((uint32_t)pairs[at] >> (16 * shift));
+    const int32_t hi = (int8_t)(uint8_t)((uint32_t)pairs[at + 1] >> (8 * shift));
+    return (int32_t)((uint32_t)hi * 65536u + (uint32_t)lo);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -180,10 +196,11 @@ static inline void mmidx_store_block8(__m256i r, __m256i g, __m256i b, ptrdiff_t
     mmidx_store_rows(words, rows, out, out_stride, last);
 }
 
-/* A madd pass's sum from its parts: L + (H << 15), wrapping: Pillow's int32 sum (the header says why). */
+/* A madd pass's sum from its parts: L + (H << 16), H's int16 lanes widened, wrapping: Pillow's int32 sum (the
+ * header says why). */
 __attribute__((target("avx2")))
-static inline __m256i mmidx_recombine(__m256i low, __m256i high) {
-    return _mm256_add_epi32(low, _mm256_slli_epi32(high, 15));
+static inline __m256i mmidx_recombine(__m256i low, __m128i high) {
+    return _mm256_add_epi32(low, _mm256_slli_epi32(_mm256_cvtepi16_epi32(high), 16));
 }
 
 __attribute__((target("avx2")))
@@ -237,8 +254,8 @@ static void mmidx_horizontal_avx2(const uint8_t *in, ptrdiff_t row_stride, ptrdi
     }
 }
 
-/* The same passes with pmaddwd on split weights (mmidx_split_pairs: `k` / `weights` hold P2 int32 per
- * output, `ksize` is P2). The vertical pass pairs rows t and t+1 byte by byte (a missing row t+1 weighs 0 and
+/* The same passes with pmaddwd and pmaddubsw on split weights (mmidx_split_pairs: `k` / `weights` hold P2 int32
+ * per output, `ksize` is P2). The vertical pass pairs rows t and t+1 byte by byte (a missing row t+1 weighs 0 and
  * reads row t); the horizontal pass pairs taps t and t+1 of the transposed block, whose tail the caller
  * leaves room for and this zeroes (the tap after an odd count weighs 0). */
 __attribute__((target("avx2")))
@@ -254,28 +271,30 @@ static void mmidx_vertical_avx2_madd(const uint8_t *rows, ptrdiff_t row_stride, 
         }
         return;
     }
-    const __m256i half = _mm256_set1_epi32(MMIDX_HALF), zero = _mm256_setzero_si256();
+    const __m256i half = _mm256_set1_epi32(MMIDX_HALF);
     for (ptrdiff_t i = 0; i < values; i += 32) {
         const ptrdiff_t at = i + 32 <= values ? i : values - 32;
-        __m256i l0 = half, l1 = half, l2 = half, l3 = half, h0 = zero, h1 = zero, h2 = zero, h3 = zero;
+        __m256i l0 = half, l1 = half, l2 = half, l3 = half;
+        __m128i h0 = _mm_setzero_si128(), h1 = h0, h2 = h0, h3 = h0;
         for (ptrdiff_t t = 0; t < count; t += 2) {
             const uint8_t *a = rows + t * row_stride + at, *b = t + 1 < count ? a + row_stride : a;
-            const __m256i wl = _mm256_set1_epi32(k[t]), wh = _mm256_set1_epi32(k[t + 1]);
+            const __m256i wl = _mm256_set1_epi32(k[t]);
+            const __m128i wh = _mm_set1_epi16((int16_t)k[t + 1]);
             const __m128i a0 = _mm_loadu_si128((const __m128i *)a), b0 = _mm_loadu_si128((const __m128i *)b);
             const __m128i a1 = _mm_loadu_si128((const __m128i *)(a + 16));
             const __m128i b1 = _mm_loadu_si128((const __m128i *)(b + 16));
-            __m256i p = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a0, b0));        /* values 0-7 as (p_t, p_t+1) */
-            l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(p, wl));
-            h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(p, wh));
-            p = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a0, b0));                /* 8-15 */
-            l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(p, wl));
-            h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(p, wh));
-            p = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a1, b1));                /* 16-23 */
-            l2 = _mm256_add_epi32(l2, _mm256_madd_epi16(p, wl));
-            h2 = _mm256_add_epi32(h2, _mm256_madd_epi16(p, wh));
-            p = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a1, b1));                /* 24-31 */
-            l3 = _mm256_add_epi32(l3, _mm256_madd_epi16(p, wl));
-            h3 = _mm256_add_epi32(h3, _mm256_madd_epi16(p, wh));
+            __m128i p = _mm_unpacklo_epi8(a0, b0);                   /* values 0-7 as byte pairs (p_t, p_t+1) */
+            l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(_mm256_cvtepu8_epi16(p), wl));
+            h0 = _mm_add_epi16(h0, _mm_maddubs_epi16(p, wh));
+            p = _mm_unpackhi_epi8(a0, b0);                           /* 8-15 */
+            l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(_mm256_cvtepu8_epi16(p), wl));
+            h1 = _mm_add_epi16(h1, _mm_maddubs_epi16(p, wh));
+            p = _mm_unpacklo_epi8(a1, b1);                           /* 16-23 */
+            l2 = _mm256_add_epi32(l2, _mm256_madd_epi16(_mm256_cvtepu8_epi16(p), wl));
+            h2 = _mm_add_epi16(h2, _mm_maddubs_epi16(p, wh));
+            p = _mm_unpackhi_epi8(a1, b1);                           /* 24-31 */
+            l3 = _mm256_add_epi32(l3, _mm256_madd_epi16(_mm256_cvtepu8_epi16(p), wl));
+            h3 = _mm_add_epi16(h3, _mm_maddubs_epi16(p, wh));
         }
         mmidx_store_values32(mmidx_recombine(l0, h0), mmidx_recombine(l1, h1), mmidx_recombine(l2, h2),
                              mmidx_recombine(l3, h3), out + at);
@@ -290,20 +309,23 @@ static void mmidx_horizontal_avx2_madd(const uint8_t *in, ptrdiff_t row_stride, 
     const ptrdiff_t ps = pixel_stride, span = (in_width - 1) * ps + 3;
     mmidx_transpose_rows(in, row_stride, rows, span, scratch);
     memset(scratch + span * 8, 0, (ps + 1) * 8);     /* the tap after the last pixel, weighing 0 */
-    const __m256i half = _mm256_set1_epi32(MMIDX_HALF), zero = _mm256_setzero_si256();
+    const __m256i half = _mm256_set1_epi32(MMIDX_HALF);
+    const __m128i zero = _mm_setzero_si128();
     for (ptrdiff_t x = 0; x < width; x++) {
         const ptrdiff_t count = bounds[2 * x + 1];
         const uint8_t *taps = scratch + bounds[2 * x] * ps * 8;
         const int32_t *k = weights + x * ksize;
-        __m256i l[3] = {half, half, half}, h[3] = {zero, zero, zero};     /* channel c of rows 0-7 */
+        __m256i l[3] = {half, half, half};     /* channel c of rows 0-7 */
+        __m128i h[3] = {zero, zero, zero};
         for (ptrdiff_t t = 0; t < count; t += 2) {
-            const __m256i wl = _mm256_set1_epi32(k[t]), wh = _mm256_set1_epi32(k[t + 1]);
+            const __m256i wl = _mm256_set1_epi32(k[t]);
+            const __m128i wh = _mm_set1_epi16((int16_t)k[t + 1]);
             for (int c = 0; c < 3; c++) {
                 const __m128i a = _mm_loadl_epi64((const __m128i *)(taps + (t * ps + c) * 8));
                 const __m128i b = _mm_loadl_epi64((const __m128i *)(taps + ((t + 1) * ps + c) * 8));
-                const __m256i p = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b));   /* 8 rows' (p_t, p_t+1) */
-                l[c] = _mm256_add_epi32(l[c], _mm256_madd_epi16(p, wl));
-                h[c] = _mm256_add_epi32(h[c], _mm256_madd_epi16(p, wh));
+                const __m128i p = _mm_unpacklo_epi8(a, b);          /* 8 rows' (p_t, p_t+1) as bytes */
+                l[c] = _mm256_add_epi32(l[c], _mm256_madd_epi16(_mm256_cvtepu8_epi16(p), wl));
+                h[c] = _mm_add_epi16(h[c], _mm_maddubs_epi16(p, wh));
             }
         }
         mmidx_store_block8(mmidx_recombine(l[0], h[0]), mmidx_recombine(l[1], h[1]), mmidx_recombine(l[2], h[2]),
