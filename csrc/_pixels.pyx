@@ -14,7 +14,7 @@ beyond the horizontal pass's 8-bit rows and that band of patch rows.
 
 The two passes run in one of four kernels, all giving the same bytes: portable C
 (``_pixels_rows.h``, "scalar") and SSE4.1 / AVX2 intrinsics (``_pixels_simd.h``: two AVX2 kernels, multiplying
-whole weights with pmulld or split ones with pmaddwd, whichever is faster on the CPU; they also compute the
+whole weights with pmulld or split ones with pmaddwd and pmaddubsw, whichever is faster on the CPU; they also compute the
 normalised values instead of looking them up, ``_pixels_normalize.h``, where that reproduces every level of
 the table bit for bit, checked before each image), the fastest the CPU runs chosen at import;
 ``set_kernel`` forces one (tests run every Pillow comparison on each, benchmarks/bench_resample.py times them). The vertical pass runs over whole rows instead of Pillow's
@@ -438,8 +438,9 @@ def computes_levels(const float[:, ::1] table, const float[:, ::1] normalization
 
 def available_kernels() -> tuple:
     """The names of the resize kernels this CPU runs: ``"scalar"`` (portable C, everywhere), ``"sse4"`` (x86-64
-    with SSE4.1), ``"avx2"`` and ``"avx2-madd"`` (AVX2, multiplying with pmulld or pmaddwd: which is faster
-    depends on the CPU; ``kernel()`` names the one chosen). All give the same, Pillow's, bytes."""
+    with SSE4.1), ``"avx2"`` and ``"avx2-madd"`` (AVX2, multiplying whole weights with pmulld or split ones with
+    pmaddwd and pmaddubsw: which is faster depends on the CPU; ``kernel()`` names the one chosen). All give the
+    same, Pillow's, bytes."""
     return tuple(mmidx_kernels[i].name.decode() for i in range(MMIDX_KERNELS) if mmidx_kernel_supported(i))
 
 

@@ -437,9 +437,10 @@ static int mmidx_kernel_supported(int i) {
 }
 
 /* The kernel used unless set_kernel chooses another: the AVX2 one whose multiply is faster on this CPU, else
- * SSE4.1, else scalar. pmulld on AMD from Zen 3 (CPU family 0x19) on, where it measured 10-18% faster; pmaddwd
- * elsewhere: 1.25x on a Zen 1 (family 0x17), and on Intel cores, where instruction tables give pmulld two
- * micro-ops to pmaddwd's one (not measured here). */
+ * SSE4.1, else scalar. pmulld on AMD from Zen 3 (CPU family 0x19) on, where it measured 10-18% faster than the
+ * split kernel's earlier form (both halves with pmaddwd; the present one is not measured there); the split kernel
+ * (pmaddwd and pmaddubsw) elsewhere: 1.4x pmulld on a Zen 1 (family 0x17), and on Intel cores, where instruction
+ * tables give pmulld two micro-ops to pmaddwd's one (not measured here). */
 static int mmidx_default_kernel(void) {
 #ifdef MMIDX_X86
     if (mmidx_kernel_supported(2)) {

@@ -170,7 +170,7 @@ def cpu_info(field: str) -> str | None:
 
 
 def test_the_fastest_kernel_for_the_cpu_is_chosen_and_others_can_be_forced():
-    """AVX2 CPUs take the pmulld kernel on AMD from Zen 3 (family 0x19 = 25) on, the pmaddwd one elsewhere."""
+    """AVX2 CPUs take the pmulld kernel on AMD from Zen 3 (family 0x19 = 25) on, the split-weight one elsewhere."""
     available = _pixels.available_kernels()
     assert available[0] == "scalar" and set(available) <= {"scalar", "sse4", "avx2", "avx2-madd"}
     previous = _pixels.kernel()
