@@ -227,3 +227,18 @@ def test_the_build_report_and_metadata_agree_on_the_counts(tmp_path):
     parts = [part.dataset.metadata["counts"] for part in dataset.parts]
     assert counts == {name: sum(part[name] for part in parts) for name in counts}
     assert json.loads(fmt.file_path(tmp_path / "ds", "meta").read_text())["shards"] == 2
+
+
+def test_synthetic_sets_hold_the_same_samples_sharded_or_not_and_verify(tmp_path):
+    from mmidx.read.checks import verify
+    from mmidx.toolkit.scale_data import IMAGE_SIZES, write_synthetic
+
+    single, shards = write_synthetic(tmp_path / "one", 3001), write_synthetic(tmp_path / "many", 3001, shards=13)
+    one, many = MMIDXDataset(single), MMIDXDataset(shards)
+    assert len(one) == len(many) == 3001 and len(many.parts) == 13
+    for i in range(0, 3001, 7):
+        assert one[i].texts[0].tolist() == many[i].texts[0].tolist() and 4 <= len(one[i].texts[0]) <= 12
+        image = one[i].image(0)
+        assert bytes(image.data) == bytes(many[i].image(0).data)
+        assert (image.width, image.height) == IMAGE_SIZES[i % len(IMAGE_SIZES)]
+    assert verify(single, decode=True) == []
