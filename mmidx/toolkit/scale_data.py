@@ -64,7 +64,8 @@ def write_synthetic(prefix: str | os.PathLike, samples: int, *, shards: int = 1,
         return _write_one(prefix, 0, samples, tokenizer, seed)
     for number in range(shards):
         _write_one(fmt.shard_prefix(prefix, number), int(bounds[number]), int(bounds[number + 1]), tokenizer, seed)
-    return write_sharded(prefix, list(range(shards)), {"source": SOURCE, "synthetic": {"samples": samples, "seed": seed}})
+    return write_sharded(prefix, list(range(shards)),
+                         {"source": SOURCE, "synthetic": {"samples": samples, "seed": seed}})
 
 
 def _write_one(prefix: str, first: int, end: int, tokenizer: Any, seed: int) -> Path:
@@ -92,7 +93,8 @@ def _write_one(prefix: str, first: int, end: int, tokenizer: Any, seed: int) -> 
         image_bytes = _write_plan(writer.index_file("plan"), first, end, info, sizes)
         meta = {"tokenizer": tokenizer.identity if tokenizer is not None else None,
                 "special_tokens": tokenizer.special_tokens if tokenizer is not None else {},
-                "sources": ["synthetic"], "build": {"source": SOURCE, "synthetic": {"first": first, "end": end, "seed": seed}},
+                "sources": ["synthetic"],
+                "build": {"source": SOURCE, "synthetic": {"first": first, "end": end, "seed": seed}},
                 "counts": {"samples": count, "sequences": count, "tokens": tokens, "views": count,
                            "elements": 2 * count, "images": count, "image_bytes": image_bytes}}
         return writer.publish(meta)
