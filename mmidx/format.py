@@ -134,7 +134,7 @@ exactly ``json.dumps(meta, indent=1, sort_keys=True)`` plus a newline, and reade
 bytes, so that not even a whitespace change goes unnoticed.
 
 Sharded datasets: ``P.meta.json``, ``P.shards.table``, ``P.shards/`` (format version 2)
--------------------------------------------------------------------------------------
+---------------------------------------------------------------------------------------
 A build of many work units ends without copying a byte: its dataset is the units' shards, each a
 complete version-1 dataset of the same kind, tokenizer and special tokens, with a small table in front.
 Sample ``i`` of the dataset is sample ``i - o`` of the shard whose samples start at ``o``; the shards'
