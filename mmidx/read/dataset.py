@@ -22,7 +22,7 @@ from mmidx.errors import MMIDXError
 from mmidx.format import FormatError
 from mmidx.io.cache_folder import CacheSettings, cache_settings
 from mmidx.io.remote_file import RemoteFile, remote_dataset
-from mmidx.io.storage import is_remote
+from mmidx.io.storage import file_uri, is_remote
 from mmidx.read.invariants import (
     _check_counts,
     _check_file_sizes,
@@ -60,6 +60,8 @@ def _open(prefix: str, cache: CacheSettings, known: str | None = None) -> _Mappe
     parent opened; a shard, the version its table records)."""
     if is_remote(prefix):  # small files cached and checked locally, data files read by byte range
         meta, local, remote = remote_dataset(prefix, cache, known)
+        if meta.get("layout") == "sharded":
+            return _sharded(prefix, meta, file_uri(prefix, "shards"), map_readonly(local["shards"]), cache)
         files: dict[str, Any] = {role: map_readonly(path) for role, path in local.items() if role != "meta"}
         return _assemble(prefix, meta, local["idx"], {**files, **remote})
     meta_path, idx_path, bin_path = (fmt.file_path(prefix, role) for role in ("meta", "idx", "bin"))
@@ -76,7 +78,8 @@ def _open(prefix: str, cache: CacheSettings, known: str | None = None) -> _Mappe
                               f"{known[:12]}... it was opened as: the dataset was replaced; rebuild or reopen it")
         _check_file_sizes(prefix, meta)
         if meta.get("layout") == "sharded":
-            return _sharded(prefix, meta, map_readonly(fmt.file_path(prefix, "shards")), cache)
+            table = fmt.file_path(prefix, "shards")
+            return _sharded(prefix, meta, table, map_readonly(table), cache)
     if not bin_path.exists():
         raise FormatError(f"{bin_path}: missing; the token index {idx_path.name} has no data file")
     roles = ("idx", "bin", "plan", "images") if meta is not None and meta["kind"] == "multimodal" else ("idx", "bin")
@@ -101,9 +104,10 @@ def _assemble(prefix: str, meta: dict[str, Any] | None, idx_path: Path, files: d
     return _Mapped(meta, tokens, plan, images, image_table, tokens.document_count, remote=remote)
 
 
-def _sharded(prefix: str, meta: dict[str, Any], table: Any, cache: CacheSettings) -> _Mapped:
-    """A sharded dataset: its checked table, each shard opened (and checked against it) when first read."""
-    arrays = fmt.read_shard_table(fmt.file_path(prefix, "shards"), table, meta)
+def _sharded(prefix: str, meta: dict[str, Any], name: str | os.PathLike, table: Any, cache: CacheSettings) -> _Mapped:
+    """A sharded dataset: its checked table (``name``: its path or URI, for messages), each shard opened (and
+    checked against it) when first read."""
+    arrays = fmt.read_shard_table(name, table, meta)
     shards = ShardTable(prefix, meta, arrays, lambda shard, digest: MMIDXDataset._opened_as(shard, cache, digest))
     return _Mapped(meta, None, None, None, None, shards.sample_count, shards=shards)
 

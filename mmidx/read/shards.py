@@ -19,6 +19,7 @@ import numpy as np
 
 from mmidx import format as fmt
 from mmidx.format import FormatError
+from mmidx.io.storage import shard_location
 
 # What every shard must share with the dataset it belongs to (the table's metadata).
 SHARED_FIELDS = ("kind", "token_dtype", "tokenizer", "special_tokens")
@@ -66,7 +67,7 @@ class ShardTable(Sequence[Part]):
 
     def shard_prefix(self, shard: int) -> str:
         """The prefix of shard ``shard`` (its position in the table, not its folder number)."""
-        return fmt.shard_prefix(self.prefix, int(self.numbers[shard]))
+        return shard_location(self.prefix, int(self.numbers[shard]))
 
     def locate(self, sample: int) -> tuple[int, int]:
         """(shard, sample within it) of the dataset's sample ``sample`` (in range: the caller checks)."""
