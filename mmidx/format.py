@@ -695,8 +695,16 @@ def write_metadata(path: str | os.PathLike, meta: dict[str, Any]) -> None:
         os.fsync(stream.fileno())
 
 
+_VERIFIED: dict[bytes, None] = {}  # sha256 of metadata bytes that passed every check below (insertion order)
+VERIFIED_LIMIT = 1 << 16  # digests remembered: 2 MiB; a process reading 50,000 shards remaps each many times
+
+
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """Read ``P.meta.json``; refuse it if it does not parse, fails its checksum, or is too new."""
+    """Read ``P.meta.json``; refuse it if it does not parse, fails its checksum, or is too new.
+
+    Bytes that passed once are only parsed when read again (the same bytes give the same verdict): a shard of a
+    large sharded dataset is mapped again each time it was unmapped (:mod:`mmidx.read.mapped`), and the checks,
+    which serialise the metadata twice, were most of that."""
     try:
         with open(path, "rb") as stream:
             raw = stream.read()
@@ -705,6 +713,9 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         raise FormatError(f"{path}: cannot read the metadata ({error.strerror})") from error
     except (ValueError, RecursionError) as error:  # ValueError: undecodable, not JSON, or a 5,000-digit int
         raise FormatError(f"{path}: the metadata is not valid JSON ({error}): truncated or corrupted") from error
+    digest = hashlib.sha256(raw).digest()
+    if digest in _VERIFIED:
+        return meta
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise FormatError(f"{path}: not mmidx metadata (no \"format\": \"mmidx\")")
     if sign_metadata(meta).get("meta_sha256") != meta.get("meta_sha256"):
@@ -716,6 +727,9 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         raise FormatError(f"{path}: format version {version!r} is newer than this mmidx reads "
                           f"({READ_FORMAT_VERSION}); upgrade mmidx")
     check_metadata_schema(path, meta)
+    if len(_VERIFIED) >= VERIFIED_LIMIT:
+        _VERIFIED.pop(next(iter(_VERIFIED)), None)
+    _VERIFIED[digest] = None
     return meta
 
 

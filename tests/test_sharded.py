@@ -242,3 +242,48 @@ def test_synthetic_sets_hold_the_same_samples_sharded_or_not_and_verify(tmp_path
         assert bytes(image.data) == bytes(many[i].image(0).data)
         assert (image.width, image.height) == IMAGE_SIZES[i % len(IMAGE_SIZES)]
     assert verify(single, decode=True) == []
+
+
+def test_more_shards_than_stay_mapped_are_each_checked_once_and_remapped_when_evicted(tmp_path, monkeypatch):
+    """The mapped limit unmaps shards, never the table that knows which shards were checked: each shard is
+    checked once however often it is evicted (a sharded dataset evicted with its table re-checked every shard)."""
+    from mmidx.read import mapped, shards
+    from mmidx.toolkit.scale_data import write_synthetic
+
+    prefix = write_synthetic(tmp_path / "t2i", 60, shards=12)
+    whole = MMIDXDataset(write_synthetic(tmp_path / "one", 60))
+    checked = []
+    real = shards.ShardTable._checked
+    monkeypatch.setattr(shards.ShardTable, "_checked", lambda self, shard: checked.append(shard) or real(self, shard))
+    monkeypatch.setattr(mapped.MAPPED, "limit", 4)
+    dataset = MMIDXDataset(prefix)
+    for _ in range(3):
+        for i in range(len(dataset)):
+            mine, theirs = dataset[i], whole[i]
+            assert [t.tolist() for t in mine.texts] == [t.tolist() for t in theirs.texts]
+            assert [bytes(image.data) for image in mine.images] == [bytes(image.data) for image in theirs.images]
+    assert sorted(checked) == list(range(12))
+    assert len(mapped.MAPPED) <= 4
+
+
+def test_metadata_bytes_that_passed_are_not_trusted_once_changed(tmp_path):
+    small_dataset(tmp_path / "ds", seed=0)
+    path = fmt.file_path(tmp_path / "ds", "meta")
+    fmt.read_metadata(path)
+    fmt.read_metadata(path)  # the same bytes: the same verdict
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(b'"kind": "multimodal"', b'"kind": "multimodaX"'))
+    with pytest.raises(FormatError, match="fails its own checksum"):
+        fmt.read_metadata(path)
+
+
+def test_the_default_mapped_limit_is_half_the_kernels_maps_at_four_a_dataset(tmp_path):
+    from mmidx.read.mapped import default_limit
+
+    (tmp_path / "maps").write_text("65530\n")
+    assert default_limit(str(tmp_path / "maps")) == 8191  # 8,191 datasets of 4 maps: half of 65,530
+    (tmp_path / "maps").write_text("262144\n")
+    assert default_limit(str(tmp_path / "maps")) == 32768
+    (tmp_path / "maps").write_text("1000\n")
+    assert default_limit(str(tmp_path / "maps")) == 1024
+    assert default_limit(str(tmp_path / "absent")) == 8191

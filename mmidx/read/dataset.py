@@ -160,8 +160,12 @@ class MMIDXDataset:
         return mapped
 
     def unmap(self) -> None:
-        """Let go of the mapped files (they are mapped again when next read; views handed out keep theirs)."""
-        self._mapped = None
+        """Let go of the mapped files (they are mapped again when next read; views handed out keep theirs). A
+        sharded dataset keeps its table (one small map), and so the shards it opened and checked: the shards'
+        own files are what is unmapped, each by itself."""
+        mapped = self._mapped
+        if mapped is not None and mapped.shards is None:
+            self._mapped = None
 
     def _single(self, what: str) -> _Mapped:
         """The mapped files, or a :class:`WholeArraysError` naming ``what`` for a sharded dataset."""

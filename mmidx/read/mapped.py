@@ -1,5 +1,6 @@
-"""How many datasets a process keeps mapped at once: at most ``MMIDX_MAX_MAPPED`` (default 4,096), the least
-recently used unmapped first.
+"""How many datasets a process keeps mapped at once: at most ``MMIDX_MAX_MAPPED`` (default: what half of the
+kernel's maps per process hold, 8,191 at Linux's default: :func:`default_limit`), the least recently used unmapped
+first.
 
 A dataset maps two to four files (:mod:`mmidx.read.dataset`), each one memory map and no file descriptor. A
 process reading a sharded dataset of 50,000 shards, or a data config of 10,000 datasets, would otherwise keep
@@ -16,15 +17,28 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
-DEFAULT_LIMIT = 4096
+MAPS_PER_DATASET = 4  # .idx, .bin, .images, .plan
+SHARE_OF_MAPS = 2  # at most half the kernel's maps per process for datasets; the rest for libraries and arrays
+
+
+def default_limit(max_map_count_path: str = "/proc/sys/vm/max_map_count") -> int:
+    """How many datasets stay mapped by default: as many as half the kernel's maps per process hold (8,191 at
+    Linux's default 65,530, so a sharded dataset of 10^8 samples in 20,000-sample shards stays mapped whole), at
+    least 1,024."""
+    try:
+        with open(max_map_count_path) as stream:
+            maps = int(stream.read())
+    except (OSError, ValueError):
+        maps = 65530
+    return max(1024, maps // (MAPS_PER_DATASET * SHARE_OF_MAPS))
 
 
 def _limit() -> int:
     text = os.environ.get("MMIDX_MAX_MAPPED", "")
     try:
-        value = int(text) if text else DEFAULT_LIMIT
+        value = int(text) if text else default_limit()
     except ValueError:
-        value = DEFAULT_LIMIT
+        value = default_limit()
     return max(value, 1)
 
 
