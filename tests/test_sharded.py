@@ -287,3 +287,31 @@ def test_the_default_mapped_limit_is_half_the_kernels_maps_at_four_a_dataset(tmp
     (tmp_path / "maps").write_text("1000\n")
     assert default_limit(str(tmp_path / "maps")) == 1024
     assert default_limit(str(tmp_path / "absent")) == 8191
+
+
+def test_a_merge_of_many_shards_holds_no_more_maps_than_the_mapped_limit(tmp_path, monkeypatch):
+    """Every plan held for every shard at once kept each shard's plan mapped: 50,000 shards exceeded the kernel's
+    65,530 maps per process ("cannot map ... Cannot allocate memory"). A merge now holds the limit's maps."""
+    from mmidx.read import mapped
+    from mmidx.toolkit.scale_data import write_synthetic
+
+    prefix = write_synthetic(tmp_path / "t2i", 600, shards=300)
+    monkeypatch.setattr(mapped.MAPPED, "limit", 8)
+
+    def maps() -> int:  # the shards' files mapped now
+        with open("/proc/self/maps") as listing:
+            return sum(".shards/" in line for line in listing)
+
+    peak, before = [0], maps()
+    real = mmidx.ingest.merge._write_shifted
+
+    def counted(out, array, shift):
+        peak[0] = max(peak[0], maps())
+        real(out, array, shift)
+
+    monkeypatch.setattr(mmidx.ingest.merge, "_write_shifted", counted)
+    merge_datasets([prefix], tmp_path / "one")
+    assert 0 < peak[0] - before <= 8 * 4 + 1, (before, peak[0])  # the datasets the limit keeps, and the table
+    whole = write_synthetic(tmp_path / "whole", 600)
+    for role in ("idx", "bin", "images", "plan"):
+        assert fmt.file_path(tmp_path / "one", role).read_bytes() == fmt.file_path(whole, role).read_bytes()

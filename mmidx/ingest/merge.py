@@ -337,19 +337,27 @@ def _write_shifted(out: Any, array: np.ndarray, shift: int) -> None:
 
 def _write_plan(out: Any, parts: list[Any], source_shift: list[int]) -> dict[str, int]:
     """Write the ``.plan`` of multimodal ``parts`` end to end into ``out``, a chunk at a time, laid out as
-    :func:`mmidx.format.write_plan` lays out the concatenated arrays; their counts."""
-    plans = [part.plan for part in parts]
-    samples = sum(len(part) for part in parts)
-    views = sum(len(plan["view_element_offsets"]) - 1 for plan in plans)
-    elements = sum(len(plan["elements"]) for plan in plans)
-    images = sum(len(plan["image_info"]) for plan in plans)
-    extra = any("sample_extra" in plan for plan in plans)
+    :func:`mmidx.format.write_plan` lays out the concatenated arrays; their counts.
+
+    A part's plan is taken anew for each array and let go after it, never held for every part at once: each
+    plan keeps its file mapped, and 50,000 shards' plans exceed the kernel's maps per process (65,530)."""
+    samples = views = elements = images = image_bytes = extra_entries = 0
+    extra = False
+    for part in parts:
+        plan = part.plan
+        samples += len(part)
+        views += len(plan["view_element_offsets"]) - 1
+        elements += len(plan["elements"])
+        images += len(plan["image_info"])
+        image_bytes += int(plan["image_offsets"][-1])
+        extra |= "sample_extra" in plan
+        extra_entries += len(plan.get("sample_extra", ()))
+    del plan
     shapes = {"sample_view_offsets": (samples + 1,), "sample_image_offsets": (samples + 1,), "sample_origin":
               (samples, 2), "view_element_offsets": (views + 1,), "elements": (elements,), "image_offsets":
               (images + 1,), "image_info": (images,)}
     if extra:
-        shapes.update(sample_extra_offsets=(samples + 1,),
-                      sample_extra=(sum(len(plan.get("sample_extra", ())) for plan in plans),))
+        shapes.update(sample_extra_offsets=(samples + 1,), sample_extra=(extra_entries,))
     dtypes = {**fmt.PLAN_ARRAYS, **fmt.PLAN_OPTIONAL_ARRAYS}
     head, entries = fmt.container_layout(fmt.PLAN_MAGIC, {name: (dtypes[name], shape) for name, shape in
                                                          shapes.items()})
@@ -361,20 +369,19 @@ def _write_plan(out: Any, parts: list[Any], source_shift: list[int]) -> dict[str
         if name.endswith("offsets"):  # [0, ..., total] per part: one 0, then each part's rest shifted
             out.write(np.zeros(1, "<i8"))
             shift = 0
-            for plan, part in zip(plans, parts, strict=True):
-                offsets = plan.get(name, np.zeros(len(part) + 1, np.int64))  # a part without sample_extra
+            for part in parts:
+                offsets = part.plan.get(name, np.zeros(len(part) + 1, np.int64))  # a part without sample_extra
                 _write_shifted(out, offsets[1:], shift)
                 shift += int(offsets[-1])
         elif name == "sample_origin":
-            for plan, shift in zip(plans, source_shift, strict=True):
-                for chunk in _chunks(plan["sample_origin"]):
+            for part, shift in zip(parts, source_shift, strict=True):
+                for chunk in _chunks(part.plan["sample_origin"]):
                     chunk = chunk.astype("<i8")
                     chunk[:, 0] = np.where(chunk[:, 0] >= 0, chunk[:, 0] + shift, -1)
                     out.write(chunk)
         else:
-            for plan in plans:
-                for chunk in _chunks(plan.get(name, np.zeros(0, dtypes[name]))):
+            for part in parts:
+                for chunk in _chunks(part.plan.get(name, np.zeros(0, dtypes[name]))):
                     out.write(np.ascontiguousarray(chunk))
         written = entry["offset"] + entry["nbytes"]
-    image_bytes = sum(int(plan["image_offsets"][-1]) for plan in plans)
     return {"views": views, "elements": elements, "images": images, "image_bytes": image_bytes}
