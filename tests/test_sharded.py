@@ -312,6 +312,11 @@ def test_a_merge_of_many_shards_holds_no_more_maps_than_the_mapped_limit(tmp_pat
     monkeypatch.setattr(mmidx.ingest.merge, "_write_shifted", counted)
     merge_datasets([prefix], tmp_path / "one")
     assert 0 < peak[0] - before <= 8 * 4 + 1, (before, peak[0])  # the datasets the limit keeps, and the table
-    whole = write_synthetic(tmp_path / "whole", 600)
-    for role in ("idx", "bin", "images", "plan"):
+    whole = write_synthetic(tmp_path / "whole", 600)  # the same samples in one set of files (one source file)
+    for role in ("idx", "bin", "images"):
         assert fmt.file_path(tmp_path / "one", role).read_bytes() == fmt.file_path(whole, role).read_bytes()
+    one, whole = MMIDXDataset(tmp_path / "one"), MMIDXDataset(whole)
+    for name in ("sample_view_offsets", "sample_image_offsets", "view_element_offsets", "elements", "image_offsets",
+                 "image_info"):
+        assert one.plan[name].tobytes() == whole.plan[name].tobytes(), name
+    assert np.array_equal(one.plan["sample_origin"][:, 1], whole.plan["sample_origin"][:, 1])  # rows; files: shards'
