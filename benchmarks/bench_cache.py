@@ -151,7 +151,7 @@ def moto_case(args: argparse.Namespace) -> None:
     from bench_remote import loader_of, upload, write_dataset
     from moto.server import ThreadedMotoServer
 
-    from mmidx.io.block_cache import NEVER
+    from mmidx.io.block_store import NEVER
     from mmidx.io.cache_folder import create, read_state
     from mmidx.read import next_use
     from mmidx.read.prefetch import PackPrefetcher

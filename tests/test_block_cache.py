@@ -19,7 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmidx.io import block_cache
-from mmidx.io.block_cache import HEADROOM, NEVER, BlockCache, FileKey, keep_nearest
+from mmidx.io.block_cache import BlockCache, FileKey
+from mmidx.io.block_store import HEADROOM, NEVER, keep_nearest
+from mmidx.io.cache_accounting import repair
 from mmidx.io.cache_admin import cache_info, clear_cache
 from mmidx.io.cache_folder import (
     CacheError,
@@ -30,7 +32,7 @@ from mmidx.io.cache_folder import (
     folder_bytes,
     parse_size,
     read_state,
-    repair,
+    smallest_limit,
 )
 from mmidx.read.next_use import STEP, NextUse, next_reads, simulate
 
@@ -70,13 +72,13 @@ def consistent(cache):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(1, 200_000), st.integers(4, 40), st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)),
+@given(st.integers(1, 200_000), st.integers(0, 40), st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)),
                                                           min_size=1, max_size=40))
 def test_reads_through_the_cache_equal_the_file_for_any_range_and_limit(tmp_path_factory, size, blocks, reads):
     folder = tmp_path_factory.mktemp("c")
     data = blob_of(size)
     source, key = Source(data), key_of(data)
-    cache = opened(folder, blocks * BLOCK)
+    cache = opened(folder, smallest_limit(BLOCK) + blocks * BLOCK)
     for a, b in reads:
         start, stop = sorted((int(a * size), int(b * size)))
         stop = max(stop, start + 1) if start < size else size
@@ -328,7 +330,7 @@ import builtins
 import sys
 import time
 import numpy as np
-from mmidx.io import block_cache
+from mmidx.io import block_store
 from mmidx.io.block_cache import BlockCache, FileKey
 from mmidx.io.cache_folder import CacheSettings
 
@@ -354,7 +356,7 @@ class Slow:  # entries written 64 KiB at a time, slowly: most kills land in the 
         self.stream.close()
 
 
-block_cache.open = lambda path, mode="r", *rest: Slow(builtins.open(path, mode, *rest)) if mode == "wb" else \
+block_store.open = lambda path, mode="r", *rest: Slow(builtins.open(path, mode, *rest)) if mode == "wb" else \
     builtins.open(path, mode, *rest)
 data = np.random.default_rng(0).integers(0, 256, 64 << 20, dtype=np.uint8).tobytes()
 key = FileKey("cd" * 32, "bin", "s3://b/x.bin", "s3://b/x", len(data))
@@ -439,7 +441,7 @@ def test_bad_configuration_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(CacheError, match=r"cannot be written there .*writable --cache-dir"):
         BlockCache(CacheSettings(tmp_path / "file" / "cache", 1 << 30))
-    with pytest.raises(CacheError, match=r"holds fewer than 4 blocks .*give at least 4,194,304"):
+    with pytest.raises(CacheError, match=r"holds fewer than 4 blocks .*give at least 4,247,552"):
         BlockCache(CacheSettings(tmp_path / "cache", 3 << 20))
     (tmp_path / "other" / "data").mkdir(parents=True)
     (tmp_path / "other" / "data" / "cache.json").write_text('{"format": 99}')
@@ -462,7 +464,7 @@ def test_a_full_disk_falls_back_to_uncached_reads_saying_so_once(tmp_path, monke
         assert cache.read(key, start, start + 7_000, source) == data[start:start + 7_000]
     assert capfd.readouterr().err.count("No space left on device") == 1
     monkeypatch.undo()
-    assert consistent(cache) and not list((cache.data / "tmp").iterdir())
+    assert consistent(opened(tmp_path, 1 << 20)) and not list((cache.data / "tmp").iterdir())  # the next repairs
 
 
 def test_sizes_and_settings_from_options_and_environment(tmp_path, monkeypatch):

@@ -59,11 +59,11 @@ def precached(captioned):
     return folder, prefix, out.getvalue().splitlines()
 
 
-def _builder(prefix):
+def _builder(prefix, **cache):
     config = DataConfig(groups=(GroupConfig("t2i", (str(prefix),), image_transform=VAE,
                                             encodings=(("vae", "vae"), ("t5", "t5"), ("text", "tok"))),),
                         dropout=DropoutConfig(0.3, 0, 0), seed=3)
-    return PackBuilder(config, special_tokens=SPECIAL)
+    return PackBuilder(config, special_tokens=SPECIAL, **cache)
 
 
 def _packs(builder, count=6):
@@ -161,6 +161,33 @@ def test_the_same_on_a_dataset_in_s3_gives_batches_identical_to_a_local_copys(pr
     assert sorted(stream.name for stream in streams) == ["t5", "tok", "vae"]
     assert all(stream.values.misses == 0 and stream.values.requests > 0 for stream in streams)
 
+
+def test_offline_a_remote_dataset_and_its_encodings_open_from_the_nodes_cache_alone(precached, s3, tmp_path):
+    import socket
+
+    from mmidx.io.cache_folder import create
+
+    _, prefix, _ = precached
+    uri = s3.upload(prefix, "s3://mmidx/offline/cap")
+    for name in ("vae", "t5", "tok"):
+        for role in fmt.ENCODING_ROLES:  # data first, the JSON last, as a precache uploads them
+            s3.client.upload_file(str(fmt.encoding_path(prefix, name, role)), "mmidx", f"offline/cap.enc.{name}.{role}")
+    cache = tmp_path / "cache"
+    create(cache, 4096)
+    online = _builder(uri, cache_dir=cache, cache_limit="64MiB")
+    dataset = online.datasets[0][0]
+    for file in [*dataset.remote_files.values(), *(stream.values for stream in dataset._files.encodings.values())]:
+        assert len(file[0:len(file)]) == len(file)  # every block read once through the data cache
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"{uri}?endpoint_override=127.0.0.1:{probe.getsockname()[1]}&scheme=http"  # no store answers there
+    offline = _builder(closed, cache_dir=cache, cache_limit="64MiB", cache_offline=True)
+    for want, got in zip(_packs(_builder(prefix)), _packs(offline), strict=True):
+        want, got = want.to("cpu").to_dict(), got.to("cpu").to_dict()
+        assert sorted(want) == sorted(got)
+        for key, value in want.items():
+            assert torch.equal(value, got[key]) if isinstance(value, torch.Tensor) else \
+                key == "batch_data_indexes" or value == got[key], key
 
 def _run(folder, env=None):
     return subprocess.run([sys.executable, "-m", "mmidx.cli", "precache", str(folder / "data.yaml"), "--config",

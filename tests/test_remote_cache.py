@@ -8,6 +8,8 @@ import logging
 import os
 import pickle
 import random
+import re
+import socket
 import subprocess
 import sys
 import threading
@@ -22,8 +24,10 @@ from support.packs import assert_same_batches
 from mmidx.cli import main
 from mmidx.index.pack_index import build_pack_index
 from mmidx.ingest.writer import DatasetBuilder
-from mmidx.io.block_cache import NEVER, BlockCache
-from mmidx.io.cache_folder import CacheError, CacheSettings, create, folder_bytes, read_state
+from mmidx.io.block_cache import BlockCache
+from mmidx.io.block_store import NEVER
+from mmidx.io.cache_folder import CacheError, CacheSettings, create, folder_bytes, read_state, smallest_limit
+from mmidx.io.storage import StorageError
 from mmidx.pack.builder import PackBuilder
 from mmidx.read import next_use
 from mmidx.read.dataset import MMIDXDataset
@@ -192,7 +196,7 @@ def test_eviction_by_next_use_hits_at_least_as_often_as_lru_on_the_same_trace(st
 
 def test_a_limit_below_a_steps_blocks_says_so_once_and_batches_stay_right(stored, local_batches, tmp_path,
                                                                          monkeypatch, capfd):
-    cache_at(tmp_path / "cache", 4 * BLOCK, monkeypatch)
+    cache_at(tmp_path / "cache", smallest_limit(BLOCK), monkeypatch)
     batches = comparable(PackLoader(packs_of(stored["remote"]), global_batch_size=1))
     assert_same_batches(batches, local_batches)
     assert capfd.readouterr().err.count("bytes of blocks step") == 1
@@ -224,9 +228,133 @@ def main_output(argv, capsys):
 
 
 def test_a_cache_a_reader_cannot_use_is_one_line_when_it_opens_the_dataset(s3, stored, tmp_path, capsys):
-    with pytest.raises(CacheError, match=r"holds fewer than 4 blocks of 1,048,576: give at least"):
+    with pytest.raises(CacheError, match=r"fewer than 4 blocks of 1,048,576 with the cache's own files: give at least"):
         MMIDXDataset(stored["remote"], cache_dir=tmp_path, cache_limit="1M")
     (tmp_path / "file").write_text("")
     assert main(["sample", stored["remote"], "0", "--cache-dir", str(tmp_path / "file"), "--cache-limit", "1G"]) == 1
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "the data cache cannot be written there" in error
+
+
+def small_file_copy(folder, dataset, role):
+    """Where the cache folder ``folder`` keeps ``dataset``'s copy of its file ``role``."""
+    from mmidx.format import SUFFIXES
+
+    return folder / "remote" / dataset.metadata["meta_sha256"] / f"dataset{SUFFIXES[role]}"
+
+
+def same_samples(dataset, local):
+    """Every sample's texts, plan and images are the local copy's."""
+    assert len(dataset) == len(local)
+    for ours, theirs in zip(dataset, local, strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(ours.texts, theirs.texts, strict=True))
+        assert [ours.sequence_plan(view) for view in range(ours.num_views)] == \
+            [theirs.sequence_plan(view) for view in range(theirs.num_views)]
+        assert [bytes(a.data) for a in ours.images] == [bytes(b.data) for b in theirs.images]
+
+
+@pytest.mark.parametrize("role", ["idx", "plan", "meta"])
+def test_a_one_bit_change_in_a_cached_small_file_is_caught_when_a_process_opens_it(stored, tmp_path, capfd, role):
+    """A bit flipped in the node's copy of a small file (a loss bit of the .plan, an index entry) changed what every
+    reader of the node trained on: each open checks the copies it maps, says which one differs and fetches it again.
+    (The metadata is downloaded at every open; a loader worker reads its parent's version from the copy.)"""
+    folder, local = tmp_path / "cache", MMIDXDataset(stored["local"])
+    dataset = MMIDXDataset(stored["remote"], cache_dir=folder)
+    copy = small_file_copy(folder, dataset, role)
+    original = copy.read_bytes()
+    damaged = bytearray(original)
+    damaged[34 if role == "idx" else len(damaged) // 2] ^= 1  # the .idx: the first text's length, after the header
+    copy.write_bytes(bytes(damaged))
+    capfd.readouterr()
+    opened = pickle.loads(pickle.dumps(dataset)) if role == "meta" else MMIDXDataset(stored["remote"], cache_dir=folder)
+    same_samples(opened, local)
+    assert copy.read_bytes() == original
+    error = capfd.readouterr().err.strip()
+    assert error.startswith(f"mmidx: {copy}: ") and error.endswith(": fetched again") and "\n" not in error
+    assert f"this node's cached copy of {stored['remote']}" in error
+
+
+def test_verify_of_a_remote_dataset_hashes_the_nodes_copies_and_says_which(stored, tmp_path, capsys):
+    folder = tmp_path / "cache"
+    command = ["verify", stored["remote"], "--cache-dir", str(folder)]
+    assert main(command) == 0
+    copies = folder / "remote" / MMIDXDataset(stored["remote"], cache_dir=folder).metadata["meta_sha256"]
+    assert capsys.readouterr().out.strip() == (
+        f"{stored['remote']}: OK (checksums and structure verified, image headers probed; the checksums of the "
+        f"objects in storage and of this node's copies of the small files in {copies})")
+    plan = copies / "dataset.plan"
+    raw = bytearray(plan.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    plan.write_bytes(bytes(raw))
+    assert main(command) == 1
+    error = capsys.readouterr().err.strip()
+    assert error == (f"FAIL {plan}: this node's cached copy of {stored['remote']}.plan differs from its xxh3_128 "
+                     "checksum or size (changed on this disk): fetched again, and checked")
+    assert main(command) == 0 and "OK" in capsys.readouterr().out  # the copy fetched again is sound
+
+
+def cached_whole(stored, folder):
+    """Every sample of the dataset read once through a data cache that holds it all (its every block stored)."""
+    create(folder, BLOCK)
+    dataset = MMIDXDataset(stored["remote"], cache_dir=folder, cache_limit=4 * stored["bytes"])
+    for sample in dataset:
+        sample.images, sample.texts  # noqa: B018 (the reads are the point)
+    return dataset
+
+
+def unreachable(stored):
+    """The dataset's URI with a query naming a closed port: any request to the store would fail."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"{stored['remote']}?endpoint_override=127.0.0.1:{port}&scheme=http"
+
+
+def test_a_dataset_whose_every_byte_is_cached_opens_offline_with_the_store_unreachable(stored, tmp_path, capfd):
+    folder, local = tmp_path / "cache", MMIDXDataset(stored["local"])
+    cached_whole(stored, folder)
+    uri = unreachable(stored)
+    with pytest.raises(StorageError, match="cannot reach the storage endpoint"):  # online: the store is asked
+        MMIDXDataset(uri, cache_dir=folder, cache_limit=4 * stored["bytes"])
+    offline = MMIDXDataset(uri, cache_dir=folder, cache_limit=4 * stored["bytes"], cache_offline=True)
+    same_samples(offline, local)
+    same_samples(pickle.loads(pickle.dumps(offline)), local)  # a worker: offline too
+    assert "mmidx:" not in capfd.readouterr().err
+    with pytest.MonkeyPatch.context() as patch:  # the variable, as --cache-offline sets it for every reader
+        patch.setenv("MMIDX_CACHE_OFFLINE", "1")
+        patch.setenv("MMIDX_CACHE_DIR", str(folder))
+        patch.setenv("MMIDX_CACHE_LIMIT", str(4 * stored["bytes"]))
+        batches = comparable(PackLoader(packs_of(uri, epochs=1), global_batch_size=1, num_workers=2))
+    assert_same_batches(batches, comparable(PackLoader(packs_of(stored["local"], epochs=1), global_batch_size=1)))
+    plan = small_file_copy(folder, offline, "plan")  # offline, a damaged copy cannot be fetched again: refused
+    plan.write_bytes(plan.read_bytes()[:-1] + bytes([plan.read_bytes()[-1] ^ 1]))
+    with pytest.raises(StorageError, match=rf"^{re.escape(str(plan))}: this node's cached copy of .* differs .* "
+                                           "cannot be opened offline"):
+        MMIDXDataset(uri, cache_dir=folder, cache_limit=4 * stored["bytes"], cache_offline=True)
+
+
+def test_offline_a_block_missing_from_the_cache_is_one_line_naming_it(stored, tmp_path):
+    folder = tmp_path / "cache"
+    dataset = cached_whole(stored, folder)
+    uri, key = unreachable(stored), dataset.remote_files["images"].key
+    (folder / "data" / key.sha / "images" / "5").unlink()  # evicted by another process since (its stamp left)
+    present = folder / "data" / key.sha / "images.present"
+    stamps = np.fromfile(present, dtype=np.uint64)
+    stamps[3] = 0  # and block 3 evicted as the cache does
+    stamps.tofile(present)
+    with pytest.raises(StorageError) as raised:
+        MMIDXDataset(uri, cache_dir=folder, cache_limit=4 * stored["bytes"], cache_offline=True)
+    message = str(raised.value)
+    assert message.startswith(f"{uri.split('?')[0]}.images?") and "\n" not in message
+    assert ": block 3 is not in this node's cache" in message and "cache_offline=True never asks the store" in message
+    stamps[3] = 1
+    stamps.tofile(present)  # listed, but its entry gone: the read that needs it says so (in a process that does not
+    offline = MMIDXDataset(uri, cache_dir=folder, cache_limit=4 * stored["bytes"] + 1, cache_offline=True)  # keep it
+    images = offline.remote_files["images"]
+    with pytest.raises(StorageError, match=r"images\?.*: block 5 is not in this node's cache"):
+        images[5 * BLOCK:6 * BLOCK]
+    with pytest.raises(StorageError, match=r"cache_offline=True reads the data from the node's data cache: give "
+                                           "cache_limit too"):
+        MMIDXDataset(uri, cache_dir=folder, cache_offline=True)
+    with pytest.raises(StorageError, match=r"not in this node's cache .*: cannot be opened offline"):
+        MMIDXDataset("s3://mmidx/cached/never-opened", cache_dir=folder, cache_limit="1G", cache_offline=True)

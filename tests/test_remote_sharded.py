@@ -3,13 +3,15 @@ shards it uploaded and adds only its table and metadata; a sharded dataset uploa
 its shards, URI query options kept on every shard; a missing shard is one error naming it."""
 
 import os
+import socket
 
 import numpy as np
 import pytest
 from support.sources import build, tokenizer_dir, write_jsonl
 
 from mmidx.io import storage
-from mmidx.io.storage import StorageError, fetch_dataset, shard_location, upload_dataset
+from mmidx.io.small_files import fetch_dataset
+from mmidx.io.storage import StorageError, shard_location, upload_dataset
 from mmidx.read.dataset import MMIDXDataset
 from mmidx.toolkit.scale_data import write_synthetic
 
@@ -95,3 +97,33 @@ def test_a_sharded_rebuild_of_fewer_units_deletes_the_remote_shards_its_table_do
                if name.startswith("docs.shards/")}
     assert folders == {"00000", "00001"}
     assert len(MMIDXDataset(uri)) == 8
+
+
+def test_a_sharded_dataset_opens_offline_from_a_full_cache_and_a_changed_cached_table_is_fetched_again(s3, tmp_path,
+                                                                                                       capfd):
+    from mmidx.io.cache_folder import create
+
+    local = write_synthetic(tmp_path / "t2i", 40, shards=4)
+    uri = "s3://mmidx/sharded-offline/t2i"
+    assert upload_dataset(local, uri)
+    folder, limit = tmp_path / "cache", 64 << 20
+    create(folder, 1 << 16)
+    expected = samples_of(MMIDXDataset(local))
+    assert samples_of(MMIDXDataset(uri, cache_dir=folder, cache_limit=limit)) == expected  # every block cached
+    with socket.socket() as probe:  # a closed port: any request to the store would fail
+        probe.bind(("127.0.0.1", 0))
+        closed = f"{uri}?endpoint_override=127.0.0.1:{probe.getsockname()[1]}&scheme=http"
+    with pytest.raises(StorageError):
+        MMIDXDataset(closed, cache_dir=folder, cache_limit=limit)
+    offline = MMIDXDataset(closed, cache_dir=folder, cache_limit=limit, cache_offline=True)
+    assert offline.is_sharded and samples_of(offline) == expected
+    table = next((folder / "remote").glob("*/dataset.shards.table"))
+    raw = bytearray(table.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    table.write_bytes(raw)
+    with pytest.raises(StorageError, match=r"dataset\.shards\.table: this node's cached copy of .* differs"):
+        MMIDXDataset(closed, cache_dir=folder, cache_limit=limit, cache_offline=True)
+    capfd.readouterr()
+    assert samples_of(MMIDXDataset(uri, cache_dir=folder, cache_limit=limit)) == expected  # online: fetched again
+    assert "dataset.shards.table: this node's cached copy" in capfd.readouterr().err
+    assert table.read_bytes() != bytes(raw)

@@ -252,9 +252,10 @@ def _size(text: str) -> int:
 
 
 def add_cache_arguments(sub: argparse.ArgumentParser, indices: bool = False, limit: bool = True) -> None:
-    """``--cache-dir`` and ``--cache-limit`` of every command that reads datasets (:func:`cache_options` applies
-    them to every reader of the command, as ``MMIDX_CACHE_DIR`` and ``MMIDX_CACHE_LIMIT`` do); ``indices``: the
-    command caches the indices it builds there too; ``limit``: it reads data by byte range (not whole files)."""
+    """``--cache-dir``, ``--cache-limit`` and ``--cache-offline`` of every command that reads datasets
+    (:func:`cache_options` applies them to every reader of the command, as ``MMIDX_CACHE_DIR``,
+    ``MMIDX_CACHE_LIMIT`` and ``MMIDX_CACHE_OFFLINE`` do); ``indices``: the command caches the indices it builds
+    there too; ``limit``: it reads data by byte range (not whole files)."""
     what = "mmidx's cache folder: remote datasets' small files" + (" and, with --cache-limit, data blocks" * limit)
     sub.add_argument("--cache-dir", metavar="DIR", help=default_note(
         what + ("; the indices built are cached there too" if indices else ""),
@@ -263,17 +264,21 @@ def add_cache_arguments(sub: argparse.ArgumentParser, indices: bool = False, lim
         sub.add_argument("--cache-limit", type=_size, metavar="BYTES", help=default_note(
             "turn on the data cache of remote datasets: the bytes it may take on this node, shared by its processes "
             "(500G, 1.5T, 64MiB; 0: none)", "$MMIDX_CACHE_LIMIT, else no data cache"))
+        sub.add_argument("--cache-offline", action="store_true", default=None, help=default_note(
+            "open remote datasets from this node's cache alone, never asking the store (every block must be cached)",
+            "$MMIDX_CACHE_OFFLINE=1, else off"))
 
 
 @contextlib.contextmanager
 def cache_options(args: argparse.Namespace) -> Iterator[None]:
-    """While a command runs: its ``--cache-dir`` and ``--cache-limit`` as ``MMIDX_CACHE_DIR`` and
-    ``MMIDX_CACHE_LIMIT``, which every reader it opens (loader workers included) takes."""
-    from mmidx.io.cache_folder import CACHE_DIR_VARIABLE, CACHE_LIMIT_VARIABLE
+    """While a command runs: its ``--cache-dir``, ``--cache-limit`` and ``--cache-offline`` as ``MMIDX_CACHE_DIR``,
+    ``MMIDX_CACHE_LIMIT`` and ``MMIDX_CACHE_OFFLINE``, which every reader it opens (loader workers included) takes."""
+    from mmidx.io.cache_folder import CACHE_DIR_VARIABLE, CACHE_LIMIT_VARIABLE, CACHE_OFFLINE_VARIABLE
 
     folder, limit = getattr(args, "cache_dir", None), getattr(args, "cache_limit", None)
     given = {CACHE_DIR_VARIABLE: None if folder is None else os.path.abspath(folder),
-             CACHE_LIMIT_VARIABLE: None if limit is None else str(limit)}
+             CACHE_LIMIT_VARIABLE: None if limit is None else str(limit),
+             CACHE_OFFLINE_VARIABLE: "1" if getattr(args, "cache_offline", None) else None}
     given = {name: value for name, value in given.items() if value is not None}
     saved = {name: os.environ.get(name) for name in given}
     os.environ.update(given)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -83,8 +84,9 @@ def _verify_one(prefix: str, decode: bool) -> bool:
     from mmidx.io.storage import is_remote
     from mmidx.read.checks import verify
 
+    copies: list[str] = []
     try:
-        problems = verify(prefix, decode=decode)
+        problems = verify(prefix, decode=decode, copies=copies)
     except Exception as error:  # whatever the files hold: one line, never a traceback
         print(f"mmidx verify: {prefix}: verification stopped: {type(error).__name__}: {error}", file=sys.stderr)
         return False
@@ -98,6 +100,14 @@ def _verify_one(prefix: str, decode: bool) -> bool:
     if not is_remote(prefix) and not fmt.file_path(prefix, "meta").exists():
         print(f"{prefix}: OK (structure only: a Megatron pair without mmidx metadata, so no checksum "
               "guards its bytes)")
+    elif copies:  # a remote dataset: which copies the checksums were computed of
+        from mmidx.io.cache_folder import cache_settings
+
+        folder = os.path.dirname(copies[0])
+        of = f"of this node's copies of the small files in {folder} and of the data's blocks in its cache (offline)" \
+            if cache_settings().offline else f"of the objects in storage and of this node's copies of the small " \
+            f"files in {folder}"
+        print(f"{prefix}: OK (checksums and structure verified, {images}; the checksums {of})")
     else:
         print(f"{prefix}: OK (checksums and structure verified, {images})")
     return True
@@ -110,7 +120,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     """``mmidx fetch``: copy a dataset from object storage to local disk, then verify the copy."""
-    from mmidx.io.storage import fetch_dataset
+    from mmidx.io.small_files import fetch_dataset
     from mmidx.read.checks import verify
 
     folder = named_output(args, args.folder, "the folder as a last argument (mmidx fetch URI FOLDER)")

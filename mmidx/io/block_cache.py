@@ -5,73 +5,41 @@ the cache still holds its entry, from memory (:mod:`mmidx.io.kept_blocks`: no sy
 cache is read whole and checked against its digest (a bad one is dropped and fetched again, never served), then
 kept; the missing blocks are fetched, each run of neighbours in one ranged request, stored and kept (served
 from what was fetched, not read back). Readers take no lock: an entry is written under a temporary name and
-renamed into place, so a reader finds a whole entry or none. Storing and evicting take the folder's lock
-(:class:`mmidx.io.cache_folder.Accounting`), which keeps the folder within its limit.
+renamed into place, so a reader finds a whole entry or none. A block another thread of the process is fetching
+is waited for, not fetched again (:class:`~mmidx.io.kept_blocks.Fetching`). Storing and evicting
+(:mod:`mmidx.io.block_store`: by next use) take the folder's lock
+(:class:`~mmidx.io.cache_accounting.Accounting`), which keeps the folder within its limit.
 
-Eviction keeps what is needed soonest: a policy (:mod:`mmidx.read.next_use`, which knows the steps ahead from
-the pack order) gives each block the step that reads it next, and when a block must make room, the blocks read
-furthest ahead go first (Belady's policy), least recently used first among equals (so without a policy the
-cache is LRU). A fetched block whose next use is further than everything cached is not stored (its read is
-served anyway). Processes of one node evict by the same order: each computes it from the same schedule.
-
-A folder the cache cannot write is a :class:`~mmidx.io.cache_folder.CacheError`; a write that fails mid-run (a
-full disk) prints one line and the process goes on reading uncached.
+A folder the cache cannot write is a :class:`~mmidx.io.cache_folder.CacheError`. A write that fails mid-run (a
+full disk), or the folder's lock not had within its wait (a holder stopped), prints one line naming the cause,
+and the process stores nothing more and takes no lock: it reads the blocks cached and fetches the rest; it says
+so again when it ends.
 """
 
 from __future__ import annotations
 
 import fcntl
 import itertools
-import json
-import mmap
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 from multiprocessing import util
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import numpy as np
-import xxhash
 
 from mmidx.io import cache_folder as folder_
+from mmidx.io.block_store import BlockStore, EvictionPolicy, FileKey, digest
+from mmidx.io.cache_accounting import Accounting, least_bytes, lock_file
 from mmidx.io.cache_folder import HEADER, MAGIC, CacheError, CacheSettings
-from mmidx.io.kept_blocks import KeptBlocks, joined
+from mmidx.io.kept_blocks import Fetching, KeptBlocks, joined
+from mmidx.io.lock import LockTimeout, wait_for_flock
+from mmidx.io.role_arrays import RoleArrays
 
-NEVER = np.iinfo(np.int64).max  # the next use of a block no step ahead reads
 KEPT_BYTES = 32 << 20  # checked blocks a process keeps in memory (BlockCache.at_hand), at most
-HEADROOM = 32  # an eviction frees 1/HEADROOM of the limit beyond what it needs, so evictions come in batches
 FLUSH_SECONDS = 1.0  # a process adds its counters to the state at least this often while it reads
-
-
-class FileKey(NamedTuple):
-    """A remote file as the cache knows it: the ``meta_sha256`` of the JSON describing it, its role there,
-    the object's URI, the dataset it belongs to (as opened), and its size."""
-
-    sha: str
-    role: str
-    uri: str
-    dataset: str
-    size: int
-
-
-class EvictionPolicy(Protocol):
-    """What the cache asks the schedule: the step at which each of ``blocks`` of file ``(sha, role)`` is read next
-    (``NEVER``: not ahead), after ``pack`` (blocks just fetched for it) or, for ``pack`` None, from now on."""
-
-    def next_use(self, key: tuple[str, str], blocks: np.ndarray, pack: int | None) -> np.ndarray: ...
-
-
-def keep_nearest(next_use: np.ndarray, touched: np.ndarray, sizes: np.ndarray, room: int, headroom: int) -> np.ndarray:
-    """Which entries to keep when ``sizes`` exceed ``room`` bytes: those read soonest (then the most recently
-    touched), as many as fit in ``room - headroom``; all of them when they fit in ``room``."""
-    keep = np.ones(len(sizes), dtype=bool)
-    if int(sizes.sum()) <= room:
-        return keep
-    order = np.lexsort((-touched.astype(np.float64), next_use))
-    keep[order] = np.cumsum(sizes[order]) <= room - headroom
-    return keep
 
 
 def read_into(fd: int, buffer: bytearray) -> int:
@@ -82,36 +50,15 @@ def read_into(fd: int, buffer: bytearray) -> int:
     return got
 
 
-def digest(key: FileKey, block: int, data: bytes | memoryview) -> bytes:
-    """An entry's digest: xxh3-64 of its key and its bytes (an entry renamed to another block fails it too)."""
-    state = xxhash.xxh3_64(f"{key.sha}/{key.role}/{block}".encode())
-    state.update(data)
-    return state.digest()
+_opened: dict[tuple[int, os.PathLike, int], BlockCache] = {}  # by process (a forked worker opens its own) and folder
 
 
-class _Role:
-    """A role's arrays mapped in this process (``present`` changed under the lock, ``used`` a hint)."""
-
-    def __init__(self, path: str, count: int):
-        self.inode = os.stat(path + ".present").st_ino
-        self.maps = []
-        for suffix in ("present", "used"):
-            with open(f"{path}.{suffix}", "r+b") as stream:
-                if os.fstat(stream.fileno()).st_size != 8 * count:
-                    raise OSError(f"{path}.{suffix}: not {count} blocks")
-                self.maps.append(mmap.mmap(stream.fileno(), 8 * count))
-        self.present, self.used = (np.frombuffer(mapped, dtype=np.uint64) for mapped in self.maps)
-
-
-_opened: dict[tuple[int, CacheSettings], BlockCache] = {}  # by process (a forked worker opens its own)
-
-
-class BlockCache:
-    """The data cache of one folder, in this process (:meth:`of` makes one per process and settings)."""
+class BlockCache(BlockStore):
+    """The data cache of one folder, in this process (:meth:`of` makes one per process, folder and limit)."""
 
     @classmethod
     def of(cls, settings: CacheSettings) -> BlockCache:
-        key = (os.getpid(), settings)
+        key = (os.getpid(), settings.folder, settings.limit)
         if key not in _opened:
             _opened[key] = cls(settings)
         return _opened[key]
@@ -122,36 +69,45 @@ class BlockCache:
         self.settings, self.limit, self.data = settings, settings.limit, settings.data
         self.policy: EvictionPolicy | None = None
         self.counters = {name: 0 for name in folder_.new_run() if name != "started"}
-        self.writable = True
-        self._roles: dict[tuple[str, str], _Role] = {}
-        self._names = itertools.count()
+        self.off: str | None = None  # since when and why this process stopped storing (then it takes no lock)
+        self._roles: dict[tuple[str, str], RoleArrays] = {}
+        self._names, self._repairs = itertools.count(), 0
         self._flushed, self._pid = time.monotonic(), os.getpid()
-        self._lock = threading.Lock()  # stores and evictions, and the maps, across this process's threads
+        self._lock = threading.Lock()  # stores and evictions, and the arrays, across this process's threads
         self._counting = threading.Lock()  # the counters (the others, set under _lock, are not a read's)
-        self.kept = KeptBlocks(KEPT_BYTES)
+        self.kept, self.fetching = KeptBlocks(KEPT_BYTES), Fetching()
         self.block_size = folder_.checked(settings, block_size)
-        self.accounting = folder_.Accounting(self.data, self.block_size)
-        self._users = os.open(self.data / "users", os.O_RDWR | os.O_CREAT, 0o644)
+        util.Finalize(self, self._at_exit, exitpriority=10)  # at exit, worker processes included
         try:
-            fcntl.flock(self._users, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            starting = True  # no other process has the cache open: a new run
-        except BlockingIOError:
-            starting = False
-        fcntl.flock(self._users, fcntl.LOCK_SH)
-        with self.accounting.hold() as state:
-            if starting:
-                state["run"] = folder_.new_run()
-            state["limit"] = self.limit
-            if state["bytes"] > self.limit:  # a smaller limit than the last run's
-                self._make_room(state, None, np.zeros(0, np.int64), None)
-        util.Finalize(self, self.flush, exitpriority=10)  # at exit, worker processes included
+            self.accounting = Accounting(self.data, self.block_size)
+            self._users = lock_file(self.data / "users")
+            try:
+                fcntl.flock(self._users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                starting = True  # no other process has the cache open: a new run
+            except BlockingIOError:
+                starting = False
+            wait_for_flock(self._users, fcntl.LOCK_SH, self.data / "users", self.accounting.wait)
+            with self.accounting.hold() as state:
+                if starting:
+                    state["run"] = folder_.new_run()
+                    if state["bytes"] < least_bytes(self.data, self.block_size):  # counted short: recounted
+                        self._repair(state)
+                state["limit"] = self.limit
+                if state["bytes"] > self.limit:  # a smaller limit than the last run's
+                    self._make_room(state, None, np.zeros(0, np.int64), None)
+        except LockTimeout as error:
+            self._turn_off(f"{error}", "resume or end that process")
+        except OSError as error:
+            raise CacheError(f"{self.data}: the data cache cannot be opened ({error.strerror or error}): give a "
+                             "writable --cache-dir (MMIDX_CACHE_DIR), or no --cache-limit to read uncached") from None
 
     # -- reading --------------------------------------------------------------------------------------------
 
     def read(self, key: FileKey, start: int, stop: int, fetch: Callable[[int, int], bytes],
              pack: int | None = None) -> memoryview:
         """Bytes [start, stop) of the file ``key``: its blocks from the cache, the missing ones from ``fetch(a, b)``
-        (one call per run of neighbours), stored for later reads; ``pack``: the pack they are fetched for."""
+        (one call per run of neighbours), stored for later reads; ``pack``: the pack they are fetched for. A block
+        another thread of this process is fetching is waited for, not fetched again."""
         size, stop = self.block_size, min(stop, key.size)
         blocks = range(start // size, (stop - 1) // size + 1)
         found = self._at_hand(key, blocks)
@@ -159,7 +115,28 @@ class BlockCache:
             if found[index] is None:
                 found[index] = self._load(key, block)
         missing = [block for block, data in zip(blocks, found, strict=True) if data is None]
-        fetched = 0
+        mine, theirs = self.fetching.claim(key.sha, key.role, missing)
+        try:
+            fetched = self._fetch(key, mine, fetch, pack, found, blocks.start)
+        finally:
+            self.fetching.release(key.sha, key.role, {block: found[block - blocks.start] for block in mine})
+        shared, again = 0, []
+        for block, flight in theirs:
+            found[block - blocks.start] = part = flight.result()
+            if part is None:  # that fetch failed: this read asks again
+                again.append(block)
+            else:
+                shared += len(part)
+        fetched += self._fetch(key, again, fetch, pack, found, blocks.start)
+        self._count(hits=len(blocks) - len(missing), misses=len(missing), bytes_fetched=fetched,
+                    bytes_from_cache=sum(map(len, found)) - fetched - shared)
+        return joined(found, start - blocks.start * size, stop - start)
+
+    def _fetch(self, key: FileKey, missing: list[int], fetch: Callable[[int, int], bytes], pack: int | None,
+               found: list[memoryview | None], first_block: int) -> int:
+        """Fetch ``missing`` blocks into ``found`` (indexed from ``first_block``), one request per run of
+        neighbours, and store them; the bytes fetched."""
+        size, fetched = self.block_size, 0
         for _, run in itertools.groupby(enumerate(missing), lambda pair: pair[1] - pair[0]):
             run_blocks = [block for _, block in run]
             first = run_blocks[0] * size
@@ -167,15 +144,13 @@ class BlockCache:
             fetched += len(data)
             new = {block: data[block * size - first:(block + 1) * size - first] for block in run_blocks}
             for block, part in new.items():  # served from what was fetched, not read back
-                found[block - blocks.start] = part
+                found[block - first_block] = part
             self._store(key, new, pack)
-        self._count(hits=len(blocks) - len(missing), misses=len(missing), bytes_fetched=fetched,
-                    bytes_from_cache=sum(map(len, found)) - fetched)
-        return joined(found, start - blocks.start * size, stop - start)
+        return fetched
 
     def at_hand(self, key: FileKey, start: int, stop: int) -> memoryview | None:
         """Bytes [start, stop) of the file ``key`` if this process keeps every block they lie in, checked, and
-        each is still in the cache (no system call, no request); else None."""
+        each is still in the cache (no request), else None."""
         size, stop = self.block_size, min(stop, key.size)
         blocks = range(start // size, (stop - 1) // size + 1)
         found = self._at_hand(key, blocks)
@@ -184,8 +159,13 @@ class BlockCache:
         self._count(hits=len(blocks), bytes_from_cache=sum(map(len, found)))
         return joined(found, start - blocks.start * size, stop - start)
 
-    def _path(self, key: FileKey, block: int) -> str:
-        return f"{self.data}/{key.sha}/{key.role}/{block}"
+    def first_missing(self, key: FileKey) -> int | None:
+        """The first block of the file ``key`` the cache does not hold (None: it holds every one)."""
+        role = self._mapped_role(key)
+        if role is None:
+            return 0
+        absent = np.flatnonzero(role.present() == 0)
+        return int(absent[0]) if len(absent) else None
 
     def _at_hand(self, key: FileKey, blocks: range) -> list[memoryview | None]:
         """The kept bytes of each of ``blocks`` whose entry is still the one checked (None for the others); the
@@ -193,13 +173,20 @@ class BlockCache:
         role = self._roles.get(key[:2])
         if role is None:
             return [None] * len(blocks)
-        role.used[blocks.start:blocks.stop] = time.time_ns()
-        return self.kept.get(key.sha, key.role, blocks, role.present)
+        try:
+            role.touch(blocks.start, blocks.stop, time.time_ns())
+            stamps = role.stamps(blocks.start, blocks.stop)
+        except OSError:  # its files closed by another thread replacing the role: read from the cache again
+            return [None] * len(blocks)
+        return self.kept.get(key.sha, key.role, blocks, stamps)
 
     def _load(self, key: FileKey, block: int) -> memoryview | None:
         """The block's bytes if a good entry holds them (no lock), kept; a bad entry is dropped."""
         role = self._mapped_role(key)
-        stamp = int(role.present[block]) if role is not None else 0  # before the entry is read: never newer
+        try:  # read before the entry is: never newer than it
+            stamp = int(role.present(block, block + 1)[0]) if role is not None else 0
+        except OSError:
+            stamp = 0
         expected = min(self.block_size, key.size - block * self.block_size)
         raw = bytearray(HEADER + expected + 1)  # a byte more: a longer file shows
         try:
@@ -219,8 +206,8 @@ class BlockCache:
         self.kept.put(key.sha, key.role, [(block, data, stamp)])
         return data
 
-    def _mapped_role(self, key: FileKey) -> _Role | None:
-        """The role's arrays mapped in this process (once; no lock needed to read a complete role's), or None
+    def _mapped_role(self, key: FileKey) -> RoleArrays | None:
+        """The role's arrays open in this process (once; no lock needed to read a complete role's), or None
         when the cache has no complete role for ``key``."""
         role = self._roles.get(key[:2])
         if role is None:
@@ -228,145 +215,11 @@ class BlockCache:
             try:
                 if not os.path.exists(path + ".json"):
                     return None
-                role = self._roles[key[:2]] = _Role(path, folder_.block_count(key.size, self.block_size))
+                role = RoleArrays(path, folder_.block_count(key.size, self.block_size))
             except OSError:
                 return None
+            role = self._roles.setdefault(key[:2], role)  # another thread's, if it was first
         return role
-
-    # -- storing and evicting (under the lock) ---------------------------------------------------------------
-
-    def _store(self, key: FileKey, blocks: dict[int, memoryview], pack: int | None) -> None:
-        if not self.writable:
-            return
-        stored: list[tuple[int, memoryview, int]] = []
-        try:
-            with self._lock, self.accounting.hold() as state:  # a failure leaves it busy: the next holder repairs
-                self._flush(state)
-                role = self._role(state, key)
-                if role is None:  # the limit cannot hold the file's arrays
-                    self.counters["bypassed"] += len(blocks)
-                    return
-                new = np.array([block for block in blocks if not role.present[block]], dtype=np.int64)
-                sizes = folder_.entry_bytes(key.size, self.block_size, new)
-                if state["bytes"] + int(sizes.sum()) > self.limit:
-                    kept = self._make_room(state, key, new, pack)
-                    self.counters["bypassed"] += len(kept) - int(kept.sum())
-                    new, sizes = new[kept], sizes[kept]
-                for block, accounted in zip(new.tolist(), sizes.tolist(), strict=True):
-                    self._write(key, block, blocks[block])
-                    state["bytes"] += accounted
-                    role.present[block] = stamp = time.time_ns()
-                    stored.append((block, blocks[block], stamp))
-        except OSError as error:  # a full disk, a folder made read-only: go on uncached
-            self.writable = False
-            print(f"mmidx: cache {self.data}: cannot store a block ({error.strerror or error}); this process reads "
-                  "uncached from now on (free space or give another --cache-dir)", file=sys.stderr)
-        self.kept.put(key.sha, key.role, stored)
-
-    def _write(self, key: FileKey, block: int, data: memoryview) -> None:
-        """Write one entry: under a temporary name, then renamed (no reader ever finds part of one)."""
-        temporary = self.data / "tmp" / f"{os.getpid()}.{next(self._names)}"
-        try:
-            with open(temporary, "wb") as stream:
-                stream.write(MAGIC + digest(key, block, data))
-                stream.write(data)
-            os.replace(temporary, self._path(key, block))
-        finally:
-            temporary.unlink(missing_ok=True)
-
-    def _role(self, state: dict[str, Any], key: FileKey) -> _Role | None:
-        """The role's arrays, mapped in this process; its files created first (counted, room made for them) if
-        the cache lacks them; None when the limit cannot hold them."""
-        path = f"{self.data}/{key.sha}/{key.role}"
-        mapped = self._roles.get(key[:2])
-        try:
-            if mapped is not None and os.stat(path + ".present").st_ino == mapped.inode and os.path.isdir(path):
-                return mapped
-        except FileNotFoundError:
-            pass
-        count = folder_.block_count(key.size, self.block_size)
-        if not os.path.exists(path + ".json"):
-            described = json.dumps({"dataset": key.dataset, "uri": key.uri, "bytes": key.size})
-            extra = folder_.accounted(len(described.encode())) + folder_.PAGE + 2 * folder_.accounted(8 * count) + \
-                (0 if os.path.isdir(os.path.dirname(path)) else folder_.PAGE)
-            state["bytes"] += extra
-            if state["bytes"] > self.limit:
-                self._make_room(state, None, np.zeros(0, np.int64), None)
-            if state["bytes"] > self.limit:
-                state["bytes"] -= extra
-                return None
-            os.makedirs(path, exist_ok=True)
-            for suffix in ("present", "used"):  # new files, renamed: a process mapping an old one keeps it whole
-                fresh = self.data / "tmp" / f"{os.getpid()}.{next(self._names)}"
-                try:
-                    with open(fresh, "wb") as stream:
-                        stream.truncate(8 * count)
-                    os.replace(fresh, f"{path}.{suffix}")
-                finally:
-                    fresh.unlink(missing_ok=True)
-            with open(path + ".json", "w") as stream:  # last: the role is complete
-                stream.write(described)
-        self._roles[key[:2]] = _Role(path, count)
-        return self._roles[key[:2]]
-
-    def _make_room(self, state: dict[str, Any], key: FileKey | None, new: np.ndarray, pack: int | None) -> np.ndarray:
-        """Evict the entries read furthest ahead until the ``new`` blocks of ``key`` that are read sooner fit, with
-        headroom; which of ``new`` to store."""
-        stored: list[tuple[_Role, np.ndarray, FileKey]] = []
-        next_use, touched, sizes = [np.zeros(0, np.int64)], [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)]
-        for sha, name, meta in folder_.roles(self.data):
-            probe = FileKey(sha, name, str(meta.get("uri")), meta["dataset"], meta["bytes"])
-            try:
-                role = self._role(state, probe)
-            except OSError:  # arrays of the wrong size: the next repair rebuilds them
-                continue
-            if role is None:
-                continue
-            blocks = np.flatnonzero(role.present)
-            stored.append((role, blocks, probe))
-            next_use.append(self._next_use((sha, name), blocks, None))
-            touched.append(np.maximum(role.present[blocks], role.used[blocks]))
-            sizes.append(folder_.entry_bytes(meta["bytes"], self.block_size, blocks))
-        entries = int(sum(int(s.sum()) for s in sizes))
-        if key is not None:
-            next_use.append(self._next_use(key[:2], new, pack))
-            touched.append(np.full(len(new), time.time_ns(), dtype=np.uint64))
-            sizes.append(folder_.entry_bytes(key.size, self.block_size, new))
-        room = self.limit - (state["bytes"] - entries)
-        keep = keep_nearest(np.concatenate(next_use), np.concatenate(touched), np.concatenate(sizes), room,
-                            self.limit // HEADROOM)
-        position = 0
-        for role, blocks, probe in stored:
-            for block in blocks[~keep[position:position + len(blocks)]].tolist():
-                role.present[block] = 0
-                try:
-                    os.unlink(self._path(probe, block))
-                except FileNotFoundError:
-                    pass
-                state["bytes"] -= int(folder_.entry_bytes(probe.size, self.block_size, [block])[0])
-                self.counters["evicted"] += 1
-            position += len(blocks)
-        return keep[position:]
-
-    def _next_use(self, key: tuple[str, str], blocks: np.ndarray, pack: int | None) -> np.ndarray:
-        if self.policy is None or len(blocks) == 0:
-            return np.full(len(blocks), NEVER, dtype=np.int64)
-        return np.asarray(self.policy.next_use(key, blocks, pack), dtype=np.int64)
-
-    def _drop(self, key: FileKey, block: int, inode: int) -> None:
-        """Remove a bad entry, if the path still holds that file (another process may have replaced it)."""
-        with self._lock, self.accounting.hold() as state:
-            self.counters["dropped"] += 1
-            try:
-                if os.stat(self._path(key, block)).st_ino != inode:
-                    return
-                os.unlink(self._path(key, block))
-            except FileNotFoundError:
-                return
-            role = self._role(state, key) if os.path.exists(f"{self.data}/{key.sha}/{key.role}.json") else None
-            if role is not None and role.present[block]:
-                role.present[block] = 0
-                state["bytes"] -= int(folder_.entry_bytes(key.size, self.block_size, [block])[0])
 
     # -- counters -------------------------------------------------------------------------------------------
 
@@ -381,12 +234,18 @@ class BlockCache:
 
     def flush(self, wait: bool = True) -> None:
         """Add this process's counters to the run's, in the state; with ``wait=False`` only when no store of this
-        process holds the lock now (a store under way adds them itself)."""
+        process holds the lock now (a store under way adds them itself). Nothing once the process stopped storing
+        (it takes no lock then)."""
         if os.getpid() != self._pid or not any(self.counters.values()) or not self._lock.acquire(blocking=wait):
             return
         try:
-            with self.accounting.hold() as state:
-                self._flush(state)
+            if not self.off:
+                with self.accounting.hold() as state:
+                    self._flush(state)
+        except LockTimeout as error:
+            self._turn_off(str(error), "resume or end that process")
+        except OSError as error:
+            self._turn_off(f"cannot count its reads: {error.strerror or error}", "check the disk")
         finally:
             self._lock.release()
 
@@ -396,3 +255,8 @@ class BlockCache:
                 state["run"][name] = state["run"].get(name, 0) + amount
                 self.counters[name] = 0
             self._flushed = time.monotonic()
+
+    def _at_exit(self) -> None:
+        self.flush()
+        if self.off is not None and os.getpid() == self._pid:
+            print(f"mmidx: cache {self.data}: this process stored nothing there {self.off}", file=sys.stderr)

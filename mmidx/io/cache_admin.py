@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from mmidx.io.cache_folder import SHA, Accounting, entry_bytes, folder_bytes, read_block_size, read_state, roles
+from mmidx.io.cache_accounting import Accounting, lock_file
+from mmidx.io.cache_folder import SHA, entry_bytes, folder_bytes, read_block_size, read_state, roles
 
 
 def same_dataset(recorded: str, asked: str) -> bool:
@@ -77,7 +78,7 @@ def clear_cache(folder: str | os.PathLike, dataset: str | None = None) -> int:
 
 def _remove_idle(data: Path) -> None:
     """Remove the cache folder's own files when no process has the cache open (its ``users`` lock is free)."""
-    fd = os.open(data / "users", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = lock_file(data / "users")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -1,16 +1,18 @@
-"""The folder of a node's remote-data cache: its settings, its layout and its accounting.
+"""The folder of a node's remote-data cache: its settings and its layout.
 
 **Settings.** ``cache_dir`` (``--cache-dir``, ``$MMIDX_CACHE_DIR``, default ``~/.cache/mmidx``) is mmidx's cache
 folder: remote datasets' small files live in ``DIR/remote/``, the data blocks in ``DIR/data/``. The data cache is
 on when a limit is given (``cache_limit``, ``--cache-limit``, ``$MMIDX_CACHE_LIMIT``; 0 turns it off): a cache
-that may fill a node's disk is worse than none, so there is no default limit.
+that may fill a node's disk is worse than none, so there is no default limit. ``cache_offline``
+(``--cache-offline``, ``$MMIDX_CACHE_OFFLINE=1``) opens remote datasets from the cache alone.
 
 **Layout of** ``DIR/data``::
 
     cache.json              {"format": 1, "block_size": B}, written once: every entry is one block of B bytes
     state.json              the accounting: bytes used, the last run's counters (changed under the lock)
-    lock, users             flock'd: ``lock`` while the accounting changes; ``users`` shared by every process
-                            with the cache open (an exclusive try that succeeds starts a new run)
+    lock, users             flock'd (0600; 0660 in a group-writable folder): ``lock`` while the accounting
+                            changes; ``users`` shared by every process with the cache open (an exclusive try
+                            that succeeds starts a new run); neither waited for longer than LOCK_WAIT_S
     tmp/                    entries being written (only under the lock: one found there is a dead writer's)
     SHA/ROLE.json           what the file is: the dataset's URI, the object's, its size
     SHA/ROLE.present        uint64 a block: when it was stored, 0 when absent (changed under the lock)
@@ -21,24 +23,17 @@ that may fill a node's disk is worse than none, so there is no default limit.
 encoding's), so a changed dataset never serves stale bytes. Sizes are counted as a filesystem stores them:
 each file in whole 4 KiB pages, each folder one page (:func:`folder_bytes`); the limit bounds that sum.
 
-``mmidx cache info`` and ``clear`` are :mod:`mmidx.io.cache_admin`'s.
-
-**Crash safety.** Whoever holds the lock marks the state busy before changing anything and clears the mark
-after; a holder that finds the mark (its predecessor was killed mid-change) or a state written before the
-machine's last boot rebuilds the accounting from the files (:func:`repair`), deleting temporaries.
+The accounting (``state.json`` under ``lock``) and its repair are :mod:`mmidx.io.cache_accounting`'s; ``mmidx
+cache info`` and ``clear`` are :mod:`mmidx.io.cache_admin`'s.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
-import shutil
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,13 +42,15 @@ import numpy as np
 
 from mmidx.errors import MMIDXError
 
-CACHE_DIR_VARIABLE, CACHE_LIMIT_VARIABLE = "MMIDX_CACHE_DIR", "MMIDX_CACHE_LIMIT"
+CACHE_DIR_VARIABLE, CACHE_LIMIT_VARIABLE, CACHE_OFFLINE_VARIABLE = "MMIDX_CACHE_DIR", "MMIDX_CACHE_LIMIT", \
+    "MMIDX_CACHE_OFFLINE"
 BLOCK_SIZE = 1 << 20  # the default block (see docs/guide/storage.md: why a fixed block, why this size)
 PAGE = 4096
 FORMAT = 1
 MAGIC = b"MMIDXBK1"
 HEADER = len(MAGIC) + 8  # the magic, then the digest
-MIN_BLOCKS = 4  # a limit must hold this many blocks
+MIN_BLOCKS = 4  # a limit must hold this many blocks of a file, with the folder's own files (smallest_limit)
+FOLDER_PAGES = 4  # what the folder counts for holding no block: data/ itself, cache.json, state.json and tmp/
 SHA = re.compile(r"[0-9a-f]{64}")
 ROLE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
@@ -73,6 +70,9 @@ def parse_size(text: str | int) -> int:
         if match is None or (match[2] == "I"):
             raise CacheError(f"{text!r} is not a size in bytes (e.g. 500000000000, 500G, 1.5T, 64MiB)")
         value = int(float(match[1]) * _UNITS[match[2]])
+        if value == 0 and float(match[1]) != 0:  # 0.5 would turn the data cache off
+            raise CacheError(f"{text!r} is less than one byte: give a size in bytes (e.g. 500G, 1.5T, 64MiB), or 0 to "
+                             "turn the data cache off")
     if value < 0:
         raise CacheError(f"{text!r}: a cache limit is not negative (0 turns the data cache off)")
     return value
@@ -80,17 +80,19 @@ def parse_size(text: str | int) -> int:
 
 @dataclass(frozen=True)
 class CacheSettings:
-    """Where a reader caches: ``folder`` (small files in ``folder/remote``, data blocks in ``folder/data``) and
-    ``limit``, the bytes the data blocks may take (None: data is read uncached)."""
+    """Where a reader caches: ``folder`` (small files in ``folder/remote``, data blocks in ``folder/data``),
+    ``limit``, the bytes the data blocks may take (None: data is read uncached), and ``offline``: a remote dataset
+    is opened and read from the cache alone, the store never asked (:mod:`mmidx.io.small_files`)."""
 
     folder: Path
     limit: int | None = None
+    offline: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "folder", Path(self.folder))
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled into every worker with its dataset: a string, not a Path
-        return CacheSettings, (os.fspath(self.folder), self.limit)
+        return CacheSettings, (os.fspath(self.folder), self.limit, self.offline)
 
     @property
     def data(self) -> Path:
@@ -103,9 +105,11 @@ def default_folder(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(cache_dir or os.environ.get(CACHE_DIR_VARIABLE) or Path.home() / ".cache" / "mmidx")
 
 
-def cache_settings(cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None) -> CacheSettings:
+def cache_settings(cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
+                   cache_offline: bool | None = None) -> CacheSettings:
     """The settings of a reader: its folder (:func:`default_folder`); ``cache_limit`` (bytes, or a size such as
-    ``"500G"``) or ``$MMIDX_CACHE_LIMIT``; a limit of 0 turns the data cache off."""
+    ``"500G"``) or ``$MMIDX_CACHE_LIMIT``, a limit of 0 turning the data cache off; ``cache_offline`` or
+    ``$MMIDX_CACHE_OFFLINE`` (1 or 0): open remote datasets from the cache alone."""
     folder = default_folder(cache_dir)
     if cache_limit is None and os.environ.get(CACHE_LIMIT_VARIABLE):
         try:
@@ -113,7 +117,13 @@ def cache_settings(cache_dir: str | os.PathLike | None = None, cache_limit: int 
         except CacheError as error:
             raise CacheError(f"{CACHE_LIMIT_VARIABLE}: {error}") from None
     limit = None if cache_limit is None else parse_size(cache_limit)
-    return CacheSettings(Path(folder).absolute(), limit or None)
+    if cache_offline is None:
+        flag = os.environ.get(CACHE_OFFLINE_VARIABLE, "").strip()
+        if flag not in ("", "0", "1"):
+            raise CacheError(f"{CACHE_OFFLINE_VARIABLE}={flag!r}: give 1 (open remote datasets from the node's cache "
+                             "alone) or 0")
+        cache_offline = flag == "1"
+    return CacheSettings(Path(folder).absolute(), limit or None, bool(cache_offline))
 
 
 def accounted(size: int) -> int:
@@ -164,13 +174,6 @@ def role_bytes(size: int, block_size: int) -> int:
     return 2 * accounted(8 * block_count(size, block_size)) + 2 * PAGE
 
 
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
 def new_run() -> dict[str, Any]:
     return {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "hits": 0, "misses": 0, "bytes_fetched": 0,
             "bytes_from_cache": 0, "evicted": 0, "bypassed": 0, "dropped": 0}
@@ -189,103 +192,6 @@ def roles(data: Path) -> Iterator[tuple[str, str, dict[str, Any]]]:
                     yield folder.name, path.stem, meta
             except (OSError, ValueError):
                 continue
-
-
-def repair(data: Path, block_size: int, run: dict[str, Any] | None) -> dict[str, Any]:
-    """The state of the cache folder ``data`` rebuilt from its files (under the lock): temporaries deleted, each
-    role's arrays rebuilt from the entries found (malformed ones and a role's files without its JSON deleted:
-    mmidx's own names, nothing else), the bytes used counted."""
-    (data / "tmp").mkdir(exist_ok=True)
-    for leftover in (data / "tmp").iterdir():  # the folder stays: a process opening the cache checks it meanwhile
-        if leftover.is_dir():
-            shutil.rmtree(leftover, ignore_errors=True)
-        else:
-            leftover.unlink(missing_ok=True)
-    complete = {(sha, role): meta for sha, role, meta in roles(data)}
-    for folder in data.glob("*"):
-        if not SHA.fullmatch(folder.name) or not folder.is_dir():
-            continue
-        for path in folder.iterdir():
-            stem, _, suffix = path.name.partition(".")
-            if not ROLE.fullmatch(stem) or (folder.name, stem) in complete or suffix not in ("", "present", "used"):
-                continue
-            if path.is_dir():  # a role whose creation was cut short
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-    for (sha, role), meta in complete.items():
-        count = block_count(meta["bytes"], block_size)
-        entries, present = data / sha / role, np.zeros(count, dtype=np.uint64)
-        entries.mkdir(exist_ok=True)
-        for entry in entries.iterdir():
-            block = int(entry.name) if entry.name.isdigit() else -1
-            expected = HEADER + int(block_bytes(meta["bytes"], block_size, [block])[0]) if 0 <= block < count else -1
-            stat = entry.stat()
-            if stat.st_size != expected:
-                entry.unlink()  # a name or size no block has: a torn write
-            else:
-                present[block] = max(stat.st_mtime_ns, 1)
-        for suffix, values in (("present", present), ("used", None)):
-            path = data / sha / f"{role}.{suffix}"
-            if values is None and path.exists() and path.stat().st_size == 8 * count:
-                continue
-            fresh = data / "tmp" / path.name  # a new file, renamed: a process mapping the old one sees it changed
-            fresh.write_bytes((values if values is not None else np.zeros(count, np.uint64)).tobytes())
-            os.replace(fresh, path)
-    state = data / "state.json"  # about to be written, in one page
-    written = accounted(state.stat().st_size) if state.exists() else 0
-    return {"format": FORMAT, "bytes": folder_bytes(data) - written + PAGE, "busy": 0, "boot": boot_id(),
-            "run": run or new_run()}
-
-
-class Accounting:
-    """The lock and ``state.json`` of a cache folder, for one process: :meth:`hold` is the only way to change
-    what the cache holds."""
-
-    def __init__(self, data: Path, block_size: int):
-        self.data, self.block_size = data, block_size
-        self._fd = os.open(data / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        self._threads = threading.Lock()
-
-    @contextmanager
-    def hold(self) -> Iterator[dict[str, Any]]:
-        """The state, under the lock, marked busy until the block ends (an exception leaves it busy, for the
-        next holder to repair); saved when the block ends."""
-        with self._threads:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                state = self._load()
-                if state is None or state.get("busy") or state.get("boot") != boot_id():
-                    state = repair(self.data, self.block_size, (state or {}).get("run"))
-                state["busy"] = 1
-                self._save(state)
-                yield state
-                state["busy"] = 0
-                self._save(state)
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-    def _load(self) -> dict[str, Any] | None:
-        try:
-            state = json.loads((self.data / "state.json").read_text())
-        except (OSError, ValueError):
-            return None
-        valid = isinstance(state, dict) and isinstance(state.get("bytes"), int) and isinstance(state.get("run"), dict)
-        return state if valid else None
-
-    def _save(self, state: dict[str, Any]) -> None:
-        """Write the state in place (no temporary: the folder never holds a page more than counted); a kill
-        between the write and the truncation leaves a tail that fails to parse, which the next holder repairs."""
-        raw = json.dumps(state).encode()
-        fd = os.open(self.data / "state.json", os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, raw, 0)
-            os.ftruncate(fd, len(raw))
-        finally:
-            os.close(fd)
 
 
 def read_block_size(data: Path) -> int | None:
@@ -334,12 +240,21 @@ def checked(settings: CacheSettings, block_size: int = BLOCK_SIZE) -> int:
     except OSError as error:
         raise CacheError(f"{settings.data}: the data cache cannot be written there ({error.strerror}): give a "
                          "writable --cache-dir (MMIDX_CACHE_DIR), or no --cache-limit to read uncached") from None
-    smallest = MIN_BLOCKS * block_size
+    smallest = smallest_limit(block_size)
     if settings.limit is not None and settings.limit < smallest:
         raise CacheError(f"cache limit {settings.limit:,} bytes holds fewer than {MIN_BLOCKS} blocks of "
-                         f"{block_size:,}: give at least {smallest:,} (a node's cache is usually tens of GB), or 0 "
-                         "to read uncached")
+                         f"{block_size:,} with the cache's own files: give at least {smallest:,} (a node's cache is "
+                         "usually tens of GB), or 0 to read uncached")
     return block_size
+
+
+def smallest_limit(block_size: int) -> int:
+    """The smallest limit accepted: what the folder counts for holding :data:`MIN_BLOCKS` blocks of one file of
+    up to 512 blocks (its own files, the dataset's folder, the file's JSON, arrays and folder, the entries). A
+    larger file's arrays take more (16 bytes a block), so a limit this small bypasses the cache for it."""
+    blocks = np.arange(MIN_BLOCKS)
+    return (FOLDER_PAGES + 1) * PAGE + role_bytes(MIN_BLOCKS * block_size, block_size) + \
+        int(entry_bytes(MIN_BLOCKS * block_size, block_size, blocks).sum())
 
 
 def read_state(data: Path) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""``KeptBlocks``: the checked blocks of the node's data cache that one process keeps in memory, within a bound.
+"""``KeptBlocks``: the checked blocks of the node's data cache that one process keeps in memory, within a bound;
+``Fetching``: the blocks its threads are fetching, which a second reader waits for.
 
 A read through the cache (:class:`mmidx.io.block_cache.BlockCache`) that opened each block's entry, read it and
 checked its digest every time cost more than the read of a local file, whose pages are mapped once. So a
@@ -13,16 +14,21 @@ Kept bytes are private memory, not a mapping of the entry: they pin no disk spac
 the entry, they cannot change after their check (a file written over by hand, a disk error), and a file
 truncated under them cannot end the process with SIGBUS. The cost is memory: at most ``limit`` bytes a process
 (:data:`mmidx.io.block_cache.KEPT_BYTES`), plus the views still held by packs being built.
+
+A process's fetch threads read several packs' ranges at once, and packs share blocks (the token file's above
+all): two threads missing the same cold block would both fetch it. The first to miss it claims it
+(:meth:`Fetching.claim`), the second waits for that fetch and takes its bytes; a fetch that fails leaves each
+waiter to fetch the block itself. A thread fetches what it claimed before it waits for others' claims, so
+no two threads wait for each other.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from typing import NamedTuple
-
-import numpy as np
 
 
 class Kept(NamedTuple):
@@ -40,14 +46,14 @@ class KeptBlocks:
         self._blocks: OrderedDict[tuple[str, str, int], Kept] = OrderedDict()
         self._lock = threading.Lock()  # the process's fetch threads and its main thread
 
-    def get(self, sha: str, role: str, blocks: range, present: np.ndarray) -> list[memoryview | None]:
-        """The bytes of each of ``blocks`` kept from the entry the cache holds now (``present``: the role's
-        stamps), None for the others."""
+    def get(self, sha: str, role: str, blocks: range, stamps: list[int]) -> list[memoryview | None]:
+        """The bytes of each of ``blocks`` kept from the entry the cache holds now (``stamps``: the role's
+        ``present`` stamps of ``blocks``), None for the others."""
         found: list[memoryview | None] = []
         with self._lock:
-            for block in blocks:
+            for block, stamp in zip(blocks, stamps, strict=True):
                 kept = self._blocks.get((sha, role, block))
-                if kept is not None and present[block] == kept.stamp:
+                if kept is not None and stamp == kept.stamp:
                     self._blocks.move_to_end((sha, role, block))
                     found.append(kept.data)
                 else:
@@ -66,6 +72,35 @@ class KeptBlocks:
                 self._blocks[(sha, role, block)] = Kept(data, stamp)
             while self.bytes > self.limit:
                 self.bytes -= len(self._blocks.popitem(last=False)[1].data)
+
+
+class Fetching:
+    """The blocks this process's threads are fetching, by (sha, role, block)."""
+
+    def __init__(self) -> None:
+        self._flights: dict[tuple[str, str, int], Future] = {}
+        self._lock = threading.Lock()
+
+    def claim(self, sha: str, role: str, blocks: list[int]) -> tuple[list[int], list[tuple[int, Future]]]:
+        """Of ``blocks``, those no other thread is fetching, now this thread's to fetch (then :meth:`release`), and
+        the others with the fetch to wait for (its result: the block's bytes, or None where it failed)."""
+        mine, theirs = [], []
+        with self._lock:
+            for block in blocks:
+                flight = self._flights.get((sha, role, block))
+                if flight is None:
+                    self._flights[(sha, role, block)] = Future()
+                    mine.append(block)
+                else:
+                    theirs.append((block, flight))
+        return mine, theirs
+
+    def release(self, sha: str, role: str, fetched: Mapping[int, memoryview | None]) -> None:
+        """End the fetches of the blocks claimed, handing each waiter its bytes (None: not fetched)."""
+        with self._lock:
+            flights = [self._flights.pop((sha, role, block)) for block in fetched]
+        for flight, data in zip(flights, fetched.values(), strict=True):
+            flight.set_result(data)
 
 
 def joined(parts: list[memoryview], offset: int, length: int) -> memoryview:

@@ -4,7 +4,9 @@
 chunks fetched ahead of need (:mod:`mmidx.read.prefetch`, on a per-process thread pool) or, failing that, from
 one ranged request retried as :func:`~mmidx.io.storage.retrying` does. With a data cache (a limit in its
 :class:`~mmidx.io.cache_folder.CacheSettings`), both go through the node's disk cache
-(:class:`~mmidx.io.block_cache.BlockCache`): blocks found there are not requested again.
+(:class:`~mmidx.io.block_cache.BlockCache`): blocks found there are not requested again. Offline (its settings'
+``offline``), a remote dataset opens only when the cache holds every block of its data files, and a block missing
+later (evicted meanwhile) is an error naming it: the store is never asked.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from mmidx.errors import option
 from mmidx.io.block_cache import BlockCache, FileKey
 from mmidx.io.cache_folder import CacheSettings, checked
-from mmidx.io.storage import StorageError, cached_small_files, file_uri, filesystem, object_size, retrying
+from mmidx.io.small_files import cached_small_files
+from mmidx.io.storage import StorageError, file_uri, filesystem, object_size, redact, retrying
 
 FETCH_THREADS = 8  # ranged requests in flight per process
 
@@ -69,10 +73,16 @@ class RemoteFile:
 
     def _read(self, start: int, stop: int, pack: Any = None) -> bytes | memoryview:
         """Bytes [start, stop): through the cache when there is one (``pack``: what they are fetched for)."""
-        cache = self.cache
+        cache, fetch = self.cache, self._missing if self.settings is not None and self.settings.offline else self._get
         if cache is None:
-            return self._get(start, stop)
-        return cache.read(self.key, start, stop, self._get, pack if isinstance(pack, int) else None)
+            return fetch(start, stop)
+        return cache.read(self.key, start, stop, fetch, pack if isinstance(pack, int) else None)
+
+    def _missing(self, start: int, stop: int) -> bytes:
+        """Offline, what a fetch is: an error naming the first block missing from the cache."""
+        cache = self.cache
+        block = start // cache.block_size if cache is not None else 0
+        raise StorageError(missing_block(self.uri, block, self.settings))
 
     def _get(self, start: int, stop: int) -> bytes:
         """Bytes [start, stop) from storage: one ranged request, retried."""
@@ -160,13 +170,35 @@ def remote_dataset(prefix: str, settings: CacheSettings,
                    known: str | None = None) -> tuple[dict[str, Any], dict[str, Path], dict[str, RemoteFile]]:
     """The remote dataset ``prefix``: its metadata, the local copies of its small files (in ``settings.folder``)
     and its data files as byte sources (through the data cache when ``settings`` has a limit). ``known``: the
-    ``meta_sha256`` the process that pickled it opened (a loader worker reads that version, or none)."""
+    ``meta_sha256`` the process that pickled it opened (a loader worker reads that version, or none). Offline
+    (``settings.offline``), from the cache alone: its small files, and every block of its data files."""
+    if settings.offline and settings.limit is None:
+        raise StorageError(f"{redact(prefix)}: {option('cache_offline', True)} reads the data from the node's data "
+                           f"cache: give {option('cache_limit')} too (the limit the cache was filled with)")
     if settings.limit is not None:  # a data cache it cannot use is one line now, not a failure in a worker
         checked(settings)
-    meta, local = cached_small_files(prefix, settings.folder, known)
+    meta, local = cached_small_files(prefix, settings.folder, known, offline=settings.offline)
     if known is not None and meta["meta_sha256"] != known:
         raise StorageError(f"{prefix}: replaced in storage since this job opened it (metadata {known[:12]}..., now "
                            f"{meta['meta_sha256'][:12]}...): restart the job to read the new version")
-    files = {role: data_file(prefix, role, meta, settings, checked=known is None)
+    files = {role: data_file(prefix, role, meta, settings, checked=known is None and not settings.offline)
              for role in ("bin", "images") if role in meta["files"]}
+    for file in files.values() if settings.offline else ():
+        require_cached(file)
     return meta, local, files
+
+
+def require_cached(file: RemoteFile) -> None:
+    """Offline: a :class:`StorageError` naming the first block of ``file`` the node's cache does not hold."""
+    cache = file.cache
+    block = 0 if cache is None or file.key is None else cache.first_missing(file.key)
+    if block is not None:
+        raise StorageError(missing_block(file.uri, block, file.settings))
+
+
+def missing_block(uri: str, block: int, settings: CacheSettings | None) -> str:
+    """The error of an offline read of ``uri`` whose block ``block`` the node's cache does not hold."""
+    folder = settings.data if settings is not None else "the data cache"
+    return (f"{redact(uri)}: block {block} is not in this node's cache {folder}, and {option('cache_offline', True)} "
+            f"never asks the store: open the dataset once with the store reachable to fill the cache (a limit that "
+            "holds the dataset), or without it")

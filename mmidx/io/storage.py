@@ -1,10 +1,10 @@
 """Datasets in object storage: ``MMIDXDataset("s3://bucket/path/prefix")`` and any URI pyarrow opens.
 
 The small files (``.meta.json``, ``.idx``, ``.plan``) are downloaded once into a local cache folder
-named by the metadata's ``meta_sha256``, checked against the checksums the metadata records, and
-mapped as local files are. ``.bin`` and ``.images`` stay in storage, read by byte range through
-:class:`~mmidx.io.remote_file.RemoteFile`. Query options of a URI (``?endpoint_override=...``) are kept
-on every file of the dataset; ``AWS_ENDPOINT_URL`` and the usual AWS variables apply too.
+named by the metadata's ``meta_sha256``, checked against the checksums the metadata records at every open
+(:mod:`mmidx.io.small_files`), and mapped as local files are. ``.bin`` and ``.images`` stay in storage, read by
+byte range through :class:`~mmidx.io.remote_file.RemoteFile`. Query options of a URI (``?endpoint_override=...``)
+are kept on every file of the dataset; ``AWS_ENDPOINT_URL`` and the usual AWS variables apply too.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,10 +20,8 @@ from typing import Any, TypeVar
 import pyarrow.fs as pafs
 
 from mmidx import format as fmt
-from mmidx.errors import option
 from mmidx.format import FormatError
 from mmidx.io.cache_folder import default_folder
-from mmidx.io.files import read_json
 
 RETRIES = 4  # attempts of a transient failure (connection reset, throttling, 5xx) before it is an error
 BACKOFF_S = 0.2  # doubled after each failed attempt
@@ -227,66 +224,10 @@ def delete_folder(uri: str) -> None:
         retrying(uri, lambda name=name: fs.delete_file(f"{path.rstrip('/')}/{name}"))
 
 
-def cached_small_files(prefix: str, cache_dir: str | os.PathLike | None = None,
-                       known: str | None = None) -> tuple[dict[str, Any], dict[str, Path]]:
-    """Metadata of the remote dataset ``prefix`` and local copies of its small files, each checked
-    against the checksum the metadata records (downloaded once into :func:`cache_root`; later opens find them
-    there). ``known``: the ``meta_sha256`` another process of this job opened (a loader worker): its cached
-    files are used without asking storage again."""
-    root = cache_root(cache_dir)
-    folder = root / (known or "?")
-    if known is not None and (folder / "dataset.meta.json").exists():
-        meta = fmt.read_metadata(folder / "dataset.meta.json")  # checks its own checksum
-    else:
-        meta, folder = _fetched_metadata(prefix, root)
-    if not (folder / "uri").exists():  # which dataset it is, for `mmidx cache clear --dataset`
-        (folder / "uri").write_text(prefix)
-    paths = {"meta": folder / "dataset.meta.json"}
-    for role in ("idx", "plan", "shards"):
-        if role not in meta["files"]:
-            continue
-        entry, local = meta["files"][role], folder / f"dataset{fmt.SUFFIXES[role]}"
-        if not local.exists():  # a cached copy was checked before it was renamed into place
-            unverified = local.with_name(f"{local.name}.{os.getpid()}.{threading.get_ident()}.unverified")
-            try:
-                download(file_uri(prefix, role), unverified)
-                algorithm = fmt.file_hash_algorithm(entry)
-                if unverified.stat().st_size != entry["bytes"] or \
-                        fmt.hash_file(unverified, algorithm) != entry[algorithm]:
-                    raise StorageError(f"{file_uri(prefix, role)}: its {algorithm} checksum or size differs from "
-                                       "the metadata: the object was replaced or corrupted; re-upload the dataset")
-                os.replace(unverified, local)
-            finally:
-                unverified.unlink(missing_ok=True)
-        paths[role] = local
-    return meta, paths
-
-
-def _fetched_metadata(prefix: str, root: Path) -> tuple[dict[str, Any], Path]:
-    """The remote dataset's metadata, downloaded and checked, and its folder in the cache ``root``."""
-    meta_uri = file_uri(prefix, "meta")
-    scratch = root / "incoming"
-    scratch.mkdir(parents=True, exist_ok=True)
-    fresh = scratch / f"{os.getpid()}.{threading.get_ident()}.meta.json"
-    try:
-        download(meta_uri, fresh)
-        try:
-            meta = fmt.read_metadata(fresh)
-        except FormatError as error:  # named as the user named it
-            raise StorageError(str(error).replace(str(fresh), meta_uri)) from None
-        folder = root / meta["meta_sha256"]
-        folder.mkdir(parents=True, exist_ok=True)
-        os.replace(fresh, folder / "dataset.meta.json")
-    finally:
-        fresh.unlink(missing_ok=True)
-    return meta, folder
-
-
 # Files in the order a copy writes them: data first, the index and metadata last, so that a copy
 # stopped at any point never leaves a dataset that opens (a reader needs both). A sharded dataset's shards are
 # copied before its table, each as a dataset of its own.
 UPLOAD_ORDER = ("bin", "images", "plan", "shards", "idx", "meta")
-FETCH_ORDER = ("bin", "images", "plan", "shards", "meta", "idx")  # locally a text .idx/.bin pair opens without meta
 
 
 def remote_metadata(prefix: str) -> bytes | None:
@@ -328,33 +269,6 @@ def upload_dataset(local_prefix: str | os.PathLike, prefix: str, *, shards_uploa
         if fmt.file_path(local_prefix, role).exists():
             upload(fmt.file_path(local_prefix, role), file_uri(prefix, role))
     return True
-
-
-def fetch_dataset(prefix: str, folder: str | os.PathLike, *, force: bool = False) -> Path:
-    """Copy the remote dataset ``prefix`` into ``folder`` (named as it is there); the local prefix.
-
-    Each file is written whole or not at all, the metadata and index last; verify the copy
-    (:func:`mmidx.read.checks.verify`) before use. A copy of the same dataset already there is fetched again
-    (repaired); another dataset there is replaced only with ``force``, and loses its index, metadata and report
-    first."""
-    meta, small = cached_small_files(prefix)  # checks the metadata (and the small files) first
-    name = prefix.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
-    local = Path(folder) / name
-    if fmt.holds_dataset(local) and (read_json(fmt.file_path(local, "meta")) or {}).get("meta_sha256") != \
-            meta["meta_sha256"]:
-        if not force:
-            raise StorageError(f"{local} holds another dataset than {redact(prefix)} (its metadata differs); pass "
-                               f"{option('force', True)} to replace it, or fetch into another folder")
-        for path in (fmt.report_path(local), fmt.file_path(local, "idx"), fmt.file_path(local, "meta")):
-            path.unlink(missing_ok=True)  # it stops opening, and loses its report, before any file is replaced
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    if meta.get("layout") == "sharded":  # its shards first, each a dataset, then its table and metadata
-        for number in shard_numbers(small["shards"], meta):
-            fetch_dataset(shard_location(prefix, number), Path(fmt.shard_prefix(local, number)).parent, force=force)
-    for role in FETCH_ORDER:
-        if role in meta["files"] or role == "meta":
-            download(file_uri(prefix, role), fmt.file_path(local, role))
-    return local
 
 
 def hash_object(uri: str, algorithm: str) -> str:

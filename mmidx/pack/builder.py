@@ -76,15 +76,17 @@ class PackBuilder:
     ``packed_text_embedding_indexes``; any other use names a text-input encoding (one record per text,
     keys in :mod:`mmidx.encodings.batch`); streams computed from other inputs are refused.
 
-    ``cache_dir``, ``cache_limit``: where the datasets it opens (unless ``datasets`` are given) cache, as
-    :class:`~mmidx.read.dataset.MMIDXDataset` takes them (a data cache for datasets in object storage).
+    ``cache_dir``, ``cache_limit``, ``cache_offline``: where and how the datasets it opens (unless ``datasets`` are
+    given) cache, as :class:`~mmidx.read.dataset.MMIDXDataset` takes them (a data cache for datasets in object
+    storage, and opening them from it alone).
     """
 
     def __init__(self, config: DataConfig, *, use_flex: bool = True,
                  datasets: Sequence[Sequence[MMIDXDataset]] | None = None,
                  special_tokens: dict[str, int] | None = None, decode_images: str = "loader",
                  stage: Stage = _untimed, encodings: dict[str, str] | None = None,
-                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None):
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
+                 cache_offline: bool | None = None):
         if decode_images not in ("loader", "device"):
             raise ValueError(f"decode_images is 'loader' (exact BAGEL pixels, decoded where the batch is built) or "
                              f"'device' (encoded bytes travel, decoded where the batch moves), not {decode_images!r}")
@@ -93,8 +95,8 @@ class PackBuilder:
         self.decode_images = decode_images
         self.stage = stage
         self.datasets = [list(group) for group in datasets] if datasets is not None else \
-            [[MMIDXDataset(prefix, cache_dir=cache_dir, cache_limit=cache_limit) for prefix in group.datasets]
-             for group in config.groups]
+            [[MMIDXDataset(prefix, cache_dir=cache_dir, cache_limit=cache_limit, cache_offline=cache_offline)
+              for prefix in group.datasets] for group in config.groups]
         self.special_tokens = special_tokens or self._special_tokens_of_datasets()
         images = any(dataset.kind == "multimodal" for group in self.datasets for dataset in group)
         needed = [name for name in SPECIAL_TOKEN_NAMES if images or name not in fmt.IMAGE_SPECIAL_TOKENS]

@@ -7,6 +7,7 @@ every file's checksum and the O(n) structural invariants, vectorised over the in
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,25 +15,35 @@ import numpy as np
 from mmidx import format as fmt
 from mmidx.format import FormatError
 from mmidx.images.decode import ImageError, probe, verify_decodable
-from mmidx.io.storage import file_uri, hash_object, is_remote
+from mmidx.io.cache_folder import cache_settings
+from mmidx.io.remote_file import RemoteFile
+from mmidx.io.small_files import cached_small_files, small_file_copy
+from mmidx.io.storage import cache_root, file_uri, hash_object, is_remote
 from mmidx.read.dataset import MMIDXDataset, dataset_files
 from mmidx.read.encoding_streams import describe, encoding_names, incomplete_encodings, stream_problems
 from mmidx.read.invariants import content_problems, structure_problems
 
 
-def verify(prefix: str | os.PathLike, *, decode: bool = False) -> list[str]:
+def verify(prefix: str | os.PathLike, *, decode: bool = False, copies: list[str] | None = None) -> list[str]:
     """Every problem found in the dataset at ``prefix`` (an empty list means it is sound).
 
     Recomputes every file's checksum, checks the O(n) structure (:func:`structure_problems`) and content
     (:func:`content_problems`) invariants readers and the packer enforce, and probes every stored image's
     header (format, width, height, mode, transparency) against ``image_info``; ``decode`` also decodes
-    every image.
+    every image. Of a remote dataset, the objects in storage and this node's copies of its small files, which its
+    readers map (a copy found damaged is a problem, and downloaded again); offline (``cache_offline``), the
+    copies and the data cache's blocks alone. ``copies``: where to list the local copies hashed.
     """
+    damaged: list[str] = []
     try:
+        if is_remote(prefix):  # the copies as they are, before an open would replace a damaged one
+            settings = cache_settings()
+            cached_small_files(os.fspath(prefix), settings.folder, offline=settings.offline, damaged=damaged)
         dataset = MMIDXDataset(prefix)
     except FormatError as error:
-        return [str(error)]
-    problems = _verify_checksums(dataset) + structure_problems(dataset)
+        return [f"{problem}: fetched again" for problem in damaged] + [str(error)]
+    problems = [f"{problem}: fetched again, and checked" for problem in damaged]
+    problems += _verify_checksums(dataset, [] if copies is None else copies) + structure_problems(dataset)
     if not problems:  # these read with the offsets
         problems += content_problems(dataset)
     if dataset.plan is not None and not problems:
@@ -45,21 +56,49 @@ def verify(prefix: str | os.PathLike, *, decode: bool = False) -> list[str]:
     return problems
 
 
-def _verify_checksums(dataset: MMIDXDataset) -> list[str]:
-    problems = []
+def _verify_checksums(dataset: MMIDXDataset, copies: list[str]) -> list[str]:
+    """The files whose checksum differs from the metadata's: local files; of a remote dataset, its objects in
+    storage (offline: the data files read through the node's cache) and this node's copies of its small files,
+    each listed in ``copies``."""
+    problems, remote, offline = [], is_remote(dataset.prefix), dataset.cache.offline
+    folder = cache_root(dataset.cache.folder) / dataset.checksum if remote else None
     for role, entry in (dataset.metadata or {}).get("files", {}).items():
-        remote = is_remote(dataset.prefix)
-        path = file_uri(dataset.prefix, role) if remote else fmt.file_path(dataset.prefix, role)
-        try:
-            algorithm = fmt.file_hash_algorithm(entry)
-            digest = hash_object(path, algorithm) if remote else fmt.hash_file(path, algorithm)
-        except OSError as error:
-            problems.append(f"{path}: cannot be read ({error.strerror})")
-            continue
-        if digest != entry[algorithm]:
-            problems.append(f"{path}: {algorithm} checksum differs from the metadata: "
-                            "the file was modified or corrupted")
+        sources: list[tuple[str, Callable[[str], str]]] = []  # (the name said, its checksum by algorithm)
+        if not remote:
+            path = fmt.file_path(dataset.prefix, role)
+            sources.append((str(path), lambda algorithm, path=path: fmt.hash_file(path, algorithm)))
+        elif role in dataset.remote_files and offline:
+            file = dataset.remote_files[role]
+            sources.append((f"{file.uri} (its blocks in this node's cache)",
+                            lambda algorithm, file=file: _hash_read(file, algorithm)))
+        else:
+            if not offline:
+                uri = file_uri(dataset.prefix, role)
+                sources.append((uri, lambda algorithm, uri=uri: hash_object(uri, algorithm)))
+            if role not in dataset.remote_files and folder is not None:
+                copy = small_file_copy(folder, role)
+                copies.append(str(copy))
+                sources.append((f"{copy} (this node's copy)",
+                                lambda algorithm, copy=copy: fmt.hash_file(copy, algorithm)))
+        algorithm = fmt.file_hash_algorithm(entry)
+        for where, digest in sources:
+            try:
+                found = digest(algorithm)
+            except OSError as error:
+                problems.append(f"{where}: cannot be read ({error.strerror})")
+                continue
+            if found != entry[algorithm]:
+                problems.append(f"{where}: {algorithm} checksum differs from the metadata: "
+                                "the file was modified or corrupted")
     return problems
+
+
+def _hash_read(file: RemoteFile, algorithm: str) -> str:
+    """The checksum of a remote data file read through the node's cache, by windows."""
+    state = fmt.FILE_HASHES[algorithm]()
+    for start in range(0, len(file), VERIFY_WINDOW):
+        state.update(file[start:min(len(file), start + VERIFY_WINDOW)])
+    return state.hexdigest()
 
 
 def _verify_images(dataset: MMIDXDataset, decode: bool) -> list[str]:

@@ -117,9 +117,9 @@ class MMIDXDataset:
 
     ``prefix`` names the files (``prefix.idx``, ``prefix.bin``, ...). A Megatron ``.idx``/``.bin``
     pair without mmidx metadata opens as a text dataset whose samples are Megatron's documents.
-    A dataset in object storage caches its small files in ``cache_dir`` and, given ``cache_limit`` (bytes, or
-    ``"500G"``), its data in blocks there too, shared by the node's processes (:mod:`mmidx.io.block_cache`);
-    ``$MMIDX_CACHE_DIR`` and ``$MMIDX_CACHE_LIMIT`` stand for them (:func:`~mmidx.io.cache_folder.cache_settings`).
+    In object storage its small files are cached in ``cache_dir`` and, with ``cache_limit`` (``"500G"``), its data
+    blocks too, shared by the node's processes (:mod:`mmidx.io.block_cache`); ``cache_offline=True`` opens it from
+    them alone; ``$MMIDX_CACHE_DIR``, ``_LIMIT``, ``_OFFLINE`` stand for them (:mod:`mmidx.io.cache_folder`).
 
     A sharded dataset (:mod:`mmidx.format`, version 2: the result of a build of many units) opens the same way and
     reads the same samples as its merge would: ``ds[i]`` is a :class:`Sample` of the shard holding sample ``i``
@@ -129,8 +129,8 @@ class MMIDXDataset:
     """
 
     def __init__(self, prefix: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
-                 cache_limit: int | str | None = None):
-        self.prefix, self.cache = os.fspath(prefix), cache_settings(cache_dir, cache_limit)
+                 cache_limit: int | str | None = None, cache_offline: bool | None = None):
+        self.prefix, self.cache = os.fspath(prefix), cache_settings(cache_dir, cache_limit, cache_offline)
         self._known: str | None = None
         self._mapped: _Mapped | None = _open(self.prefix, self.cache)
         MAPPED.used(self)

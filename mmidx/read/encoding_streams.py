@@ -28,7 +28,8 @@ from mmidx.format import FormatError
 from mmidx.images.transform import ImageTransform
 from mmidx.io.block_cache import FileKey
 from mmidx.io.cache_folder import CacheSettings
-from mmidx.io.remote_file import RemoteFile
+from mmidx.io.remote_file import RemoteFile, require_cached
+from mmidx.io.small_files import checked_copy, last_opened
 from mmidx.io.storage import (
     StorageError,
     cache_root,
@@ -147,44 +148,41 @@ def _map(path: Path, expected: int, where: str | None = None) -> mmap.mmap | byt
 
 def _fetched_table(prefix: str, name: str,
                    settings: CacheSettings | None = None) -> tuple[dict[str, Any], Path, RemoteFile]:
-    """A remote stream's checked metadata, its ``.idx`` downloaded once into the cache (checked against the
-    metadata's checksum) and its ``.bin`` as a byte source (through the data cache of ``settings``)."""
+    """A remote stream's checked metadata (downloaded and kept in the cache; offline, the copy last downloaded), its
+    ``.idx`` in the cache, checked at every open (:func:`~mmidx.io.small_files.checked_copy`), and its ``.bin`` as a
+    byte source (through the data cache of ``settings``)."""
     json_uri, idx_uri, bin_uri = (stream_location(prefix, name, role) for role in ("json", "idx", "bin"))
-    root = cache_root(None if settings is None else settings.folder)
-    incoming = root / "incoming"
-    incoming.mkdir(parents=True, exist_ok=True)
-    fresh = incoming / f"{os.getpid()}.{name}.enc.json"
-    try:
+    root, offline = cache_root(None if settings is None else settings.folder), settings is not None and settings.offline
+    if offline:
+        meta = read_json(last_opened(json_uri, root, "encoding.json") / "encoding.json")
+    else:
+        (root / "incoming").mkdir(parents=True, exist_ok=True)
+        fresh = root / "incoming" / f"{os.getpid()}.{name}.enc.json"
         try:
-            download(json_uri, fresh)
-        except StorageError as error:
-            if "no such object" not in str(error):
-                raise
-            raise FormatError(f"{json_uri}: missing: no precached encoding {name!r} for {prefix} "
-                              f"(run `mmidx precache {prefix} --name {name} ...`)") from None
-        meta = read_json(fresh, json_uri)
-    finally:
-        fresh.unlink(missing_ok=True)
-    folder = root / meta["meta_sha256"]
-    folder.mkdir(parents=True, exist_ok=True)
-    table, entry = folder / "encoding.idx", meta["files"]["idx"]
-    if not table.exists():
-        unverified = folder / f"encoding.idx.{os.getpid()}.unverified"
-        try:
-            download(idx_uri, unverified)
-            algorithm = next((a for a in fmt.FILE_HASHES if a in entry), fmt.FILE_HASH)
-            if unverified.stat().st_size != entry["bytes"] or fmt.hash_file(unverified, algorithm) != entry.get(
-                    algorithm):
-                raise StorageError(f"{idx_uri}: its checksum or size differs from {name}.json: replaced or "
-                                   "corrupted; precache it again")
-            os.replace(unverified, table)
+            try:
+                download(json_uri, fresh)
+            except StorageError as error:
+                if "no such object" not in str(error):
+                    raise
+                raise FormatError(f"{json_uri}: missing: no precached encoding {name!r} for {prefix} "
+                                  f"(run `mmidx precache {prefix} --name {name} ...`)") from None
+            meta = read_json(fresh, json_uri)
+            (root / meta["meta_sha256"]).mkdir(exist_ok=True)
+            os.replace(fresh, root / meta["meta_sha256"] / "encoding.json")  # what an offline open reads
+            if not (root / meta["meta_sha256"] / "uri").exists():
+                (root / meta["meta_sha256"] / "uri").write_text(json_uri)
         finally:
-            unverified.unlink(missing_ok=True)
-    size, expected = object_size(bin_uri), meta["files"]["bin"]["bytes"]
-    if size != expected:
-        raise StorageError(f"{bin_uri}: {size} bytes, its metadata records {expected}: the upload did not finish "
-                           "or the object was replaced; precache it again")
-    return meta, table, RemoteFile(bin_uri, size, FileKey(meta["meta_sha256"], "bin", bin_uri, prefix, size), settings)
+            fresh.unlink(missing_ok=True)
+    table = root / meta["meta_sha256"] / "encoding.idx"
+    checked_copy(idx_uri, meta["files"]["idx"], table, offline, remedy="precache it again")
+    size = meta["files"]["bin"]["bytes"] if offline else object_size(bin_uri)
+    if size != meta["files"]["bin"]["bytes"]:
+        raise StorageError(f"{bin_uri}: {size} bytes, its metadata records {meta['files']['bin']['bytes']}: the upload "
+                           "did not finish or the object was replaced; precache it again")
+    values = RemoteFile(bin_uri, size, FileKey(meta["meta_sha256"], "bin", bin_uri, prefix, size), settings)
+    if offline:
+        require_cached(values)
+    return meta, table, values
 
 
 def upload_stream(local: str | os.PathLike, prefix: str, name: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from mmidx.io.block_cache import HEADROOM, NEVER, keep_nearest
+from mmidx.io.block_store import HEADROOM, NEVER, keep_nearest
 from mmidx.io.cache_folder import block_bytes, entry_bytes
 
 Key = tuple[str, str]  # a file as the cache names it: (sha, role)
@@ -135,7 +135,7 @@ class NextUse:
 def simulate(uses: dict[Key, np.ndarray], sizes: dict[Key, int], block_size: int, limit: int,
              policy: str) -> dict[str, float]:
     """Replay every use, step by step, through a cache of ``limit`` bytes: ``policy`` "next-use" (the cache's
-    own eviction, :func:`~mmidx.io.block_cache.keep_nearest` on :func:`next_reads`) or "lru" (the textbook
+    own eviction, :func:`~mmidx.io.block_store.keep_nearest` on :func:`next_reads`) or "lru" (the textbook
     least recently used). Entries count as the cache counts them; the hit rate is in bytes read; ``gets`` counts
     a request per run of neighbouring blocks a step misses (what the cache fetches in one)."""
     keys = sorted(uses)
