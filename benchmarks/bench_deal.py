@@ -108,7 +108,7 @@ def indexed_costs(index: PackIndex, datasets: list[list[MMIDXDataset]]) -> np.nd
     samples = np.asarray(index.arrays["samples"], dtype=np.int64)
     views = np.asarray(index.arrays["views"], dtype=np.int64) if "views" in index.arrays else np.zeros_like(samples)
     return pack_costs(np.asarray(index.arrays["pack_offsets"], dtype=np.int64),
-                      table.view_tokens[table.view_offsets[samples] + views])
+                      table.tokens_of(samples, views))
 
 
 def balance_of(actual: np.ndarray, dealt_by: np.ndarray, g: int, world: int) -> float:

@@ -33,6 +33,11 @@ ctypedef fused group_t:
     int32_t
 
 
+ctypedef fused count_t:  # a view table's token counts: int32 (what the pack index builds), or int64
+    int32_t
+    int64_t
+
+
 cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
     """splitmix64: a bijective 64-bit mixer with full avalanche."""
     x += 0x9E3779B97F4A7C15ULL
@@ -118,34 +123,43 @@ def stream_samples(const group_t[::1] group_ids not None, const int64_t[::1] tak
 
 def item_views(const int32_t[::1] group_ids not None, const int64_t[::1] sample_ids not None,
                const int64_t[::1] epochs not None, const int64_t[::1] group_base not None,
-               const int64_t[::1] view_offsets not None, const int64_t[::1] view_tokens not None, int64_t key_stride,
+               const int64_t[::1] view_offsets not None, const count_t[::1] view_tokens not None, int64_t key_stride,
                int32_t[::1] views not None, int64_t[::1] counts not None, int64_t[::1] keys not None):
     """View ``epoch mod K`` of every item's sample and its token count; ``keys`` (when not empty)
     gets ``(group_base[group] + sample) * key_stride + view``. Samples are numbered across all
-    groups from ``group_base``; the views of sample s are ``view_offsets[s]:view_offsets[s + 1]``.
-    The caller checks every id against the tables.
+    groups from ``group_base``; the views of sample s are ``view_offsets[s]:view_offsets[s + 1]``, or, with
+    ``view_offsets`` empty, view s alone (every sample has one view). The caller checks every id against the
+    tables.
 
     The two table reads of an item are random over tables larger than the caches, so they run
     as passes over the chunk, each prefetching ``LOOKAHEAD`` items ahead.
     """
     cdef int64_t n = group_ids.shape[0], i, sample, first, view
     cdef bint keyed = keys.shape[0] > 0
+    cdef bint one_view = view_offsets.shape[0] == 0
     cdef int64_t* numbers = <int64_t*> malloc(max(n, 1) * sizeof(int64_t))
     if numbers == NULL:
         raise MemoryError()
     with nogil:
         for i in range(n):
             numbers[i] = group_base[group_ids[i]] + sample_ids[i]
-        for i in range(n):
-            if i + LOOKAHEAD < n:
-                __builtin_prefetch(&view_offsets[numbers[i + LOOKAHEAD]], 0, 0)
-            sample = numbers[i]
-            first = view_offsets[sample]
-            view = epochs[i] % (view_offsets[sample + 1] - first)
-            views[i] = <int32_t> view
-            counts[i] = first + view  # the view's place in view_tokens, read in the next pass
-            if keyed:
-                keys[i] = sample * key_stride + view
+        if one_view:
+            for i in range(n):
+                views[i] = 0
+                counts[i] = numbers[i]
+                if keyed:
+                    keys[i] = numbers[i] * key_stride
+        else:
+            for i in range(n):
+                if i + LOOKAHEAD < n:
+                    __builtin_prefetch(&view_offsets[numbers[i + LOOKAHEAD]], 0, 0)
+                sample = numbers[i]
+                first = view_offsets[sample]
+                view = epochs[i] % (view_offsets[sample + 1] - first)
+                views[i] = <int32_t> view
+                counts[i] = first + view  # the view's place in view_tokens, read in the next pass
+                if keyed:
+                    keys[i] = sample * key_stride + view
         for i in range(n):
             if i + LOOKAHEAD < n:
                 __builtin_prefetch(&view_tokens[counts[i + LOOKAHEAD]], 0, 0)

@@ -195,10 +195,14 @@ def test_the_gpu_time_report_builds_both_policies_on_the_same_stream_and_refuses
     assert costed == [geometry, geometry]
     assert list(report) == ["bagel", "tight"]
     assert [report[policy]["fill_vs_max"] for policy in report] == [0.5, 0.75]
-    assert [variant.packing.policy for variant, *_ in built] == ["bagel", "tight"]
+    assert [variant.packing.policy for variant, *_ in built] == ["tight", "bagel"]  # the config's own first
     for variant, num_samples, cache_dir, progress in built:  # only the policy differs from the config
         assert replace(variant, packing=replace(variant.packing, policy="tight")) == config
         assert (num_samples, cache_dir, progress) == (300, tmp_path, False)
+    built.clear()  # the config's own index, given, is priced and not built again
+    given = gpu_time.gpu_time_report(config, 2, 4, num_samples=300, cache_dir=tmp_path, geometry=geometry,
+                                     index=StubIndex(0.75))
+    assert given == report and [variant.packing.policy for variant, *_ in built] == ["bagel"]
     assert gpu_time.gpu_time_report(config, 1, 1)["tight"]["step_balance"] == 1.0  # the smallest run: one rank
     for world_size, global_batch_size in ((0, 4), (2, 0), (2, 3), (-1, -2)):
         with pytest.raises(ValueError, match=re.escape(f"the global batch size ({global_batch_size}) must be a "

@@ -57,3 +57,12 @@ def test_a_group_of_two_thousand_datasets_indexes_and_trains_under_128_descripto
     packs, items, filled = run(TRAIN, os.fspath(config))
     assert int(packs) > 0 and int(items) > 0 and filled == "True"
 
+
+
+def test_a_sharded_dataset_of_two_thousand_shards_indexes_and_trains_under_128_descriptors(tmp_path):
+    prefix = os.fspath(write_synthetic(tmp_path / "ds", 6000, shards=2000, tokenizer=load_tokenizer(tokenizer_dir())))
+    config = tmp_path / "data.yaml"
+    config.write_text(yaml.safe_dump({"groups": {"t2i": {"datasets": [prefix], "image_transform_args": TRANSFORM}},
+                                      "packing": PACKING}))
+    packs, items, filled = run(TRAIN, os.fspath(config))
+    assert int(packs) > 0 and int(items) > 0 and filled == "True"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from support.helpers import RawSample, build, png_bytes
 
+import mmidx.read.invariants
 from mmidx import format as fmt
 from mmidx.format import FormatError
 from mmidx.read.dataset import MMIDXDataset
@@ -68,8 +69,10 @@ def _verdicts(prefix, role: str, positions: range) -> dict[str, int]:
     return {key: count for key, count in found.items() if count}
 
 
-@pytest.mark.parametrize("role", ["idx", "plan"])
-def test_the_one_pass_check_agrees_with_the_vectorised_checks_on_every_damaged_byte(tmp_path, role):
+@pytest.mark.parametrize(("role", "chunk"), [("idx", 1 << 20), ("plan", 1 << 20), ("plan", 2)])
+def test_the_one_pass_check_agrees_with_the_vectorised_checks_on_every_damaged_byte(tmp_path, monkeypatch, role, chunk):
+    """(Also with the numpy part of the one-pass check taking two views at a time: it must agree across chunks.)"""
+    monkeypatch.setattr(mmidx.read.invariants, "_CHUNK", chunk)
     prefix = tmp_path / "ds"
     build(prefix, _samples(9))
     assert structure_sound(MMIDXDataset(prefix)) and vectorised_problems(MMIDXDataset(prefix)) == []

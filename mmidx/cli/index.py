@@ -48,7 +48,7 @@ def cmd_index(args: argparse.Namespace) -> int:
                                      seed=1234 if args.seed is None else args.seed, cache_dir=args.cache_dir)
             line = f"{prefix}: {len(samples):,} GPT samples of {args.seq_length} tokens ({where})"
             if args.num_samples is not None and len(samples) != args.num_samples:
-                epochs = len(samples.document_index) // max(len(samples.dataset.tokens.sequence_lengths), 1)
+                epochs = len(samples.document_index) // max(samples.sequences.count, 1)
                 line += (f"; {args.num_samples:,} asked for: as Megatron's GPTDataset, the index covers whole "
                          f"epochs of the documents ({epochs} here), whose samples are all kept")
             print(line)
@@ -66,7 +66,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         report = mixture_report(index)
         print(json.dumps(report, indent=1) if args.json else _mixture_text(report))
         return 0
-    gpu = _gpu_time(args, config)
+    gpu = _gpu_time(args, config, index)
     if args.json:
         print(json.dumps({**index.stats, **({"gpu_time": gpu} if gpu else {})}, indent=1))
         return 0
@@ -107,8 +107,9 @@ def _mixture_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _gpu_time(args: argparse.Namespace, config: Any) -> dict[str, Any] | None:
-    """The GPU-time report of both packing policies, with --world-size and --global-batch-size."""
+def _gpu_time(args: argparse.Namespace, config: Any, index: Any) -> dict[str, Any] | None:
+    """The GPU-time report of both packing policies, with --world-size and --global-batch-size (``index``: the
+    config's, built already)."""
     if args.world_size is None and args.global_batch_size is None:
         return None
     if args.world_size is None or args.global_batch_size is None:
@@ -116,7 +117,7 @@ def _gpu_time(args: argparse.Namespace, config: Any) -> dict[str, Any] | None:
     from mmidx.index.gpu_time import gpu_time_report
 
     return gpu_time_report(config, args.world_size, args.global_batch_size, num_samples=args.num_samples,
-                           cache_dir=args.cache_dir)
+                           cache_dir=args.cache_dir, index=index)
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -31,8 +31,13 @@ def cmd_precache(args: argparse.Namespace) -> int:
                      engine=args.engine, ray_address=args.ray_address, force=args.force)
     for meta in metas:
         print(f"{meta['name']}: {meta['counts']['records']} {meta['modality']} encodings ({meta['store']}, "
-              f"{meta['dtype']}) of dataset {meta['dataset']['checksum'][:12]}")
+              f"{meta['dtype']}) of dataset {meta['dataset']['checksum'][:12]}{_shards(meta)}")
     return 0
+
+
+def _shards(meta: dict) -> str:
+    """How a sharded dataset's encoding is stored: a stream beside each of its shards."""
+    return f" (a stream beside each of its {meta['shards']:,} shards)" if "shards" in meta else ""
 
 
 def register(commands: Commands) -> None:

@@ -80,10 +80,11 @@ def mismatch(meta: dict[str, Any], group: GroupConfig, use: str) -> str | None:
 
 
 def checked_streams(config: DataConfig, datasets: list[list[Any]], names: list[dict[str, str]]) -> None:
-    """Open every stream the config uses and refuse, naming the difference, any computed from other inputs."""
+    """Open every stream the config uses and refuse, naming the difference, any computed from other inputs (a
+    sharded dataset's streams are its shards', each beside its shard: a pack reads a sample's from its shard)."""
     for group, group_datasets, uses in zip(config.groups, datasets, names, strict=True):
         for use, name in uses.items():
-            for dataset in group_datasets:
+            for dataset in (part.dataset for whole in group_datasets for part in whole.parts):
                 stream = open_stream(dataset, name)  # refuses another version of the dataset
                 problem = mismatch(stream.meta, group, use)
                 if problem:

@@ -178,16 +178,20 @@ def precache_pass(prefix: str, jobs: list[Job], transforms: dict[str, ImageTrans
                   run: RunOptions) -> list[dict[str, Any]]:
     """Compute (or finish) every job's stream for the dataset at ``prefix`` (a path or a URI), the jobs that
     read the same input in one pass; ``transforms`` gives the "vae" and "vit" transforms; returns each
-    stream's metadata, in the order of ``jobs``."""
+    stream's metadata, in the order of ``jobs``. A sharded dataset's streams are written beside each of its shards,
+    a shard at a time; what is returned of each is then the summary of its shards' streams."""
     names = [job.name for job in jobs]
     if len(set(names)) != len(names):
         raise ValueError(f"encoding keys {sorted(n for n in set(names) if names.count(n) > 1)} appear twice: "
                          "each stream needs its own key")
+    dataset = MMIDXDataset(prefix)
+    if dataset.is_sharded:  # each shard's streams beside it: a pack reads a sample's encodings from its shard
+        shards = [precache_pass(part.dataset.prefix, jobs, transforms, run) for part in dataset.parts]
+        return [_sharded_summary(dataset, [metas[number] for metas in shards]) for number in range(len(jobs))]
     remote = is_remote(prefix)
     local = str(scratch_prefix(prefix)) if remote else prefix
     if remote:
         Path(local).parent.mkdir(parents=True, exist_ok=True)
-    dataset = MMIDXDataset(prefix)
     metas: dict[str, dict[str, Any]] = {}
     passes: dict[tuple[Any, ...], list[int]] = {}
     for number, job in enumerate(jobs):
@@ -202,6 +206,15 @@ def precache_pass(prefix: str, jobs: list[Job], transforms: dict[str, ImageTrans
         for job in jobs:
             upload_stream(local, prefix, job.name)
     return [metas[name] for name in names]
+
+
+def _sharded_summary(dataset: MMIDXDataset, metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a precache of a sharded dataset reports of one encoding: its shards' streams (each has its own
+    metadata beside its shard) in all: the records they hold, over ``shards`` streams."""
+    first = metas[0]
+    return {"name": first["name"], "modality": first["modality"], "store": first["store"], "dtype": first["dtype"],
+            "counts": {"records": sum(meta["counts"]["records"] for meta in metas)},
+            "dataset": {"checksum": dataset.checksum, "samples": len(dataset)}, "shards": len(metas)}
 
 
 def _one_pass(dataset: MMIDXDataset, local: str, jobs: list[Job], transform: ImageTransform | None,

@@ -68,13 +68,22 @@ class ArraySink:
             self._files[name].write(chunk.data)
 
     def finish(self) -> Arrays | None:
-        """Close the files (return None), or return the in-memory arrays."""
+        """Close the files (return None), or return the in-memory arrays (each chunk let go of as it is copied into
+        its array, so that the arrays are held once, not twice)."""
         for stream in self._files.values():
             stream.close()
         if self.folder is not None:
             return None
-        return {name: np.concatenate(chunks) if chunks else np.empty(self.shapes[name], self.dtypes[name])
-                for name, chunks in self._chunks.items()}
+        arrays = {}
+        for name, chunks in self._chunks.items():
+            array, filled = np.empty(self.shapes[name], self.dtypes[name]), 0
+            chunks.reverse()
+            while chunks:
+                chunk = chunks.pop()
+                array[filled:filled + len(chunk)] = chunk
+                filled += len(chunk)
+            arrays[name] = array
+        return arrays
 
     def layout(self) -> dict[str, dict[str, Any]]:
         return {name: {"dtype": self.dtypes[name].str, "shape": self.shapes[name]} for name in self.dtypes}

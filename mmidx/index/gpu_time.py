@@ -31,15 +31,20 @@ def packing_efficiency(index: PackIndex, world_size: int, global_batch_size: int
 
 
 def gpu_time_report(config: DataConfig, world_size: int, global_batch_size: int, *, num_samples: int | None = None,
-                    cache_dir: str | os.PathLike | None = None,
-                    geometry: LLMGeometry | None = None) -> dict[str, dict[str, float]]:
-    """{policy: packing_efficiency} for ``config``'s policy and the other one, on the same stream."""
+                    cache_dir: str | os.PathLike | None = None, geometry: LLMGeometry | None = None,
+                    index: PackIndex | None = None) -> dict[str, dict[str, float]]:
+    """{policy: packing_efficiency} for ``config``'s policy and the other one, on the same stream. ``index``: the
+    index of ``config`` (and ``num_samples``) built already, priced rather than built again; the other policy's is
+    built after it is priced, so no more than two indices are held at once."""
     if world_size < 1 or global_batch_size < 1 or global_batch_size % world_size:
         raise ValueError(f"the global batch size ({global_batch_size}) must be a positive multiple of the world "
                          f"size ({world_size})")
     report: dict[str, Any] = {}
-    for policy in ("bagel", "tight"):
-        variant = dataclasses.replace(config, packing=dataclasses.replace(config.packing, policy=policy))
-        index = build_pack_index(variant, num_samples=num_samples, cache_dir=cache_dir, progress=False)
+    policies = ("bagel", "tight")
+    for policy in sorted(policies, key=lambda name: name != config.packing.policy):  # the config's own first
+        if index is None or policy != config.packing.policy:
+            variant = dataclasses.replace(config, packing=dataclasses.replace(config.packing, policy=policy))
+            index = None  # let go of the last index before the next is built
+            index = build_pack_index(variant, num_samples=num_samples, cache_dir=cache_dir, progress=False)
         report[policy] = packing_efficiency(index, world_size, global_batch_size, geometry)
-    return report
+    return {policy: report[policy] for policy in policies}

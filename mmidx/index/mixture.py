@@ -69,7 +69,7 @@ def _packed_tokens(index: PackIndex, group_of: np.ndarray, names: list[str]) -> 
     table = view_table(index.config, datasets, index.selections)
     samples = np.asarray(index.arrays["samples"], dtype=np.int64)
     views = np.asarray(index.arrays["views"], dtype=np.int64) if "views" in index.arrays else 0
-    tokens = table.view_tokens[table.view_offsets[samples] + views]
+    tokens = table.tokens_of(samples, views)
     totals = np.bincount(group_of, weights=tokens, minlength=len(names)).astype(np.int64)
     return dict(zip(names, totals.tolist(), strict=True))
 

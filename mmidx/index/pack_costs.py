@@ -25,11 +25,13 @@ from mmidx.index.cost import LLMGeometry, pack_costs
 from mmidx.index.dropout import cfg_dropped, sample_uniforms
 from mmidx.index.sizes import element_token_counts
 from mmidx.read.dataset import MMIDXDataset
+from mmidx.read.shards import part_starts
 
 if TYPE_CHECKING:
     from mmidx.index.pack_index import PackIndex
 
 CHUNK_PACKS = 4096  # packs priced at once: bounds the per-element arrays of a long range
+CHUNK_ITEMS = 1 << 16  # ... and their samples (a few hundred bytes of temporaries each)
 
 
 class PackCosts:
@@ -54,7 +56,7 @@ class PackCosts:
         if [len(group) for group in self.datasets] != shape:
             raise ValueError(f"the pack index's groups hold {shape} datasets, the config's or the datasets given "
                              f"{[len(group) for group in self.datasets]}: price an index with its own config")
-        self._checked: set[tuple[int, int]] = set()
+        self._checked: dict[tuple[int, int], np.ndarray] = {}  # per dataset checked: where each of its parts starts
 
     def __len__(self) -> int:
         return len(self.index)
@@ -65,8 +67,12 @@ class PackCosts:
         first, end, step = packs.indices(len(self))
         if step != 1:
             raise ValueError("PackCosts are read by contiguous ranges of packs (a step of 1)")
-        parts = [pack_costs(*self.sample_tokens(start, min(end, start + CHUNK_PACKS)), self.geometry)
-                 for start in range(first, end, CHUNK_PACKS)]
+        offsets, parts, start = self.index.arrays["pack_offsets"], [], first
+        while start < end:  # at most CHUNK_PACKS packs and (but for one pack) CHUNK_ITEMS samples at once
+            stop = min(end, start + CHUNK_PACKS,
+                       max(start + 1, int(np.searchsorted(offsets, int(offsets[start]) + CHUNK_ITEMS, "right")) - 1))
+            parts.append(pack_costs(*self.sample_tokens(start, stop), self.geometry))
+            start = stop
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def sample_tokens(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,17 +96,21 @@ class PackCosts:
         packs = np.repeat(np.arange(first, end, dtype=np.int64), np.diff(bounds))
         positions = np.arange(start, stop, dtype=np.int64) - np.repeat(bounds[:-1], np.diff(bounds))
         owner = np.searchsorted(starts, numbers, side="right") - 1  # the dataset (config order) of each item
-        order = np.argsort(owner, kind="stable")  # the items dataset by dataset
         flat = [(g, d) for g, group in enumerate(index.config.groups) for d in range(len(group.datasets))]
-        parts = []  # per dataset: its items' elements (tokens, kind, flags, place in the view), elements per item
-        for number in np.unique(owner).tolist():
+        samples, part = numbers - starts[owner], np.zeros(len(numbers), dtype=np.int64)
+        for number in np.unique(owner).tolist():  # each item's sample in its dataset, and the part holding it
             g, d = flat[number]
-            mine = order[owner[order] == number]
-            samples = numbers[mine] - starts[number]
+            mine = owner == number
             selection = None if index.selections is None else index.selections[g][d]
             if selection is not None:
-                samples = np.asarray(selection, dtype=np.int64)[samples]
-            parts.append(self._elements(g, d, samples, views[mine]))
+                samples[mine] = np.asarray(selection, dtype=np.int64)[samples[mine]]
+            part[mine] = self._part_of(g, d, samples[mine])
+        order = np.lexsort((part, owner))  # the items dataset by dataset, part by part, in order within each
+        runs = np.flatnonzero(np.diff(owner[order]) | np.diff(part[order])) + 1
+        parts = []  # per part of a dataset: its items' elements (tokens, kind, flags, place in the view), per item
+        for mine in np.split(order, runs) if len(order) else []:
+            g, d = flat[int(owner[mine[0]])]
+            parts.append(self._elements(g, d, int(part[mine[0]]), samples[mine], views[mine]))
         counts, kinds, flags, places, sizes = (np.concatenate([part[field] for part in parts]) if parts
                                                else np.zeros(0, np.int64) for field in range(5))
         droppable = np.flatnonzero(flags & fmt.FLAG_ENABLE_CFG)  # one draw for the whole range
@@ -111,28 +121,35 @@ class PackCosts:
         tokens[order] = _sums(counts, sizes)
         return bounds - start, tokens
 
-    def _elements(self, g: int, d: int, samples: np.ndarray,
-                  views: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The elements of views ``views`` of dataset d of group g's ``samples``: (their packed tokens, kinds,
-        flags, places in their views), and how many each sample's view holds."""
-        dataset, group = self.datasets[g][d], self.config.groups[g]
+    def _part_of(self, g: int, d: int, samples: np.ndarray) -> np.ndarray:
+        """The part (shard) of dataset d of group g holding each of its ``samples``, checked to be its samples."""
+        dataset = self.datasets[g][d]
         if (g, d) not in self._checked:
-            dataset.check_structure()  # the index arrays below are read unchecked
-            self._checked.add((g, d))
-        plan = dataset.plan
+            dataset.check_structure()  # the index arrays read below are read unchecked
+            self._checked[g, d] = part_starts(dataset)
         if len(samples) and samples.max() >= len(dataset):
             raise fmt.FormatError(f"{self.index.path}: the pack index names sample {int(samples.max())} of "
                                   f"{dataset.prefix}, which holds {len(dataset)}")
+        return np.searchsorted(self._checked[g, d], samples, side="right") - 1
+
+    def _elements(self, g: int, d: int, part: int, samples: np.ndarray,
+                  views: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The elements of views ``views`` of dataset d of group g's ``samples`` (all in its part ``part``): (their
+        packed tokens, kinds, flags, places in their views), and how many each sample's view holds."""
+        whole, group = self.datasets[g][d], self.config.groups[g]
+        samples = samples - self._checked[g, d][part]
+        dataset = whole.parts[part].dataset
+        plan = dataset.plan
         if plan is None:  # a text dataset: one view of loss-bearing texts, none of them droppable
             if views.any():
-                raise fmt.FormatError(f"{self.index.path}: a view other than 0 of text dataset {dataset.prefix}")
+                raise fmt.FormatError(f"{self.index.path}: a view other than 0 of text dataset {whole.prefix}")
             documents = dataset.tokens.document_indices
             elements, sizes = _ranges(documents[samples], documents[samples + 1])
             none = np.zeros(len(elements), dtype=np.int64)
             return dataset.tokens.sequence_lengths[elements].astype(np.int64) + 2, none, none, none, sizes
         view_offsets = plan["sample_view_offsets"]
         if np.any(views >= view_offsets[samples + 1] - view_offsets[samples]):
-            raise fmt.FormatError(f"{self.index.path}: the pack index names views of {dataset.prefix} its samples "
+            raise fmt.FormatError(f"{self.index.path}: the pack index names views of {whole.prefix} its samples "
                                   "do not hold")
         numbers = view_offsets[samples].astype(np.int64) + views
         offsets = plan["view_element_offsets"]

@@ -82,6 +82,7 @@ class PackStream:
         self.group_sizes = np.diff(table.group_base)
         self.group_keys = _group_keys(seed, table.num_groups)
         self.key_stride = table.max_views
+        self._offsets = table.kernel_offsets
         self.mandatory = np.asarray(mandatory, dtype=bool)
         _check_budgets(max_num_tokens, expected_num_tokens, max_num_tokens_per_sample, prefer_buffer_before,
                        max_buffer_size)
@@ -105,7 +106,7 @@ class PackStream:
         _stream.stream_samples(groups, ranks, self.group_sizes, self.group_keys, samples, epochs)
         views, counts, keys = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64)
         t = self.table
-        _stream.item_views(groups, samples, epochs, t.group_base, t.view_offsets, t.view_tokens, self.key_stride,
+        _stream.item_views(groups, samples, epochs, t.group_base, self._offsets, t.view_tokens, self.key_stride,
                            views, counts, keys)
         return groups, counts, keys
 

@@ -70,7 +70,7 @@ def stream_views(
         raise ValueError("epochs must be non-negative")
     views = np.empty(len(group_ids), dtype=np.int32)
     counts = np.empty(len(group_ids), dtype=np.int64)
-    _stream.item_views(group_ids, sample_ids, epochs, table.group_base, table.view_offsets, table.view_tokens, 1,
+    _stream.item_views(group_ids, sample_ids, epochs, table.group_base, table.kernel_offsets, table.view_tokens, 1,
                        views, counts, np.empty(0, np.int64))
     return views, counts
 
@@ -79,26 +79,44 @@ def stream_views(
 class ViewTable:
     """Every group's per-sample view sizes, laid end to end: samples are numbered across groups
     (group g's sample s is ``group_base[g] + s``), and the views of sample i are
-    ``view_tokens[view_offsets[i]:view_offsets[i + 1]]``."""
+    ``view_tokens[offsets[i]:offsets[i + 1]]``; with ``offsets`` None every sample has one view, view i of
+    ``view_tokens`` (the pack index's table then costs 4 bytes a sample: int32 counts and no offsets).
+    ``max_views``: the most views a sample has."""
 
     group_base: np.ndarray
-    view_offsets: np.ndarray
     view_tokens: np.ndarray
+    offsets: np.ndarray | None = None
+    max_views: int = 1
 
     @property
     def num_groups(self) -> int:
         return len(self.group_base) - 1
 
     @property
-    def max_views(self) -> int:
-        return int(np.diff(self.view_offsets).max())
+    def view_offsets(self) -> np.ndarray:
+        """Where each sample's views start in ``view_tokens``, then their total (made, 8 bytes a sample, when the
+        table keeps none: to read many items' sizes, :meth:`tokens_of` needs no offsets)."""
+        if self.offsets is not None:
+            return self.offsets
+        return np.arange(len(self.view_tokens) + 1, dtype=np.int64)
+
+    @property
+    def kernel_offsets(self) -> np.ndarray:
+        """The offsets as the stream kernel takes them: empty for one view per sample."""
+        return np.zeros(0, np.int64) if self.offsets is None else self.offsets
+
+    def tokens_of(self, samples: np.ndarray, views: np.ndarray | int = 0) -> np.ndarray:
+        """The token counts (int64) of view ``views`` of each of ``samples`` (numbered across groups)."""
+        samples = np.asarray(samples, dtype=np.int64)
+        places = samples if self.offsets is None else self.offsets[samples] + views
+        return self.view_tokens[places].astype(np.int64)
 
     @classmethod
     def of(cls, view_offsets: list[np.ndarray], view_token_counts: list[np.ndarray]) -> ViewTable:
         """From per-group (view_offsets, view_token_counts), checking that every sample has a view."""
         if len(view_offsets) != len(view_token_counts) or not view_offsets:
             raise ValueError("view_offsets and view_token_counts must have one entry per group")
-        offsets, tokens, base, count_base = [np.zeros(1, np.int64)], [], [0], 0
+        offsets, tokens, base, count_base, max_views = [np.zeros(1, np.int64)], [], [0], 0, 1
         for group, (group_offsets, group_counts) in enumerate(zip(view_offsets, view_token_counts, strict=True)):
             group_offsets = np.asarray(group_offsets, dtype=np.int64)
             if (group_offsets.ndim != 1 or group_offsets.size < 2 or group_offsets[0] != 0
@@ -116,7 +134,8 @@ class ViewTable:
             tokens.append(group_counts)
             base.append(base[-1] + len(group_views))
             count_base += len(group_counts)
-        return cls(np.array(base, dtype=np.int64), np.concatenate(offsets), np.concatenate(tokens))
+            max_views = max(max_views, int(group_views.max()))
+        return cls(np.array(base, dtype=np.int64), np.concatenate(tokens), np.concatenate(offsets), max_views)
 
 
 def _group_keys(seed: int, num_groups: int) -> np.ndarray:

@@ -16,6 +16,8 @@ no rebuild. The meaning is BAGEL's:
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -23,63 +25,98 @@ from mmidx.config import GroupConfig
 from mmidx.io.storage import RETRIES, filesystem
 from mmidx.read.dataset import MMIDXDataset
 
-_CHUNK = 8 << 20
+_CHUNK = 8 << 20  # bytes of a JSONL read at once
+_SAMPLES = 1 << 20  # origins read at once
 
 
 def used_samples(dataset: MMIDXDataset, group: GroupConfig, position: int) -> np.ndarray | None:
-    """The sample numbers dataset ``position`` of ``group`` contributes (repeats allowed); None: all, once."""
+    """The sample numbers dataset ``position`` of ``group`` contributes (rising, repeats allowed); None: all, once.
+
+    Read from each sample's origin a part of the dataset and a chunk at a time (a sharded dataset's sources are
+    numbered as in its merge: each shard's after the earlier shards'); the result, 8 bytes a used sample, is the one
+    array that grows with the dataset."""
     count = None if group.num_used_data is None else group.num_used_data[position]
     if count is None and not group.shuffle_lines:
         return None
     source = ((dataset.metadata or {}).get("build") or {}).get("source")
-    if dataset.plan is None or source not in ("vlm", "t2i", "edit"):
+    if dataset.kind != "multimodal" or source not in ("vlm", "t2i", "edit"):
         raise ValueError(f"group {group.name!r}: num_used_data and shuffle_lines apply to vlm, t2i and edit datasets "
                          f"(BAGEL's vlm_sft, t2i_pretrain, unified_edit), not to {dataset.prefix} ({source})")
-    files = dataset.metadata.get("sources", [])
-    origins = np.asarray(dataset.plan["sample_origin"])
-    if source == "vlm":
-        return _used_lines(dataset, files, origins, count, group)
-    if group.shuffle_lines:
+    if source != "vlm" and group.shuffle_lines:
         raise ValueError(f"group {group.name!r}: shuffle_lines applies to vlm datasets only (BAGEL's vlm_sft); "
                          f"{dataset.prefix} is a {source} dataset")
-    return _used_files(files, origins, count)
-
-
-def selected_views(offsets: np.ndarray, tokens: np.ndarray, selection: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(view_offsets, view_tokens) of the samples ``selection`` (in that order, repeats allowed), from
-    those of every sample (:func:`mmidx.index.sizes.view_token_counts`)."""
-    counts = np.diff(offsets)[selection]
-    selected = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    views = np.repeat(offsets[:-1][selection] - selected[:-1], counts) + np.arange(selected[-1])
-    return selected, tokens[views]
-
-
-def _used_lines(dataset: MMIDXDataset, files: list[str], origins: np.ndarray, count: int | None,
-                group: GroupConfig) -> np.ndarray:
-    keep = np.zeros(len(origins), dtype=bool)
-    for number, location in enumerate(files):
-        lines = list(range(line_count(location, group)))
-        if group.shuffle_lines:
-            random.Random(group.shuffle_seed).shuffle(lines)
-        used = np.zeros(len(lines), dtype=bool)
-        used[lines[:count]] = True
-        of_file = origins[:, 0] == number
-        rows = origins[of_file, 1]
-        if len(rows) and rows.max() >= len(used):
-            raise ValueError(f"{location} has {len(used)} lines but {dataset.prefix} holds a sample of line "
-                             f"{int(rows.max())}: the file changed after the build; rebuild the dataset")
-        keep[of_file] = used[rows]
-    return np.flatnonzero(keep)
-
-
-def _used_files(files: list[str], origins: np.ndarray, count: int) -> np.ndarray:
+    parts = [(part, part.dataset.metadata.get("sources", [])) for part in dataset.parts]
+    files = [name for _, names in parts for name in names]
+    if source == "vlm":
+        return _selection(parts, _UsedLines(dataset, files, count, group))
     if not files:
         return np.zeros(0, dtype=np.int64)
+    times = _file_times(files, count)
+    return _selection(parts, lambda sources, rows: times[sources])
+
+
+def _selection(parts: list[tuple[Any, list[str]]], repeats: Callable[[np.ndarray, np.ndarray], np.ndarray]) \
+        -> np.ndarray:
+    """Every sample number of the dataset whose ``parts`` (each with its source names) these are, repeated
+    ``repeats(sources, rows)`` times: a function of its origin (source, numbered across the parts, or -1; row)."""
+    def chunks() -> Iterator[tuple[int, np.ndarray]]:
+        base = 0
+        for part, names in parts:
+            origins = part.dataset.plan["sample_origin"]
+            for first in range(0, len(origins), _SAMPLES):
+                chunk = np.asarray(origins[first:first + _SAMPLES], dtype=np.int64)
+                sources = np.where(chunk[:, 0] >= 0, chunk[:, 0] + base, -1)
+                yield part.first_sample + first, np.asarray(repeats(sources, chunk[:, 1]), dtype=np.int64)
+            base += len(names)
+
+    selection = np.empty(sum(int(times.sum()) for _, times in chunks()), dtype=np.int64)
+    filled = 0
+    for first, times in chunks():
+        taken = int(times.sum())
+        selection[filled:filled + taken] = np.repeat(np.arange(first, first + len(times), dtype=np.int64), times)
+        filled += taken
+    return selection
+
+
+class _UsedLines:
+    """BAGEL's lines of each JSONL a vlm dataset was built from (``files``, numbered as its origins are): shuffled
+    when ``shuffle_lines``, then the first ``count``; called with origins, whether each sample's line is used. Each
+    file's lines are counted once, however many parts of the dataset it is listed in."""
+
+    def __init__(self, dataset: MMIDXDataset, files: list[str], count: int | None, group: GroupConfig):
+        self.dataset, self.files, self.count, self.group = dataset, files, count, group
+        self.used: dict[str, np.ndarray] = {}
+
+    def lines(self, location: str) -> np.ndarray:
+        used = self.used.get(location)
+        if used is None:
+            lines = list(range(line_count(location, self.group)))
+            if self.group.shuffle_lines:
+                random.Random(self.group.shuffle_seed).shuffle(lines)
+            used = self.used[location] = np.zeros(len(lines), dtype=bool)
+            used[lines[:self.count]] = True
+        return used
+
+    def __call__(self, sources: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        keep = np.zeros(len(sources), dtype=bool)
+        for number in np.unique(sources[sources >= 0]).tolist():
+            location = self.files[number]
+            used, of_file = self.lines(location), sources == number
+            mine = rows[of_file]
+            if mine.max() >= len(used):
+                raise ValueError(f"{location} has {len(used)} lines but {self.dataset.prefix} holds a sample of line "
+                                 f"{int(mine.max())}: the file changed after the build; rebuild the dataset")
+            keep[of_file] = used[mine]
+        return keep
+
+
+def _file_times(files: list[str], count: int) -> np.ndarray:
+    """How many times BAGEL lists each of ``files``: ``count`` of them, in name order, cycled."""
     by_name = sorted(range(len(files)), key=files.__getitem__)
     times = np.zeros(len(files), dtype=np.int64)
     for slot in range(count):
         times[by_name[slot % len(files)]] += 1
-    return np.repeat(np.arange(len(origins)), times[origins[:, 0]])
+    return times
 
 
 def line_count(location: str, group: GroupConfig) -> int:

@@ -86,6 +86,7 @@ def _check_plan(prefix: str, meta: dict[str, Any], tokens: TokenStream, plan: di
 
 
 _KINDS = len(fmt.KIND_NAMES)
+_CHUNK = 1 << 20  # views (or images) the one-pass check's numpy part takes at once
 _FEW_RECORDS = 64  # up to this many plan records, element_problem accepts sound ones without numpy
 if fmt.ELEMENT_DTYPE.names[:3] + fmt.ELEMENT_DTYPE.names[5:] != ("kind", "flags", "img_num", "payload"):
     raise ImportError(f"mmidx.format's element fields {fmt.ELEMENT_DTYPE.names}: element_problem unpacks "
@@ -243,11 +244,14 @@ def structure_sound(dataset: MMIDXDataset) -> bool:
         return True
     if not plan_sound(tokens.document_indices, plan, len((dataset.metadata or {}).get("sources", []))):
         return False
-    offsets = plan["view_element_offsets"]
-    view_starts = np.zeros(len(plan["elements"]), dtype=bool)
-    view_starts[offsets[:-1][np.diff(offsets) > 0]] = True
-    return split_problem(plan["elements"]["flags"], view_starts) is None \
-        and image_info_problem(plan["image_info"]) is None
+    offsets, flags, info = plan["view_element_offsets"], plan["elements"]["flags"], plan["image_info"]
+    for first in range(0, len(offsets) - 1, _CHUNK):  # whole views at a time: temporaries stay a chunk's
+        bounds = np.asarray(offsets[first:first + _CHUNK + 1], dtype=np.int64)
+        view_starts = np.zeros(int(bounds[-1] - bounds[0]), dtype=bool)
+        view_starts[bounds[:-1][np.diff(bounds) > 0] - bounds[0]] = True
+        if split_problem(flags[bounds[0]:bounds[-1]], view_starts) is not None:
+            return False
+    return all(image_info_problem(info[first:first + _CHUNK]) is None for first in range(0, len(info), _CHUNK))
 
 
 def vectorised_problems(dataset: MMIDXDataset) -> list[str]:

@@ -22,8 +22,10 @@ import numpy as np
 
 from mmidx.io.block_cache import BlockCache
 from mmidx.io.remote_file import RemoteFile
+from mmidx.io.storage import is_remote
 from mmidx.read.dataset import MMIDXDataset
 from mmidx.read.next_use import Key, NextUse, spans
+from mmidx.read.shards import part_starts
 
 # Ranges nearer than GAP are fetched as one request: reading the gap costs less than another request
 # while it is under latency x bandwidth (20 ms x ~100 MB/s per connection to S3 ~ 2 MB).
@@ -51,16 +53,40 @@ Ranges = tuple[np.ndarray, np.ndarray, np.ndarray]  # starts, stops, and the pos
 
 
 def sample_ranges(dataset: MMIDXDataset, samples: np.ndarray) -> dict[RemoteFile, Ranges]:
-    """Byte ranges of the tokens and images of ``samples`` in each remote data file of ``dataset``, with
-    the sample (its position in ``samples``) each range belongs to.
+    """Byte ranges of the tokens and images of ``samples`` in each remote data file of ``dataset`` (a sharded
+    dataset's: in its shards' files, the samples grouped by shard), with the sample (its position in ``samples``)
+    each range belongs to.
 
     Computed from the index arrays; a range that is not inside its file (a corrupted index) is left
     out, for the read that needs it to report."""
+    samples = np.asarray(samples, dtype=np.int64)
+    if not dataset.is_sharded:
+        return _part_ranges(dataset, samples)
+    starts = part_starts(dataset)
+    owner = np.searchsorted(starts, samples, side="right") - 1
+    found: dict[RemoteFile, Ranges] = {}
+    for part in np.unique(owner).tolist():
+        mine = np.flatnonzero(owner == part)
+        for file, (begins, ends, owners) in _part_ranges(dataset.parts[part].dataset,
+                                                         samples[mine] - starts[part]).items():
+            found[file] = begins, ends, mine[owners]
+    return found
+
+
+def remote_data(dataset: MMIDXDataset) -> dict[str, RemoteFile]:
+    """The data files ("bin", "images") of ``dataset`` read by byte range (a sharded dataset's first shard's: its
+    shards are read alike, through the same data cache); empty for a local dataset."""
+    if not is_remote(dataset.prefix):
+        return {}
+    return (dataset.parts[0].dataset if dataset.is_sharded else dataset).remote_files
+
+
+def _part_ranges(dataset: MMIDXDataset, samples: np.ndarray) -> dict[RemoteFile, Ranges]:
+    """:func:`sample_ranges` of a dataset of one set of files."""
     remote = dataset.remote_files
     found: dict[RemoteFile, Ranges] = {}
     if not remote:
         return found
-    samples = np.asarray(samples, dtype=np.int64)
     tokens = dataset.tokens
     documents = tokens.document_indices
     first, last = documents[samples], documents[samples + 1]
@@ -83,9 +109,9 @@ def sample_ranges(dataset: MMIDXDataset, samples: np.ndarray) -> dict[RemoteFile
 
 
 def encoding_ranges(dataset: MMIDXDataset, samples: np.ndarray) -> dict[RemoteFile, Ranges]:
-    """Byte ranges, in each remote encoding stream the dataset has opened, of the records of ``samples``'
-    images (or texts): every record keyed by one of their items (the records of a sample are contiguous
-    in the sorted table, their values wherever their batch put them)."""
+    """Byte ranges, in each remote encoding stream the dataset (of one set of files: a shard's streams are its
+    own) has opened, of the records of ``samples``' images (or texts): every record keyed by one of their items
+    (the records of a sample are contiguous in the sorted table, their values wherever their batch put them)."""
     found: dict[RemoteFile, Ranges] = {}
     for stream in dataset._files.encodings.values():
         if not isinstance(stream.values, RemoteFile):
@@ -164,7 +190,7 @@ class PackPrefetcher:
         """The eviction policy of each data cache the datasets read through, made once in this process."""
         for group in self.datasets:
             for dataset in group:
-                for file in dataset.remote_files.values():
+                for file in remote_data(dataset).values():
                     cache = file.cache
                     if cache is not None and cache not in self._policies:
                         self._policies[cache] = cache.policy = NextUse(

@@ -105,3 +105,16 @@ class ShardTable(Sequence[Part]):
                               f"{dict(zip(columns, expected, strict=True))}: {self.prefix}.shards.table is corrupted")
         return dataset
 
+
+def part_starts(dataset: Any, count: str = "samples") -> np.ndarray:
+    """Where each of ``dataset.parts`` starts in the whole ``dataset`` (an ``MMIDXDataset``), counted in ``count``
+    ("samples", "sequences" or "tokens"), then the dataset's total: one more value than parts, int64. A sharded
+    dataset's come from its table: no shard is opened."""
+    if count not in ("samples", "sequences", "tokens"):
+        raise ValueError(f"parts are counted in samples, sequences or tokens, not {count!r}")
+    parts = dataset.parts
+    if isinstance(parts, ShardTable):
+        return np.ascontiguousarray(parts.offsets[:, fmt.KIND_COUNTS[parts.meta["kind"]].index(count)])
+    tokens = dataset.tokens
+    total = {"samples": len(dataset), "sequences": tokens.sequence_count, "tokens": tokens.token_count}[count]
+    return np.array([0, total], dtype=np.int64)

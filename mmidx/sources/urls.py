@@ -22,6 +22,7 @@ earlier class, and only rows that failed transiently (timeout, connection, dns, 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -172,11 +173,16 @@ class _Earlier:
         except (OSError, ValueError):  # no samples were built (no dataset written): every row is in the ledger
             self.dataset = None
             return
-        sources = (self.dataset.metadata or {}).get("sources", [])
-        if unit.path in sources:
-            origins = np.asarray(self.dataset.plan["sample_origin"])
-            mine = np.flatnonzero(origins[:, 0] == sources.index(unit.path))
-            self.samples = dict(zip(origins[mine, 1].tolist(), mine.tolist(), strict=True))
+        parts = self.dataset.parts
+        for number, sources in _listed(self.dataset.prefix, self.dataset.checksum).get(unit.path, []):
+            part = parts[number]
+            origins = part.dataset.plan["sample_origin"]
+            for first in range(0, len(origins), _ORIGINS):  # a chunk of origins at a time
+                chunk = np.asarray(origins[first:first + _ORIGINS], dtype=np.int64)
+                rows = chunk[:, 1]
+                mine = np.flatnonzero(np.isin(chunk[:, 0], sources) & (rows >= unit.first_row)
+                                      & (rows < (np.iinfo(np.int64).max if stop is None else stop)))
+                self.samples.update(zip(rows[mine].tolist(), (mine + part.first_sample + first).tolist(), strict=True))
 
     def decide(self, row: int) -> tuple[dict, bytes | None] | None:
         """(ledger entry, stored bytes or None) when the row need not be fetched again, else None."""
@@ -187,6 +193,26 @@ class _Earlier:
             index = self.samples.get(row)
             return None if index is None else (entry, bytes(self.dataset[index].image(0).data))
         return entry, None
+
+
+_ORIGINS = 1 << 20  # sample origins an earlier build's rows are looked up in at once
+
+
+@functools.lru_cache(maxsize=2)
+def _listed(prefix: str, checksum: str) -> dict[str, list[tuple[int, list[int]]]]:
+    """Where each input file of the dataset at ``prefix`` (of metadata ``checksum``) is among its parts' sources: per
+    file, (part, its numbers in that part's sources), each part's metadata read once per process (a sharded
+    dataset lists a file split into units once in each unit's shard)."""
+    from mmidx.read.dataset import MMIDXDataset
+
+    listed: dict[str, list[tuple[int, list[int]]]] = {}
+    for number, part in enumerate(MMIDXDataset(prefix).parts):
+        found: dict[str, list[int]] = {}
+        for place, name in enumerate((part.dataset.metadata or {}).get("sources", [])):
+            found.setdefault(name, []).append(place)
+        for name, places in found.items():
+            listed.setdefault(name, []).append((number, places))
+    return listed
 
 
 def _jsonable(value: Any) -> Any:

@@ -9,6 +9,7 @@ document boundaries inside the sample, for attention kernels that keep documents
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 from mmidx.index.cache import cached_arrays
 from mmidx.index.gpt import gpt_indices
 from mmidx.read.dataset import MMIDXDataset
+from mmidx.read.shards import part_starts
 
 PAD_TOKEN_ID = -1  # Megatron's _PAD_TOKEN_ID when the tokenizer has no pad token
 
@@ -64,12 +66,13 @@ class GPTTextDataset(torch.utils.data.Dataset):
             raise ValueError("eod_mask_loss/reset_position_ids need eod_token_id (the dataset records none)")
         self.eod_mask_loss = eod_mask_loss
         self.reset_position_ids = reset_position_ids
-        sizes = self.dataset.tokens.sequence_lengths
-        description = {"kind": "gpt_indices", "sequences": len(sizes), "config": asdict(self.config),
+        self.sequences = Sequences(self.dataset)
+        description = {"kind": "gpt_indices", "sequences": self.sequences.count, "config": asdict(self.config),
                        "dataset": self.dataset.checksum}
 
         def build() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             self.dataset.check_structure()  # the sample count is sized from the lengths: check them first
+            sizes = self.sequences.all_lengths()
             try:
                 document, sample, shuffle = gpt_indices(sizes, seq_length=seq_length, num_samples=num_samples,
                                                         seed=seed, add_extra_token=add_extra_token,
@@ -96,13 +99,13 @@ class GPTTextDataset(torch.utils.data.Dataset):
         sequences = np.asarray(self.document_index[first:last + 1], dtype=np.int64)
         offsets = np.zeros(len(sequences), dtype=np.int64)
         offsets[0] = first_offset
-        lengths = self.dataset.tokens.sequence_lengths[sequences].astype(np.int64) - offsets
+        lengths = self.sequences.lengths(sequences) - offsets
         lengths[-1] = last_offset - offsets[-1] + self.add_extra_token
         return sequences, offsets, lengths
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         sequences, offsets, lengths = self.spans(index)
-        tokens, bounds = self.dataset.gather(sequences, offsets, lengths)
+        tokens, bounds = self.sequences.gather(sequences, offsets, lengths)
         text = np.full(self.seq_length + self.add_extra_token, self.pad_token_id, dtype=np.int64)
         text[:len(tokens)] = tokens
         text = torch.from_numpy(text)
@@ -126,3 +129,59 @@ class GPTTextDataset(torch.utils.data.Dataset):
         cu_seqlens = torch.from_numpy(np.concatenate([[0], starts, [self.seq_length]]).astype(np.int32))
         return {"tokens": inputs, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids,
                 "cu_seqlens": cu_seqlens}
+
+
+class Sequences:
+    """The token sequences of a text dataset numbered across its parts (a sharded dataset's shards, in order), as
+    Megatron numbers the sequences of the dataset's merge: their lengths and spans, each read from its part."""
+
+    def __init__(self, dataset: MMIDXDataset):
+        self.dataset = dataset
+        self.starts = part_starts(dataset, "sequences")  # where each part's sequences start, then their total
+        self.count = int(self.starts[-1])
+
+    def all_lengths(self) -> np.ndarray:
+        """Every sequence's length (Megatron's ``sizes``): the dataset's own array, or its shards' end to end (4
+        bytes a sequence: what the GPT indices are built from)."""
+        if not self.dataset.is_sharded:
+            return self.dataset.tokens.sequence_lengths
+        lengths = np.empty(self.count, dtype=np.int32)
+        for part, start, end in zip(self.dataset.parts, self.starts[:-1].tolist(), self.starts[1:].tolist(),
+                                    strict=True):
+            lengths[start:end] = part.dataset.tokens.sequence_lengths
+        return lengths
+
+    def _runs(self, sequences: np.ndarray) -> list[tuple[Any, np.ndarray, np.ndarray]]:
+        """(part's dataset, positions in ``sequences``, their numbers in the part) of each run of consecutive
+        ``sequences`` in one part."""
+        if not self.dataset.is_sharded:
+            return [(self.dataset, np.arange(len(sequences)), sequences)]
+        outside = (sequences < 0) | (sequences >= self.count)
+        if outside.any():
+            raise IndexError(f"sequence {int(sequences[outside][0])} out of range for {self.count} sequences")
+        part = np.searchsorted(self.starts, sequences, side="right") - 1
+        edges = [0, *(np.flatnonzero(np.diff(part)) + 1).tolist(), len(sequences)]
+        return [(self.dataset.parts[int(part[first])].dataset, np.arange(first, end),
+                 sequences[first:end] - self.starts[part[first]]) for first, end in itertools.pairwise(edges)
+                if end > first]
+
+    def lengths(self, sequences: np.ndarray) -> np.ndarray:
+        """The lengths (int64) of ``sequences``."""
+        sequences = np.asarray(sequences, dtype=np.int64)
+        lengths = np.empty(len(sequences), dtype=np.int64)
+        for dataset, positions, local in self._runs(sequences):
+            lengths[positions] = dataset.tokens.sequence_lengths[local]
+        return lengths
+
+    def gather(self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`~mmidx.read.dataset.MMIDXDataset.gather` of spans of ``sequences``, each read from its part."""
+        runs = self._runs(np.asarray(sequences, dtype=np.int64))
+        if len(runs) == 1:
+            dataset, _, local = runs[0]
+            return dataset.gather(local, offsets, lengths)
+        pieces, bounds = [np.zeros(0, self.dataset.token_dtype)], [np.zeros(1, np.int64)]
+        for dataset, positions, local in runs:
+            tokens, spans = dataset.gather(local, offsets[positions], lengths[positions])
+            pieces.append(tokens)
+            bounds.append(spans[1:] + bounds[-1][-1])
+        return np.concatenate(pieces), np.concatenate(bounds)

@@ -19,7 +19,7 @@ from mmidx.index.pack_costs import PackCosts
 from mmidx.index.pack_index import PackItem
 from mmidx.pack.batch import PackedBatch
 from mmidx.pack.builder import PackBuilder
-from mmidx.read.prefetch import PackPrefetcher, WorkerSchedule
+from mmidx.read.prefetch import PackPrefetcher, WorkerSchedule, remote_data
 from mmidx.train.shares import GlobalBatchSampler, NodeSchedule
 from mmidx.train.state import state_after, steps_of_state
 
@@ -54,7 +54,7 @@ class PackDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> PackedBatch:
         items: Sequence[PackItem] = self.packs.items(index)
-        if not any(dataset.remote_files for group in self.builder.datasets for dataset in group):
+        if not any(remote_data(dataset) for group in self.builder.datasets for dataset in group):
             return self.builder.build(index, items)
         if self._prefetcher is None:
             self._prefetcher = PackPrefetcher(self.packs, self.builder.datasets, schedule=self.schedule)

@@ -49,13 +49,16 @@ def dataset_prefixes(prefix_or_yaml: str | os.PathLike | Sequence[str | os.PathL
     return [prefix if is_remote(prefix) else os.path.abspath(prefix) for prefix in prefixes]  # tasks run elsewhere
 
 
-def _row(dataset: MMIDXDataset, sample: Sample, columns: Sequence[str], tokenizer: Any) -> dict[str, Any]:
+def _row(dataset: MMIDXDataset, number: int, columns: Sequence[str], tokenizer: Any) -> dict[str, Any]:
+    """Sample ``number`` of ``dataset`` as a row of ``columns`` (its number in the dataset: a sharded dataset's
+    sample is read from its shard, where its number is another)."""
+    sample: Sample = dataset[number]
     values: dict[str, Any] = {}
     for name in columns:
         if name == "dataset":
             values[name] = dataset.prefix
         elif name == "sample":
-            values[name] = sample.index
+            values[name] = number
         elif name == "texts":
             values[name] = [tokenizer.decode(text.tolist()) for text in sample.texts]
         elif name == "tokens":
@@ -89,8 +92,7 @@ def _read_range(prefix: str, start: int, stop: int, columns: tuple[str, ...],
     tokenizer = _tokenizer(dataset, tokenizer_location)
     schema = pa.schema([(name, COLUMNS[name]) for name in columns])
     for first in range(start, stop, ROWS_PER_BLOCK):
-        rows = [_row(dataset, dataset[index], columns, tokenizer) for index in range(first, min(first + ROWS_PER_BLOCK,
-                                                                                                 stop))]
+        rows = [_row(dataset, index, columns, tokenizer) for index in range(first, min(first + ROWS_PER_BLOCK, stop))]
         yield pa.Table.from_pylist(rows, schema=schema)
 
 
@@ -121,9 +123,8 @@ class MMIDXDatasource(Datasource):
                                      "columns ('tokens' gives the token ids)")
                 name = dataset.tokenizer["name_or_path"]
                 self._tokenizers[dataset.prefix] = os.path.abspath(name) if os.path.isdir(name) else name
-            plan = dataset.plan
-            size = int(plan["image_offsets"][-1]) + len(dataset.tokens) * np.dtype(dataset.token_dtype).itemsize \
-                if plan is not None else 0
+            counts = dataset.metadata["counts"]  # (a sharded dataset's too: its shards' in all)
+            size = counts["image_bytes"] + counts["tokens"] * np.dtype(dataset.token_dtype).itemsize
             self._sizes.append((dataset.prefix, len(dataset), size))
 
     def estimate_inmemory_data_size(self) -> int:
