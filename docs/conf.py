@@ -1,15 +1,32 @@
 """Sphinx configuration of mmidx's documentation site (Sphinx + MyST, as Megatron-Energon, Streaming and Ray).
 
 Built offline, warnings as errors: ``python -m sphinx -W --keep-going -n -b html docs docs/_build/html``
-(``.ci/run`` does it). The CLI reference is generated from mmidx's argparse parsers (``_ext/cli_reference``),
+(``.ci/run`` does it), after ``pip install ".[docs]"`` (Sphinx, MyST, Furo).
+The CLI reference is generated from mmidx's argparse parsers (``_ext/cli_reference``),
 the API reference and the format specification from the docstrings (autodoc).
 """
 
+import importlib.metadata
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+
+
+def documented_root() -> Path:
+    """The folder whose ``mmidx`` the manual documents: the checkout when its kernels are built there (a development
+    install, ``pip install -e .``), else the installed package's (``pip install .`` builds the kernels into
+    site-packages, not the checkout, whose ``mmidx`` would fail every autodoc import)."""
+    if any(any((ROOT / "mmidx").glob(f"_reader*{suffix}")) for suffix in (".so", ".pyd")):
+        return ROOT
+    try:
+        installed = Path(importlib.metadata.distribution("mmidx").locate_file("mmidx"))
+    except importlib.metadata.PackageNotFoundError:
+        return ROOT
+    return installed.parent if (installed / "__init__.py").is_file() else ROOT
+
+
+sys.path.insert(0, str(documented_root()))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 
 import mmidx  # noqa: E402

@@ -64,3 +64,38 @@ def test_every_module_a_help_text_names_has_a_page():
     named = {module for sub in COMMANDS.values()
              for module in re.findall(r"python -m pydoc (\w+(?:\.\w+)*)", " ".join(sub.format_help().split()))}
     assert named and named <= set(reference.MODULE_PAGES)
+
+
+def test_the_readmes_docs_command_documents_the_installed_package_after_pip_install(tmp_path):
+    """After ``pip install ".[docs]"`` (a wheel: the kernels are built into site-packages, not the checkout),
+    ``python -m sphinx ... docs`` run in the checkout imports the installed mmidx, whose kernels load, not the
+    checkout's, which has none (15 autodoc imports failed); the ``docs`` extra brings what conf.py loads."""
+    import shutil
+    import subprocess
+    import sys
+
+    import tomllib
+
+    import mmidx
+
+    site, checkout = tmp_path / "site", tmp_path / "checkout"
+    shutil.copytree(Path(mmidx.__file__).parent, site / "mmidx", ignore=shutil.ignore_patterns("__pycache__"))
+    (site / "mmidx-0.0.dist-info").mkdir()
+    (site / "mmidx-0.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: mmidx\nVersion: 0.0\n")
+    shutil.copytree(DOCS, checkout / "docs", ignore=shutil.ignore_patterns("_build", "__pycache__"))
+    shutil.copytree(Path(mmidx.__file__).parent, checkout / "mmidx",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"))
+    probe = ("import runpy, sys; conf = runpy.run_path('docs/conf.py'); import mmidx, mmidx._reader; "
+             "print(mmidx.__file__, mmidx._reader.__file__); print(*conf['extensions'], conf['html_theme'])")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=checkout, capture_output=True, text=True, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    where, loaded = result.stdout.splitlines()
+    package, kernels = where.split()
+    assert package == str(site / "mmidx" / "__init__.py") and Path(kernels).parent == site / "mmidx"
+    extras = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    brought = {re.split(r"[<>=!~ ;\[]", requirement)[0].replace("-", "_") for requirement in extras["docs"]}
+    needed = {name.partition(".")[0] for name in loaded.split() if name != "cli_reference"}  # _ext is docs' own
+    assert needed | {"sphinx"} == brought
+    readme = (DOCS.parent / "README.md").read_text()
+    assert '`pip install ".[docs]" && python -m sphinx -W --keep-going -b html docs docs/_build/html`' in readme

@@ -5,6 +5,7 @@ Runs on the session's one local Ray cluster (``cluster`` in conftest.py).
 
 import json
 import os
+import shutil
 
 import datasets
 import pytest
@@ -13,9 +14,11 @@ from support.hf import save, t2i_dataset, t2i_features, t2i_rows
 from support.sources import build, loaded_tokenizer, tokenizer_dir
 
 from mmidx.format import file_path
+from mmidx.io.storage import is_remote, list_objects, upload_dataset
+from mmidx.read.dataset import MMIDXDataset
 
 ray = pytest.importorskip("ray")
-from mmidx.toolkit.ray_data import read_mmidx, write_mmidx  # noqa: E402
+from mmidx.toolkit.ray_data import RayWriteError, read_mmidx, write_mmidx  # noqa: E402
 
 VIEWS = 3
 DATA_FILES = [role for role in DATASET_FILES if role != "meta"]
@@ -110,3 +113,56 @@ def test_read_mmidx_reads_a_dataset_in_object_storage(cluster, built, s3):
     rows = sorted(ds.take_all(), key=lambda row: row["sample"])
     assert [row["images"] for row in rows] == [[bytes(image.data) for image in built[i].images]
                                                for i in range(len(built))]
+
+
+def s3_task_settings():
+    """The S3 server's settings for Ray tasks, whose workers started before the ``s3`` fixture set them."""
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "MMIDX_CACHE_DIR")
+    return {"runtime_env": {"env_vars": {name: os.environ[name] for name in names}}}
+
+
+def test_write_mmidx_onto_a_dataset_in_object_storage_refuses_and_replaces_it_only_with_overwrite(
+        cluster, rows, s3, tmp_path):
+    for count in (8, 5):
+        t2i_dataset(rows[:count]).to_parquet(str(tmp_path / f"{count}.parquet"))
+    uri, remote = "s3://mmidx/ray-write/out", s3_task_settings()
+    write_mmidx(ray.data.read_parquet(str(tmp_path / "8.parquet")), uri, tokenizer_dir(), ray_remote_args=remote)
+    meta = s3.client.get_object(Bucket="mmidx", Key="ray-write/out.meta.json")["Body"].read()
+    with pytest.raises(RayWriteError, match=r"s3://mmidx/ray-write/out: a dataset is there already \(.*out\.idx.*\); "
+                                            r"pass overwrite=True to replace it"):
+        write_mmidx(ray.data.read_parquet(str(tmp_path / "5.parquet")), uri, tokenizer_dir(), ray_remote_args=remote)
+    assert s3.client.get_object(Bucket="mmidx", Key="ray-write/out.meta.json")["Body"].read() == meta
+    assert len(MMIDXDataset(uri)) == 8
+    report = write_mmidx(ray.data.read_parquet(str(tmp_path / "5.parquet")), uri, tokenizer_dir(),
+                         ray_remote_args=remote, overwrite=True)
+    assert report.ok and len(MMIDXDataset(uri)) == 5
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_dataset_written_at_the_prefix_while_write_mmidx_runs_is_not_replaced(cluster, rows, built, s3, tmp_path,
+                                                                                where):
+    """Another writer puts a dataset at the prefix after the job's start check (here, from inside the job's own
+    tasks): the commit checks again, refuses, and leaves that dataset whole; the staged shards are removed."""
+    prefix = "s3://mmidx/ray-race/out" if where == "s3" else str(tmp_path / "out")
+    intruder = built.prefix
+
+    def write_another_dataset_there(batch):
+        if is_remote(prefix):
+            upload_dataset(intruder, prefix)  # the same dataset again is no upload: once, whatever the batches
+        else:
+            for role in DATASET_FILES:
+                if not file_path(prefix, role).exists():
+                    shutil.copyfile(file_path(intruder, role), file_path(prefix, role))
+        return batch
+
+    t2i_dataset(rows[:6]).to_parquet(str(tmp_path / "rows.parquet"))
+    ds = ray.data.read_parquet(str(tmp_path / "rows.parquet")).map_batches(
+        write_another_dataset_there, batch_format="pyarrow", **s3_task_settings())
+    with pytest.raises(RayWriteError, match=r"a dataset is there now, written while this job ran .*overwrite=True"):
+        write_mmidx(ds, prefix, tokenizer_dir(), ray_remote_args=s3_task_settings())
+    assert len(MMIDXDataset(prefix)) == len(built)
+    assert MMIDXDataset(prefix).metadata["meta_sha256"] == built.metadata["meta_sha256"]
+    if where == "s3":
+        assert list_objects(prefix + ".ray-shards") == []
+    else:
+        assert not os.path.exists(prefix + ".ray-shards")

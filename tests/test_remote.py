@@ -1,6 +1,7 @@
 """Datasets in object storage (moto's S3 server on 127.0.0.1): the same batches and samples as from
 local files, reads fetched ahead by the known order (requests counted), one line per bad URI."""
 
+import json
 import shutil
 import socket
 
@@ -11,7 +12,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.packing import build_groups, config_of
+from support.s3_process import S3Process
 
+from mmidx.cli import main
 from mmidx.config import DataConfig
 from mmidx.index.pack_index import build_pack_index
 from mmidx.ingest.writer import DatasetBuilder
@@ -76,6 +79,35 @@ def test_a_data_yaml_in_s3_finds_its_relative_datasets_beside_it(stored, s3):
     config = DataConfig.from_yaml("s3://mmidx/data/data.yaml")
     assert config == DataConfig.from_dict({**spec, "groups": stored["remote"]})
     assert config.groups[0].datasets == ("s3://mmidx/data/t2i",)
+
+
+@pytest.fixture
+def second_store():
+    """Another S3 server, with a bucket ``mmidx`` too: the same keys as the ``s3`` fixture's, other objects."""
+    server = S3Process()
+    server.client.create_bucket(Bucket="mmidx")
+    yield server
+    server.stop()
+
+
+def test_a_data_yaml_opened_with_a_query_reads_its_datasets_from_the_querys_store(stored, s3, second_store, capsys):
+    """The data.yaml's query names its store: its relative datasets are read from there, not from the default
+    endpoint's store, which holds another dataset at the same key; the commands take the URI as a data YAML."""
+    ours, theirs = (MMIDXDataset(stored["local"][name]["datasets"][0]) for name in ("t2i", "vlm"))
+    assert len(ours) != len(theirs)
+    second_store.upload(ours.prefix, "mix/ds")
+    spec = {"groups": {"t2i": {**stored["local"]["t2i"], "datasets": ["ds"]}}}
+    second_store.client.put_object(Bucket="mmidx", Key="mix/data.yaml", Body=yaml.safe_dump(spec).encode())
+    s3.upload(theirs.prefix, "s3://mmidx/mix/ds")
+    query = f"endpoint_override={second_store.endpoint}&scheme=http"
+    uri = f"s3://mmidx/mix/data.yaml?{query}"
+    config = DataConfig.from_yaml(uri)
+    assert config.groups[0].datasets == (f"s3://mmidx/mix/ds?{query}",)
+    assert MMIDXDataset(config.groups[0].datasets[0]).checksum == ours.checksum != theirs.checksum
+    assert main(["inspect", uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == len(ours)
+    assert main(["index", uri, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["groups"] == {"t2i": len(ours)}
 
 
 @pytest.mark.parametrize("kind", ["t2i", "edit", "vlm"])

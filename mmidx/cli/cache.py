@@ -32,11 +32,9 @@ def format_info(info: dict[str, Any]) -> str:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from mmidx.io.cache_admin import cache_info, clear_cache
-    from mmidx.io.cache_folder import CacheError, default_folder
+    from mmidx.io.cache_folder import default_folder
 
     folder = default_folder(args.folder)
-    if folder.exists() and not folder.is_dir():
-        raise CacheError(f"{folder}: not a folder: give mmidx's cache folder (as --cache-dir)")
     if args.action == "info":
         if args.dataset:
             args.usage_error("--dataset is an option of `mmidx cache clear`")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from mmidx.errors import MMIDXError
-from mmidx.format import SUFFIXES
+from mmidx.format import SUFFIXES, FormatError, holds_dataset
 
 EXIT_STATUSES = """exit status: 0 success; 1 failure (bad or missing file, bad data, a problem found), reported in
 one line naming the path and the cause; 2 usage error (unknown option, bad value)."""
@@ -21,7 +21,10 @@ one line naming the path and the cause; 2 usage error (unknown option, bad value
 def dataset_prefix(value: str) -> str:
     """A dataset prefix as the user may give it: ``ds/t2i``, or one of its files (``ds/t2i.idx``,
     ``ds/t2i.bin``, ``ds/t2i.meta.json``...). A suffix is kept when it is part of a prefix whose
-    files exist (``x.bin`` with ``x.bin.idx`` beside it)."""
+    files exist (``x.bin`` with ``x.bin.idx`` beside it). A ``file://`` URI is the local path it names."""
+    from mmidx.io.storage import local_path
+
+    value = local_path(value)
     for suffix in SUFFIXES.values():
         if value.endswith(suffix) and not os.path.exists(value + SUFFIXES["idx"]):
             return value.removesuffix(suffix)
@@ -64,6 +67,46 @@ def one_dataset(value: str) -> str:
     return dataset_prefix(value)
 
 
+def _is_folder(prefix: str) -> bool:
+    """Whether ``prefix`` is a local folder rather than a dataset (no dataset's files beside it)."""
+    return os.path.isdir(prefix) and not holds_dataset(prefix)
+
+
+FOLDER_SCAN = 10_000  # entries of a folder named for a dataset looked through for the datasets in it
+
+
+def datasets_in(folder: str) -> list[str]:
+    """The prefixes of the datasets in ``folder`` and its subfolders (those with an index or metadata; not the
+    precached encodings beside them), sorted, among its first :data:`FOLDER_SCAN` entries."""
+    found: set[str] = set()
+    seen = 0
+    for root, folders, files in os.walk(folder):
+        folders.sort()
+        for name in files:
+            for suffix in (SUFFIXES["idx"], SUFFIXES["meta"]):
+                if name.endswith(suffix) and name != suffix:
+                    found.add(os.path.join(root, name.removesuffix(suffix)))
+        seen += len(folders) + len(files)
+        if seen >= FOLDER_SCAN:
+            break
+    encodings = {prefix for prefix in found if ".enc." in os.path.basename(prefix)
+                 and prefix.rpartition(".enc.")[0] in found}  # P.enc.NAME.idx beside P's own files
+    return sorted(found - encodings)
+
+
+def _folder_named(folder: str) -> str:
+    """Why a folder cannot stand where a dataset prefix is expected, naming the datasets in it (and its data
+    YAMLs), as the user named the folder."""
+    prefixes = datasets_in(folder)
+    yamls = sorted(os.path.join(folder, name) for name in os.listdir(folder) if name.endswith((".yaml", ".yml")))
+    if not prefixes:
+        return (f"{folder} is a folder with no dataset in it; give a dataset's prefix (its files are PREFIX.idx, "
+                "PREFIX.bin...)")
+    shown = ", ".join(prefixes[:8]) + (f" ... ({len(prefixes)} in all)" if len(prefixes) > 8 else "")
+    also = f" (or a data YAML: {', '.join(yamls[:4])})" if yamls else ""
+    return f"{folder} is a folder, not a dataset; give one of the datasets in it: {shown}{also}"
+
+
 def _one_dataset_expected(path: str) -> str:
     """Why a YAML file cannot stand where one dataset prefix is expected, naming the datasets a data YAML lists."""
     import yaml
@@ -79,16 +122,19 @@ def _one_dataset_expected(path: str) -> str:
 
 
 def _dataset_prefixes(paths: Sequence[str]) -> list[str]:
-    """The datasets named on the command line: prefixes as given, or every dataset of each data YAML."""
-    from mmidx.config import DataConfig
+    """The datasets named on the command line: prefixes as given, or every dataset of each data YAML; a folder is
+    an error naming the datasets in it."""
+    from mmidx.config import DataConfig, is_data_yaml
 
     prefixes = []
     for path in paths:
-        if path.endswith((".yaml", ".yml")):
+        if is_data_yaml(path):
             config = DataConfig.from_yaml(path)
             prefixes += [prefix for group in config.groups for prefix in group.datasets]
+        elif _is_folder(prefix := dataset_prefix(path)):
+            raise FormatError(_folder_named(prefix))
         else:
-            prefixes.append(dataset_prefix(path))
+            prefixes.append(prefix)
     return prefixes
 
 

@@ -20,10 +20,11 @@ from mmidx.toolkit.view import limits
 
 
 def cmd_view(args: argparse.Namespace) -> int:
+    from mmidx.config import is_data_yaml
     from mmidx.toolkit.view.app import bind, is_loopback, serve, url_of  # one line when the web stack is missing
     from mmidx.toolkit.view.catalog import Catalog
 
-    paths = [path if path.endswith((".yaml", ".yml")) else dataset_prefix(path) for path in args.paths]
+    paths = [path if is_data_yaml(path) else dataset_prefix(path) for path in args.paths]
     catalog = Catalog(paths, geometry=geometry_args(args))
     try:
         sock = bind(args.host, args.port)

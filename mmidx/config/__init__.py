@@ -61,7 +61,13 @@ from mmidx.config.schema import (
     kind_of,
 )
 from mmidx.images.transform import ImageTransform
-from mmidx.io.storage import is_remote, read_object
+from mmidx.io.storage import is_remote, join, local_path, parent, read_object, without_query
+
+
+def is_data_yaml(location: str | os.PathLike) -> bool:
+    """Whether ``location`` names a YAML file (``data.yaml``, or a URI of one with query options:
+    ``s3://b/ds/data.yaml?endpoint_override=...``) rather than a dataset prefix."""
+    return without_query(os.fspath(location)).endswith((".yaml", ".yml"))
 
 
 @dataclass(frozen=True)
@@ -232,7 +238,7 @@ class DataConfig:
                 if key in spec:
                     check_type(f"groups.{name}.{key}", spec[key], want)
             datasets = [d if os.path.isabs(d) or "://" in d or os.fspath(base_dir) in ("", ".")  # URIs as they are,
-                        else os.path.join(base_dir, d) for d in spec.get("datasets", [])]  # no "./" prepended
+                        else join(os.fspath(base_dir), d) for d in spec.get("datasets", [])]  # no "./" prepended
             used = spec.get("num_used_data")
             groups.append(GroupConfig(
                 name=name, datasets=tuple(datasets), weight=float(spec.get("weight", 1.0)),
@@ -253,10 +259,11 @@ class DataConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> DataConfig:
-        """Read a ``data.yaml``: a path, or a URI in object storage (relative prefixes then resolve beside it)."""
+        """Read a ``data.yaml``: a path (or ``file://`` URI), or a URI in object storage; relative prefixes then
+        resolve beside it, with the URI's query options (``?endpoint_override=...``): read from the same store."""
+        path = local_path(os.fspath(path))
         if is_remote(path):
-            base = os.fspath(path).partition("?")[0].rsplit("/", 1)[0]
-            return cls.from_dict(yaml.safe_load(read_object(os.fspath(path)).decode("utf-8")) or {}, base_dir=base)
+            return cls.from_dict(yaml.safe_load(read_object(path).decode("utf-8")) or {}, base_dir=parent(path))
         with open(path, encoding="utf-8") as stream:
             data = yaml.safe_load(stream) or {}
         try:
@@ -317,7 +324,7 @@ def config_for(paths: list[str], geometry_args: Mapping[str, Any] | None = None,
     ``geometry_args`` replaces fields of the geometry (the YAML's, or the covering one); ``overrides``
     replaces whole fields of the config (``seed``, ``geometry``...)."""
     given = dict(geometry_args or {})
-    if len(paths) == 1 and paths[0].endswith((".yaml", ".yml")):
+    if len(paths) == 1 and is_data_yaml(paths[0]):
         config = DataConfig.from_yaml(paths[0])
         parts = {f: getattr(config, f) for f in ("groups", "packing", "dropout", "geometry", "seed", "schedule",
                                                  "allow_duplicates")}
@@ -327,7 +334,7 @@ def config_for(paths: list[str], geometry_args: Mapping[str, Any] | None = None,
 
     groups = []
     for number, prefix in enumerate(paths):
-        if prefix.endswith((".yaml", ".yml")):
+        if is_data_yaml(prefix):
             raise ValueError(f"{prefix}: a data YAML is given alone; name dataset prefixes, or one data.yaml")
         dataset = MMIDXDataset(prefix)
         source = ((dataset.metadata or {}).get("build") or {}).get("source") or dataset.kind

@@ -30,6 +30,19 @@ CACHE_LAYOUT = 2
 INDEX_FILE = "index.json"
 
 
+def available_memory() -> int:
+    """Bytes of memory this machine can give a process without swapping (Linux's ``MemAvailable``; elsewhere
+    the physical memory)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as stream:
+            for line in stream:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def description_key(description: dict[str, Any]) -> str:
     """The folder name of a cache entry: a hash of its JSON description (and the cache layout)."""
     keyed = json.dumps({"description": description, "layout": CACHE_LAYOUT}, sort_keys=True, default=str)
@@ -84,6 +97,19 @@ class ArraySink:
                 filled += len(chunk)
             arrays[name] = array
         return arrays
+
+    def require_room(self, nbytes: int, what: str, advice: str) -> None:
+        """Refuse, before any work, arrays of about ``nbytes`` that cannot fit where this sink writes them: the
+        memory this machine has available (no folder; the arrays are joined at the end, so twice theirs), or the
+        free space of the folder's disk. The message names ``what`` asked for them, then the ``advice``."""
+        if self.folder is None:
+            needed, room, where = 2 * nbytes, available_memory(), "memory this machine has available"
+        else:
+            needed, room = nbytes, shutil.disk_usage(self.folder).free
+            where = f"free on the disk of {self.folder.parent}"
+        if needed > room:
+            raise ValueError(f"{what} would need about {needed / 1e9:,.1f} GB, more than the {room / 1e9:,.1f} GB "
+                             f"{where}: {advice}")
 
     def layout(self) -> dict[str, dict[str, Any]]:
         return {name: {"dtype": self.dtypes[name].str, "shape": self.shapes[name]} for name in self.dtypes}

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from mmidx import _packing
 from mmidx import format as fmt
 from mmidx.config import DataConfig
+from mmidx.errors import option
 from mmidx.index.cache import ArraySink, cached_build
 from mmidx.index.cost import LLMGeometry
 from mmidx.index.history import MixtureHistory
@@ -208,6 +209,11 @@ def write_pack_index(sink: ArraySink, table: ViewTable, config: DataConfig, num_
     keep_views = table.max_views > 1
     if keep_views:
         sink.declare("views", _unsigned(table.max_views - 1))
+    item_bytes = sum(sink.dtypes[name].itemsize for name in ("samples", "views") if name in sink.dtypes)
+    total = int(table.group_base[-1])
+    sink.require_room(num_samples * item_bytes, f"a pack index of {num_samples:,} samples (about "
+                      f"{num_samples / total:,.0f} epochs of the config's {total:,})",
+                      f"ask for fewer ({option('num_samples')} counts the samples drawn, not tokens or steps)")
     sink.append("pack_offsets", np.zeros(1, np.int64))
     items = packs = tokens = 0
     with tqdm(total=num_samples, unit=" samples", unit_scale=True, delay=2, file=sys.stderr,

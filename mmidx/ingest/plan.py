@@ -18,6 +18,7 @@ from mmidx import __version__
 from mmidx.errors import MMIDXError
 from mmidx.format import BUILD_LAYOUTS, FormatError, output_prefix
 from mmidx.io.files import digest, read_json
+from mmidx.io.storage import local_path
 from mmidx.read.dataset import MMIDXDataset
 from mmidx.sources import SourceOptions, WorkUnit, get_source, preflight
 
@@ -59,6 +60,7 @@ class BuildOptions:
 
     def __post_init__(self) -> None:
         get_source(self.source)
+        object.__setattr__(self, "output", local_path(os.fspath(self.output)))  # file://: the path it names
         output_prefix(self.output)  # "out/" would write hidden files (out/.idx...): refused before anything is built
         if not self.inputs:
             raise ValueError("give at least one input")

@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 
 from mmidx.io.cache_accounting import Accounting, lock_file
-from mmidx.io.cache_folder import SHA, entry_bytes, folder_bytes, read_block_size, read_state, roles
+from mmidx.io.cache_folder import (
+    SHA,
+    CacheError,
+    entry_bytes,
+    folder_bytes,
+    read_block_size,
+    read_state,
+    roles,
+)
 
 
 def same_dataset(recorded: str, asked: str) -> bool:
@@ -22,10 +30,22 @@ def same_dataset(recorded: str, asked: str) -> bool:
     return recorded.partition("?")[0].rstrip("/") == asked.partition("?")[0].rstrip("/")
 
 
+def existing_folder(folder: str | os.PathLike) -> Path:
+    """``folder`` as a path, or a :class:`CacheError` when it is no folder: a cache that does not exist holds
+    nothing, which "0 B" would not say (a mistyped folder reads as an empty cache)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        why = "not a folder" if folder.exists() else "no such folder"
+        raise CacheError(f"{folder}: {why}: give mmidx's cache folder (as --cache-dir; by default $MMIDX_CACHE_DIR, "
+                         "else ~/.cache/mmidx, made by the first read of a remote dataset)")
+    return folder
+
+
 def cache_info(folder: str | os.PathLike) -> dict[str, Any]:
     """What ``mmidx cache info`` prints: the data cache's size (counted on disk), its block size, the limit the
-    last run kept it under, each dataset's blocks and bytes, and the last run's counters."""
-    data = Path(folder) / "data"
+    last run kept it under, each dataset's blocks and bytes, and the last run's counters. A ``folder`` that does
+    not exist is a :class:`CacheError`."""
+    data = existing_folder(folder) / "data"
     state = read_state(data)
     block_size = read_block_size(data)
     datasets: dict[str, dict[str, int]] = {}
@@ -50,8 +70,8 @@ def clear_cache(folder: str | os.PathLike, dataset: str | None = None) -> int:
     files (theirs) from mmidx's cache folder ``folder``; the bytes freed. Only mmidx's own files are deleted (in
     ``data/``: the entries, their arrays and JSONs, and, when no process has the cache open, the folder's own
     files; in ``remote/``: the folders named by a metadata checksum); anything else is left as it is. Running
-    readers see a miss and fetch again."""
-    folder = Path(folder)
+    readers see a miss and fetch again. A ``folder`` that does not exist is a :class:`CacheError`."""
+    folder = existing_folder(folder)
     data, remote = folder / "data", folder / "remote"
     before = folder_bytes(data) + folder_bytes(remote)
     shas = {sha for sha, _, meta in roles(data) if dataset is None or same_dataset(meta["dataset"], dataset)}

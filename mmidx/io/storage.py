@@ -57,6 +57,25 @@ def join(location: str, name: str, separator: str = "/") -> str:
     return f"{base.rstrip('/') if separator else base}{separator}{name}{mark}{query}"
 
 
+def parent(uri: str) -> str:
+    """The folder URI holding the object or prefix ``uri``, its query (``?endpoint_override=...``) kept: names
+    beside it (a data.yaml's datasets) :func:`join` to it and are read from the same store."""
+    base, mark, query = uri.partition("?")
+    return f"{base.rstrip('/').rsplit('/', 1)[0]}{mark}{query}"
+
+
+def without_query(location: str) -> str:
+    """``location`` without a URI's query options: what names the file (a local path is kept whole, since
+    ``?`` may be part of a file name)."""
+    return location.partition("?")[0] if "://" in location else location
+
+
+def local_path(location: str) -> str:
+    """A ``file://`` URI as the local path it names (``file:///data/t2i`` -> ``/data/t2i``); any other location
+    as it is. Local datasets are opened and written through their paths, so a ``file://`` prefix is one too."""
+    return filesystem(location)[1] if location.startswith("file://") else location
+
+
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """Where the small files of remote datasets are cached: ``remote/`` in ``cache_dir`` (a reader's), else in
     ``$MMIDX_CACHE_DIR`` or ``~/.cache/mmidx``."""
@@ -228,6 +247,15 @@ def delete_folder(uri: str) -> None:
 # stopped at any point never leaves a dataset that opens (a reader needs both). A sharded dataset's shards are
 # copied before its table, each as a dataset of its own.
 UPLOAD_ORDER = ("bin", "images", "plan", "shards", "idx", "meta")
+
+
+def existing_files(prefix: str) -> list[str]:
+    """The roles (keys of ``format.SUFFIXES``) whose file exists for the dataset ``prefix``, a local path or a URI
+    (one request for them all): what writing a dataset there would replace."""
+    fs, _ = filesystem(prefix)
+    paths = [filesystem(file_uri(prefix, role))[1] for role in fmt.SUFFIXES]
+    infos = retrying(prefix, lambda: fs.get_file_info(paths))
+    return [role for role, info in zip(fmt.SUFFIXES, infos, strict=True) if info.type != pafs.FileType.NotFound]
 
 
 def remote_metadata(prefix: str) -> bytes | None:

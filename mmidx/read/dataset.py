@@ -22,7 +22,7 @@ from mmidx.errors import MMIDXError
 from mmidx.format import FormatError
 from mmidx.io.cache_folder import CacheSettings, cache_settings
 from mmidx.io.remote_file import RemoteFile, remote_dataset
-from mmidx.io.storage import file_uri, is_remote
+from mmidx.io.storage import file_uri, is_remote, local_path
 from mmidx.read.invariants import (
     _check_counts,
     _check_file_sizes,
@@ -115,7 +115,8 @@ def _sharded(prefix: str, meta: dict[str, Any], name: str | os.PathLike, table: 
 class MMIDXDataset:
     """An opened dataset: ``len()`` samples, ``ds[i]`` → :class:`Sample`, and token-level random access.
 
-    ``prefix`` names the files (``prefix.idx``, ``prefix.bin``, ...). A Megatron ``.idx``/``.bin``
+    ``prefix`` names the files (``prefix.idx``, ``prefix.bin``, ...): a path, a ``file://`` URI or one of object
+    storage (``s3://...``). A Megatron ``.idx``/``.bin``
     pair without mmidx metadata opens as a text dataset whose samples are Megatron's documents.
     In object storage its small files are cached in ``cache_dir`` and, with ``cache_limit`` (``"500G"``), its data
     blocks too, shared by the node's processes (:mod:`mmidx.io.block_cache`); ``cache_offline=True`` opens it from
@@ -130,7 +131,8 @@ class MMIDXDataset:
 
     def __init__(self, prefix: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None, cache_offline: bool | None = None):
-        self.prefix, self.cache = os.fspath(prefix), cache_settings(cache_dir, cache_limit, cache_offline)
+        self.prefix = local_path(os.fspath(prefix))
+        self.cache = cache_settings(cache_dir, cache_limit, cache_offline)
         self._known: str | None = None
         self._mapped: _Mapped | None = _open(self.prefix, self.cache)
         MAPPED.used(self)

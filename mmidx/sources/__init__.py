@@ -76,6 +76,12 @@ def _fps_sampling(sample: str) -> bool:
         return False
 
 
+# Views (augmentations) per sample a build materialises at most: epoch e reads view e mod views, so views past a
+# run's epochs are never read, and each is stored for every sample (a t2i view's plan is about 40 bytes: 16 rows of
+# 1,024 views make a 0.66 MB plan; 1,000,000 views of 20 rows ran for minutes toward 800 MB).
+MAX_VIEWS = 1024
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """Everything that decides what a source builds from a row (recorded in the dataset's metadata)."""
@@ -134,8 +140,10 @@ class SourceOptions:
         if self.chat_config is not None and self.extra_keys:
             raise ValueError("extra_keys and chat_config both order a chat prompt: list the keys in the chat "
                              "config's message_construction instead")
-        if self.views < 1:
-            raise ValueError(f"views must be at least 1, not {self.views}")
+        if not 1 <= self.views <= MAX_VIEWS:
+            raise ValueError(f"views must lie in 1..{MAX_VIEWS:,}, not {self.views:,}: epoch e reads view e mod views, "
+                             "so views past the run's epochs are never read, and every sample stores the plan of "
+                             "each of its views")
         if self.max_text_tokens < 1:
             raise ValueError(f"max_text_tokens must be at least 1, not {self.max_text_tokens}")
         if not 1 <= self.min_frames <= self.max_frames:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmidx.errors import option
 from mmidx.index.cache import cached_arrays
 from mmidx.index.gpt import gpt_indices
 from mmidx.read.dataset import MMIDXDataset
@@ -79,6 +80,10 @@ class GPTTextDataset(torch.utils.data.Dataset):
                                                         drop_last=drop_last)
             except ValueError as error:  # e.g. too few tokens: say which dataset
                 raise ValueError(f"{self.dataset.prefix}: {error}") from error
+            except MemoryError as error:  # numpy refuses at once an array far larger than the machine's memory
+                raise ValueError(f"{self.dataset.prefix}: {num_samples:,} GPT samples of {seq_length} tokens need "
+                                 f"more memory than this machine has ({error}): ask for fewer "
+                                 f"({option('num_samples')})") from None
             return {"document_index": document, "sample_index": sample, "shuffle_index": shuffle}, \
                 {"samples": len(sample) - 1}
 

@@ -10,7 +10,10 @@ of the same rows saved as one file named ``source_name``, byte for byte in its `
 ``plan`` files, whatever the blocks, tasks or retries.
 
 Shards are staged beside the output (``PREFIX.ray-shards``): a local prefix needs a folder every node sees
-(a shared filesystem); an object-storage prefix stages and writes there.
+(a shared filesystem); an object-storage prefix stages and writes there. A dataset already at the prefix, local
+or in object storage, is replaced only with ``overwrite=True``; without it, the prefix is checked when the job
+starts and again just before the dataset is written (the upload, or the local files' rename), so a dataset
+written there while the job ran is not replaced either.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from mmidx.errors import MMIDXError, import_extra
 from mmidx.ingest.report import BuildReport, add_counts, count_skip, count_warning, judge, new_counts
 from mmidx.ingest.shard import load_tokenizer
 from mmidx.ingest.writer import DatasetBuilder
-from mmidx.io.storage import delete_folder, is_remote, join, upload_dataset
-from mmidx.read.dataset import MMIDXDataset, dataset_files
+from mmidx.io.storage import delete_folder, existing_files, file_uri, is_remote, join, local_path, upload_dataset
+from mmidx.read.dataset import MMIDXDataset
 from mmidx.sources import Skip, SourceContext, SourceOptions
 from mmidx.sources.common import caption_views, samples_of
 from mmidx.sources.elements import StoredImage
@@ -53,7 +56,7 @@ class MMIDXDatasink(Datasink):
 
     def __init__(self, prefix: str | os.PathLike, tokenizer: str, options: SourceOptions | None = None,
                  source_name: str = "rows", max_skip_rate: float = 0.01, overwrite: bool = False):
-        prefix, self.options = os.fspath(prefix), options or SourceOptions()
+        prefix, self.options = local_path(os.fspath(prefix)), options or SourceOptions()
         self.prefix = prefix if is_remote(prefix) else os.path.abspath(prefix)  # tasks run in other folders
         self.tokenizer = os.path.abspath(tokenizer) if os.path.isdir(tokenizer) else tokenizer
         self.source_name, self.max_skip_rate, self.overwrite = source_name, max_skip_rate, overwrite
@@ -62,9 +65,15 @@ class MMIDXDatasink(Datasink):
         self.report: BuildReport | None = None
         self.started = 0.0
 
+    def _refuse_a_dataset_there(self, since: str) -> None:
+        """Unless ``overwrite``, refuse to write over any dataset file at the prefix (``since``: since when)."""
+        if not self.overwrite and (found := existing_files(self.prefix)):
+            files = ", ".join(file_uri(self.prefix, role) for role in found)
+            raise RayWriteError(f"{self.prefix}: a dataset is there {since} ({files}); pass overwrite=True to replace "
+                                "it, or write to another prefix (nothing was written there)")
+
     def on_write_start(self, schema: Any = None) -> None:
-        if not self.overwrite and not is_remote(self.prefix) and dataset_files(self.prefix):
-            raise RayWriteError(f"{self.prefix}: a dataset is there already; delete it or pass overwrite=True")
+        self._refuse_a_dataset_there("already")
         self.started = time.perf_counter()
         self.identity = load_tokenizer(self.tokenizer, fresh=True).identity
         if schema is not None:
@@ -149,10 +158,15 @@ class MMIDXDatasink(Datasink):
             if not totals["samples"]:  # leaves no dataset behind, as a build that built nothing
                 raise RayWriteError(BuildReport({**judge(totals, self.max_skip_rate), "output": self.prefix,
                                                  "units": len(returns), "reused_units": 0}).summary())
+            if not output:  # the local files are renamed into place by finalize
+                self._refuse_a_dataset_there("now, written while this job ran")
             builder.finalize()
         if output:
-            upload_dataset(local_prefix, self.prefix)
-            shutil.rmtree(output, ignore_errors=True)
+            try:
+                self._refuse_a_dataset_there("now, written while this job ran")
+                upload_dataset(local_prefix, self.prefix)
+            finally:
+                shutil.rmtree(output, ignore_errors=True)
         self._clear_staging()
         totals["seconds"]["wall"] = time.perf_counter() - self.started
         self.report = BuildReport({**judge(totals, self.max_skip_rate), "output": self.prefix, "units": len(returns),

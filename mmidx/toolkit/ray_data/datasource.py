@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from mmidx.config import DataConfig
+from mmidx.config import DataConfig, is_data_yaml
 from mmidx.errors import import_extra
 from mmidx.ingest.shard import load_tokenizer
-from mmidx.io.storage import is_remote
+from mmidx.io.storage import is_remote, local_path
 from mmidx.read.dataset import MMIDXDataset, Sample
 from mmidx.toolkit.sample import dataset_tokenizer
 
@@ -40,13 +40,14 @@ def dataset_prefixes(prefix_or_yaml: str | os.PathLike | Sequence[str | os.PathL
     """The datasets a prefix, a list of prefixes or a ``data.yaml`` (every group's datasets, once each) names."""
     if isinstance(prefix_or_yaml, (str, os.PathLike)):
         location = os.fspath(prefix_or_yaml)
-        if location.endswith((".yaml", ".yml")):
+        if is_data_yaml(location):
             config = DataConfig.from_yaml(location)
             return list(dict.fromkeys(prefix for group in config.groups for prefix in group.datasets))
         prefixes = [location]
     else:
         prefixes = [os.fspath(prefix) for prefix in prefix_or_yaml]
-    return [prefix if is_remote(prefix) else os.path.abspath(prefix) for prefix in prefixes]  # tasks run elsewhere
+    # absolute: tasks run in other folders
+    return [prefix if is_remote(prefix) else os.path.abspath(local_path(prefix)) for prefix in prefixes]
 
 
 def _row(dataset: MMIDXDataset, number: int, columns: Sequence[str], tokenizer: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from mmidx.config import DataConfig
+from mmidx.config import DataConfig, is_data_yaml
 from mmidx.errors import MMIDXError
 from mmidx.format import FormatError
 from mmidx.read.dataset import MMIDXDataset
@@ -86,12 +86,12 @@ class Catalog:
         self.paths = [os.fspath(path) for path in paths]
         self.datasets: dict[str, ViewedDataset] = {}
         self.pack_names: dict[tuple[int, int], str] = {}  # (group, dataset) of the packs' config -> name
-        yamls = [path for path in self.paths if path.endswith((".yaml", ".yml"))]
+        yamls = [path for path in self.paths if is_data_yaml(path)]
         self.config: DataConfig | None = DataConfig.from_yaml(yamls[0]) if len(yamls) == 1 else None
         if self.config is not None and geometry:
             self.config = replace(self.config, geometry=replace(self.config.geometry, **geometry))
         for path in self.paths:
-            if path.endswith((".yaml", ".yml")):
+            if is_data_yaml(path):
                 config = self.config if self.config is not None else DataConfig.from_yaml(path)
                 named = [((g, d), group.name, prefix) for g, group in enumerate(config.groups)
                          for d, prefix in enumerate(group.datasets)]
