@@ -227,6 +227,19 @@ def test_the_tight_policy_wastes_less_accelerator_time_at_scale_than_bagels(smal
     assert results["tight"]["au"] > results["bagel"]["au"] and results["tight"]["fill"] > results["bagel"]["fill"]
 
 
+def test_a_dry_run_shows_its_progress_and_deals_each_global_batch_once(small_config, capsys, monkeypatch):
+    """Issue 55, item 5: a dry run at a large world size says on stderr how far it is, and its cost is linear in the
+    world size: each global batch is dealt once for all ranks, not once per rank."""
+    deals = []
+    original = GlobalBatchSampler.deal
+    monkeypatch.setattr(GlobalBatchSampler, "deal", lambda self, batch: deals.append(batch) or original(self, batch))
+    assert main(["bench", str(small_config), "--au", "--dry", "--world-size", "64", "--runs", "2", "--steps", "8",
+                 "--warmup", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "pack index:" in err and "dry run 1/2: au" in err and "dry run 2/2: au" in err
+    assert len(deals) == 16  # 2 runs × 8 micro-steps, one global batch each (8 per rank): one deal per step
+
+
 @pytest.mark.parametrize(("options", "status", "message"), [
     (["--masks", "none"], 2, "--masks flex or dense"),
     (["--workers", "1,2"], 2, "one worker count"),

@@ -43,6 +43,13 @@ def test_sample_randomness_refuses_keys_philox_refuses():
             sample_randomness(seed, 0, 0, 1)
 
 
+@pytest.mark.parametrize("pack, position", [(0, -1), (-1, 0), (0, 2**63), (2**63, 0), (0, 2**64 - 1), (0, 2**64)])
+def test_sample_randomness_refuses_positions_and_packs_out_of_range(pack, position):
+    """-1 would alias 2**64 - 1 and 2**63 would wrap onto 0 (issue 56, item 10): refused as sample_uniforms does."""
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*63\)"):
+        sample_randomness(7, pack, position, 2)
+
+
 def _records(rng, count):
     records = np.zeros(count, fmt.ELEMENT_DTYPE)
     records["kind"] = rng.integers(0, len(fmt.KIND_NAMES), count)

@@ -256,3 +256,26 @@ def test_a_dcp_checkpoint_inside_a_global_batch_loads_and_one_of_another_seed_is
     dcp.load({"data": resumed}, checkpoint_id=tmp_path / "step-1")
     assert resumed.state_dict() == loader.state_dict() and resumed.state_dict()["batch_consumed"] is not None
     assert next(iter(resumed))[0] == 1
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_an_older_dcp_checkpoint_loaded_partially_is_warned_and_one_inside_a_batch_refused(groups, tmp_path):
+    """A checkpoint of an older mmidx (no stream, no deal) loaded with allow_partial_load=True leaves the loader's
+    own stream and deal in the dict DCP loads into: it is warned as load_state_dict warns, and a count inside a
+    global batch is refused unless strict=False (issue 56, item 9)."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    index = build_pack_index(config_of(groups), num_samples=NUM_SAMPLES, progress=False)
+    partial = DefaultLoadPlanner(allow_partial_load=True)
+    for consumed in (2, 1):  # at an optimizer step; one pack into a global batch of two
+        dcp.save({"data": {"packs_consumed": consumed, "world_size": 1, "global_batch_size": 2}},
+                 checkpoint_id=tmp_path / f"old-{consumed}")
+    loader = PackLoader(PackDataset(index, ItemsBuilder()), global_batch_size=2)
+    with pytest.warns(UserWarning, match="records no stream"):
+        dcp.load({"data": loader}, checkpoint_id=tmp_path / "old-2", planner=partial)
+    assert loader.steps_consumed == 2
+    with pytest.raises(LoaderStateError, match="records no deal"):
+        dcp.load({"data": PackLoader(PackDataset(index, ItemsBuilder()), global_batch_size=2)},
+                 checkpoint_id=tmp_path / "old-1", planner=partial)
+    with pytest.warns(UserWarning, match="records no deal"):  # the same state by hand, strict=False: continued
+        loader.load_state_dict({"packs_consumed": 1, "world_size": 1, "global_batch_size": 2}, strict=False)
+    assert loader.steps_consumed == 1 and next(iter(loader))[0] == 1

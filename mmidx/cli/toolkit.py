@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 import warnings
 
 from mmidx.cli.common import (
@@ -69,7 +70,8 @@ def _bench_au(args: argparse.Namespace) -> int:
                       warmup=args.warmup, global_batch_size=args.global_batch_size, balanced=not args.contiguous,
                       masks=args.masks, device=args.device or "cpu", cache_dir=args.cache_dir,
                       time_limit=args.time_limit, prefetch_factor=args.prefetch_factor, dry=args.dry,
-                      decode=args.decode, encodings=args.encodings)
+                      decode=args.decode, encodings=args.encodings,
+                      progress=functools.partial(print, file=sys.stderr, flush=True))
     print(json.dumps(result, indent=1) if args.json else format_au(result))
     return 0
 

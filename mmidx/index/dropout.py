@@ -18,7 +18,7 @@ from mmidx import format as fmt
 from mmidx.config import DropoutConfig
 
 _PHILOX = threading.local()  # each thread's generator for sample_randomness
-_WORD, _KEY, _COUNTER = 2**64 - 1, 2**128 - 1, 2**63 - 1  # beyond _COUNTER, Philox reads a list of counters as floats
+_WORD, _KEY, _COUNTER = 2**64 - 1, 2**128 - 1, 2**63 - 1  # packs and positions: int64, as sample_uniforms reads them
 # Philox4x64-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC11; numpy's bit generator):
 # the round's multipliers and the key's Weyl increments.
 _MULTIPLIERS = (0xD2E7470EE14C6C93, 0xCA5A826395121157)
@@ -33,9 +33,11 @@ def sample_randomness(seed: int, pack_index: int, position: int, count: int) -> 
     Philox is counter-based: the stream is a pure function of (seed, pack, position), independent
     of which process asks, in which order, and of every other sample.
     """
-    if not (0 <= seed <= _KEY and 0 <= position <= _COUNTER and 0 <= pack_index <= _COUNTER):
-        generator = np.random.Generator(np.random.Philox(key=seed, counter=[0, 0, position, pack_index]))  # refuses
-        return generator.random(count), generator.standard_normal(count)
+    if not 0 <= seed <= _KEY:
+        np.random.Philox(key=seed)  # refuses a key out of range in numpy's words
+    if not (0 <= position <= _COUNTER and 0 <= pack_index <= _COUNTER):  # -1 would alias 2**64 - 1, 2**63 wrap to 0
+        raise ValueError(f"pack {pack_index} and sample position {position} are in [0, 2**63): a pack's randomness "
+                         "is keyed by its non-negative index and position, as sample_uniforms takes them")
     generator = getattr(_PHILOX, "generator", None)
     if generator is None:
         generator = _PHILOX.generator = np.random.Generator(np.random.Philox(key=0))

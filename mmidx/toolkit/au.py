@@ -194,13 +194,14 @@ def rank_packs(num_packs: int, global_batch_size: int, world_size: int, first_st
                pack_costs: np.ndarray | None = None) -> np.ndarray:
     """The pack each rank trains on at micro-steps ``first_step`` … ``first_step + steps - 1``, ``[step, rank]``: the
     loader's own sampler (:class:`~mmidx.train.shares.GlobalBatchSampler`, balanced with ``pack_costs``)."""
+    sampler = GlobalBatchSampler(num_packs, global_batch_size=global_batch_size, world_size=world_size,
+                                 pack_costs=pack_costs)  # one deal per global batch serves every rank
+    if first_step + steps > len(sampler):
+        raise ValueError(f"{num_packs} packs hold {len(sampler)} micro-steps per rank, not {first_step + steps}")
     packs = np.empty((steps, world_size), dtype=np.int64)
-    for rank in range(world_size):
-        sampler = GlobalBatchSampler(num_packs, global_batch_size=global_batch_size, rank=rank,
-                                     world_size=world_size, pack_costs=pack_costs)
-        if first_step + steps > len(sampler):
-            raise ValueError(f"{num_packs} packs hold {len(sampler)} micro-steps per rank, not {first_step + steps}")
-        packs[:, rank] = [sampler.pack_of_step(step) for step in range(first_step, first_step + steps)]
+    for step in range(first_step, first_step + steps):
+        global_batch, position = divmod(step, sampler.per_rank)
+        packs[step - first_step] = sampler.deal(global_batch)[position * world_size:(position + 1) * world_size]
     return packs
 
 

@@ -15,6 +15,7 @@ import math
 import os
 import statistics
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,14 +45,16 @@ def bench_au(config: DataConfig, *, world_size: int = 2, workers: int = 1, model
              steps: int = 10, warmup: int = 2, global_batch_size: int | None = None, balanced: bool = True,
              masks: str = "flex", device: str = "cpu", cache_dir: str | os.PathLike | None = None,
              time_limit: float = 600.0, prefetch_factor: int | None = None, dry: bool = False,
-             decode: str = "loader", encodings: str | None = None) -> dict[str, Any]:
+             decode: str = "loader", encodings: str | None = None,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """AU of ``world_size`` emulated accelerators training ``model`` on ``config``'s packs, ``runs`` runs of
     ``warmup`` + ``steps`` micro-steps (see :mod:`mmidx.toolkit.au`), each rank with a loader of ``workers``
     workers; ``dry``: the pack index alone. ``global_batch_size``: packs per optimizer step (default
     ``MICRO_STEPS`` per rank), dealt by cost (``balanced``) or in contiguous shares; ``masks``: "flex" (split
     metadata; the model's default throughput with FlexAttention) or "dense" (masks built on ``device``; SDPA's);
     ``time_limit``: seconds a run may take before the ranks stop in step; ``decode`` and ``encodings`` (a precached
-    VAE encoding's name) as for :func:`mmidx.toolkit.bench.bench_packs`."""
+    VAE encoding's name) as for :func:`mmidx.toolkit.bench.bench_packs`; ``progress``: told a line as each stage of
+    a dry run ends (the pack index, each run), so a large world size is seen to advance."""
     global_batch_size = global_batch_size or MICRO_STEPS * world_size
     if world_size < 1 or global_batch_size % world_size:
         raise ValueError(f"{option('global_batch_size')} ({global_batch_size}) must be a multiple of "
@@ -84,7 +87,14 @@ def bench_au(config: DataConfig, *, world_size: int = 2, workers: int = 1, model
                  "packing_policy": config.packing.policy, "max_num_tokens": limit, "pass_bar": PASS_BAR,
                  "machine": machine("torch"), "load_average": os.getloadavg()[0]}
         if dry:
-            dries = [dry_of(run * (warmup + steps) + warmup, steps) for run in range(runs)]
+            if progress:
+                progress(f"pack index: {len(index):,} packs, {world_size:,} ranks of {per_rank} micro-steps per "
+                         "global batch")
+            dries = []
+            for run in range(runs):
+                dries.append(dry_of(run * (warmup + steps) + warmup, steps))
+                if progress:
+                    progress(f"dry run {run + 1}/{runs}: au {dries[-1]['au']:.3f}")
             return {**about, **combine(dries), "runs": dries}
         from mmidx.toolkit.au_ranks import PackFeed, run_ranks
 

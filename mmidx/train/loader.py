@@ -21,7 +21,7 @@ from mmidx.pack.batch import PackedBatch
 from mmidx.pack.builder import PackBuilder
 from mmidx.read.prefetch import PackPrefetcher, WorkerSchedule, remote_data
 from mmidx.train.shares import GlobalBatchSampler, NodeSchedule
-from mmidx.train.state import state_after, steps_of_state
+from mmidx.train.state import OwnStream, state_after, steps_of_state
 
 
 class PackDataset(torch.utils.data.Dataset):
@@ -100,17 +100,20 @@ class PackLoader:
         self.device = device
         self.steps_consumed = 0
         self._shares = self.sampler()  # checks the shares now
+        self._own = OwnStream()  # what a DCP load leaves of this loader's state_dict() is told apart
 
     def state_dict(self) -> dict[str, Any]:
         """``{"packs_consumed": n, "world_size": w, "global_batch_size": G, "stream": {...}, "batch_consumed":
         ...}``: the global packs consumed (every rank's micro-steps × world size), the same on every rank,
         with the shares and the stream they were consumed in (:mod:`mmidx.train.state`)."""
-        return state_after(self._shares, self.steps_consumed, self.dataset.identity)
+        state = state_after(self._shares, self.steps_consumed, self.dataset.identity)
+        return self._own.mark(state)
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
         """Continue after the packs ``state`` consumed (:func:`~mmidx.train.state.steps_of_state`); a state of
         another stream is refused, or with ``strict=False`` continued on this one, warned."""
-        self.steps_consumed = steps_of_state(state, self._shares, self.dataset.identity, strict=strict)
+        self.steps_consumed = steps_of_state(state, self._shares, self.dataset.identity, strict=strict,
+                                             own=self._own)
 
     def sampler(self) -> GlobalBatchSampler:
         return GlobalBatchSampler(len(self.dataset), global_batch_size=self.global_batch_size, rank=self.rank,

@@ -19,7 +19,7 @@ import torch
 
 from mmidx.index.pack_costs import PackCosts
 from mmidx.train.shares import GlobalBatchSampler
-from mmidx.train.state import LoaderStateError, state_after, steps_of_state
+from mmidx.train.state import LoaderStateError, OwnStream, shared_steps, state_after, steps_of_state
 
 # Where torchdata 0.11's StatefulDataLoader.state_dict() keeps the sampler's state: at its top level
 # with no workers, in the snapshot of the main process's state with workers (_StatefulMultiProcessingDataLoaderIter).
@@ -50,6 +50,7 @@ class PackSampler(torch.utils.data.Sampler[int]):
                                            world_size=world_size, pack_costs=pack_costs)
         self.identity = getattr(dataset, "identity", None)  # a PackDataset's stream (None: not checked)
         self.steps = 0  # micro-steps drawn by this rank
+        self._own = OwnStream()  # what a DCP load leaves of this loader's state_dict() is told apart
 
     def __len__(self) -> int:
         """Micro-steps of this rank in the whole stream (the resumed part included, as torchdata's samplers)."""
@@ -62,12 +63,13 @@ class PackSampler(torch.utils.data.Sampler[int]):
             yield pack
 
     def state_dict(self) -> dict[str, Any]:
-        return state_after(self.schedule, self.steps, self.identity)
+        state = state_after(self.schedule, self.steps, self.identity)
+        return self._own.mark(state)
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
         """Continue after the packs ``state`` consumed; another world size only at an optimizer step, another
         stream only with ``strict=False`` (:func:`~mmidx.train.state.steps_of_state`)."""
-        self.steps = steps_of_state(state, self.schedule, self.identity, strict=strict)
+        self.steps = steps_of_state(state, self.schedule, self.identity, strict=strict, own=self._own)
 
     def resume_from(self, loader_state: Mapping[str, Any], strict: bool = True) -> None:
         """Continue after the last batch a ``StatefulDataLoader`` over a ``PackSampler`` handed out.
@@ -93,5 +95,5 @@ class PackSampler(torch.utils.data.Sampler[int]):
         if steps_after:  # micro-steps of the world that saved it, after the snapshot: counted on, shares checked
             saved = {key: sampler_state[key] for key in ("world_size", "global_batch_size") if key in sampler_state}
             world_size = saved.get("world_size", self.schedule.world_size)
-            self.steps = steps_of_state({**saved, "packs_consumed": sampler_state["packs_consumed"]
-                                         + steps_after * world_size}, self.schedule)
+            self.steps = shared_steps({**saved, "packs_consumed": sampler_state["packs_consumed"]
+                                       + steps_after * world_size}, self.schedule)

@@ -13,7 +13,14 @@ reads it), with the same keys at every step (DCP loads a state into the keys a n
 - ``stream``: the stream's identity (:mod:`mmidx.index.identity`). A loader over another stream refuses the
   state in one line naming what differs (the seed, the config, the datasets, the mixture...), unless it is
   loaded with ``strict=False``, which continues this loader's stream at pack n with a warning. A state
-  without it (saved by an older mmidx, or over packs that are no pack index) is read with a warning.
+  without it (saved by an older mmidx, or over packs that are no pack index) is read with a warning; one
+  that also lacks ``batch_consumed`` and ends inside a global batch is refused (which rank ran which of the
+  batch's packs cannot be checked) unless loaded with ``strict=False``.
+
+``torch.distributed.checkpoint`` loads a checkpoint in place into the dict the loader's ``state_dict()``
+returned, and with ``allow_partial_load=True`` leaves the keys the checkpoint lacks as they were: an older
+mmidx's checkpoint then arrives holding this loader's own stream and deal, which would pass every check.
+:class:`OwnStream` recognises them, so such a load is read as the older state it is, warned and checked alike.
 """
 
 from __future__ import annotations
@@ -45,6 +52,39 @@ def state_after(shares: GlobalBatchSampler, steps: int, identity: StreamIdentity
             "batch_consumed": _batch_consumed(shares, batch, position) if position else None}
 
 
+class OwnStream:
+    """A loader's own copies of its stream's hashes, which the states it hands out hold, to tell a state it
+    made from one it was given.
+
+    ``dcp.load`` calls ``state_dict()``, loads the checkpoint into that very dict (torchdata's
+    ``StatefulDataLoader`` into the sampler's dict of a snapshot), each value it loads a new, unpickled, object,
+    then calls ``load_state_dict`` with it. With ``allow_partial_load=True`` the keys the checkpoint lacks (an
+    older mmidx's: the stream and the deal) keep this loader's values, which would pass every check. A state
+    that holds these copies was made by this loader, not loaded: :meth:`loaded` reads it without the stream
+    and the deal, as the older state it is. (A ``world_size`` or ``global_batch_size`` so left is this
+    loader's, which is what a state without them is read with.)
+    """
+
+    def __init__(self) -> None:
+        self._copies: dict[str, str] = {}  # a stream hash -> this loader's copy of it (another object)
+
+    def mark(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` (this loader's, from :func:`state_after`) with its stream's hashes replaced by the copies."""
+        for part, value in state["stream"].items():
+            if isinstance(value, str):
+                state["stream"][part] = self._copies.setdefault(value, value.encode().decode())
+        return state
+
+    def loaded(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``state`` without the stream and the deal, if its stream is this loader's copies (see the class)."""
+        stream = state.get("stream")
+        if not isinstance(stream, Mapping) or not any(stream.get(part) is copy for part, copy in
+                                                      ((p, self._copies.get(v)) for p, v in stream.items()
+                                                       if isinstance(v, str))):
+            return state
+        return {key: value for key, value in state.items() if key not in ("stream", "batch_consumed")}
+
+
 def _batch_consumed(shares: GlobalBatchSampler, batch: int, position: int) -> str:
     """A hash of the packs of global batch ``batch`` that the first ``position`` micro-steps of every rank ran."""
     return description_key({"packs": sorted(shares.deal(batch)[:position * shares.world_size].tolist())})
@@ -58,13 +98,9 @@ def _field(state: Mapping[str, Any], key: str, minimum: int, default: int | None
     return int(value)
 
 
-def steps_of_state(state: Mapping[str, Any], shares: GlobalBatchSampler, identity: StreamIdentity | None = None, *,
-                   strict: bool = True) -> int:
-    """The micro-steps each rank of ``shares`` has taken, from a state saved at any world size (see the module):
-    refused (``LoaderStateError``, one line) where this loader cannot continue exactly what the state consumed.
-    ``identity``: this loader's stream (None: not checked); ``strict=False`` continues another stream anyway."""
-    if not isinstance(state, Mapping):
-        raise LoaderStateError(f"a loader state is a mapping (state_dict()), got {type(state).__name__}")
+def shared_steps(state: Mapping[str, Any], shares: GlobalBatchSampler) -> int:
+    """The micro-steps each rank of ``shares`` has taken after the state's ``packs_consumed``, checking only the
+    shares (its world size and global batch size against these; see the module), not its deal or stream."""
     consumed = _field(state, "packs_consumed", 0)
     world_size = _field(state, "world_size", 1, shares.world_size)
     batch_size = _field(state, "global_batch_size", 1, shares.global_batch_size)  # older states: this loader's
@@ -80,24 +116,51 @@ def steps_of_state(state: Mapping[str, Any], shares: GlobalBatchSampler, identit
     if consumed % shares.world_size:
         raise LoaderStateError(f"{consumed} packs consumed is not a whole number of micro-steps for world size "
                                f"{shares.world_size}")
-    steps = consumed // shares.world_size
+    return consumed // shares.world_size
+
+
+def steps_of_state(state: Mapping[str, Any], shares: GlobalBatchSampler, identity: StreamIdentity | None = None, *,
+                   strict: bool = True, own: OwnStream | None = None) -> int:
+    """The micro-steps each rank of ``shares`` has taken, from a state saved at any world size (see the module):
+    refused (``LoaderStateError``, one line) where this loader cannot continue exactly what the state consumed.
+    ``identity``: this loader's stream (None: not checked); ``strict=False`` continues another stream anyway.
+    ``own``: the stream copies of this loader's states (:class:`OwnStream`: what a partial DCP load left)."""
+    if not isinstance(state, Mapping):
+        raise LoaderStateError(f"a loader state is a mapping (state_dict()), got {type(state).__name__}")
+    if own is not None:
+        state = own.loaded(state)
+    steps = shared_steps(state, shares)  # inside a global batch, the state's shares are these
+    batch, inside = divmod(steps * shares.world_size, shares.global_batch_size)
     saved_deal = state.get("batch_consumed")
-    if inside and saved_deal is not None and saved_deal != _batch_consumed(shares, consumed // batch_size,
-                                                                           steps % shares.per_rank):
-        raise LoaderStateError(f"the state was saved {inside} packs into global batch {consumed // batch_size:,}, "
+    if inside and saved_deal is not None and saved_deal != _batch_consumed(shares, batch, steps % shares.per_rank):
+        raise LoaderStateError(f"the state was saved {inside} packs into global batch {batch:,}, "
                                "whose packs this loader deals to other micro-steps (balanced steps on or off, or "
                                "other pack_costs): resume with the pack_costs it was saved with, or from a "
                                "checkpoint taken at an optimizer step")
-    if identity is not None and consumed:
-        _check_stream(state.get("stream"), identity, consumed, takeover_pack(state), strict)
+    if inside and saved_deal is None:
+        _unchecked_deal(inside, shares.global_batch_size, strict)
+    if identity is not None and steps:
+        _check_stream(state.get("stream"), identity, steps * shares.world_size, takeover_pack(state), strict)
     return steps
+
+
+def _unchecked_deal(inside: int, batch_size: int, strict: bool) -> None:
+    """Refuse (or with ``strict=False`` warn about) a state inside a global batch that records no deal."""
+    message = (f"the state was saved {inside} packs into a global batch of {batch_size} but records no deal "
+               "(saved by an older mmidx, or loaded partially from its checkpoint): which rank ran which of the "
+               "batch's packs cannot be checked")
+    if strict:
+        raise LoaderStateError(f"{message}; resume from a checkpoint taken at an optimizer step, or load it with "
+                               "strict=False to continue anyway")
+    warnings.warn(f"{message}; continuing as strict=False asks", stacklevel=4)
 
 
 def _check_stream(saved: Any, identity: StreamIdentity, consumed: int, end: int, strict: bool) -> None:
     """Refuse (or with ``strict=False`` warn about) a state whose ``consumed`` packs were another stream's."""
     if not saved:
-        warnings.warn(f"the loader state records no stream (saved by an older mmidx, or over packs that are no pack "
-                      f"index): resuming at pack {consumed:,} without checking that it continues this loader's stream",
+        warnings.warn(f"the loader state records no stream (saved by an older mmidx, loaded partially from its "
+                      f"checkpoint, or over packs that are no pack index): resuming at pack {consumed:,} without "
+                      "checking that it continues this loader's stream",
                       stacklevel=4)
         return
     if not isinstance(saved, Mapping):
