@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from support import stream_reference as reference
 
-from mmidx import _stream
 from mmidx.config import DataConfig
 from mmidx.index.cache import ArraySink
 from mmidx.index.pack_index import write_pack_index
 from mmidx.index.pack_stream import PackStream
 from mmidx.index.schedule import Phase, PhasedBlend, taken_over
-from mmidx.index.stream import ViewTable, _group_keys
+from mmidx.index.stream import ViewTable
 
 BUDGETS = {"max_num_tokens": 60, "expected_num_tokens": 50, "max_num_tokens_per_sample": 60,
            "prefer_buffer_before": 30, "max_buffer_size": 4}
@@ -318,13 +318,11 @@ def test_each_pack_of_a_schedule_starts_with_the_mandatory_groups_items(data):
 
 
 def group_walk(table, seed, group, length):
-    """Samples of ``group``'s first ``length`` stream items: each epoch's permutation, the stream's rule
-    (mmidx._stream, checked by the stream's own tests)."""
-    samples, epochs = np.empty(length, np.int64), np.empty(length, np.int64)
-    _stream.stream_samples(np.full(length, group, np.int32), np.arange(length, dtype=np.int64),
-                           np.diff(table.group_base).astype(np.int64), _group_keys(seed, table.num_groups),
-                           samples, epochs)
-    return samples + table.group_base[group]
+    """Samples (numbered across groups) of ``group``'s first ``length`` stream items: each epoch's permutation,
+    by the plain-Python reference of the stream's documented rule (not mmidx's own keys or kernel)."""
+    size = int(table.group_base[group + 1] - table.group_base[group])
+    return np.array([reference.group_sample(seed, group, size, j)[0] for j in range(length)],
+                    np.int64) + table.group_base[group]
 
 
 @pytest.mark.parametrize("data_seed", range(6))
