@@ -24,7 +24,7 @@ from typing import Any
 
 from mmidx.toolkit.bench import machine
 
-__all__ = ["Ratio", "Turns", "Watch", "best_of", "commit", "interleave", "machine", "ratio"]
+__all__ = ["Measured", "Ratio", "Turns", "Watch", "best_of", "commit", "interleave", "machine", "measure", "ratio"]
 
 NOISY_CORES = 0.5  # other processes' CPU, in cores, past which a run's headline is withheld
 REPO = Path(__file__).resolve().parent.parent
@@ -111,6 +111,78 @@ class Watch:
     def headline(self, text: str) -> str:
         """``text``, or the refusal to print it when the run was noisy."""
         return "noisy: rerun on a quiet machine" if self.noisy else text
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one command cost: wall seconds, CPU seconds of its whole process tree, the tree's peak anonymous memory
+    (the sum over its live processes of ``RssAnon``, sampled), and its exit status and output."""
+
+    wall: float
+    cpu: float
+    peak_anon: int
+    returncode: int
+    output: str
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and every live descendant of it (from ``/proc/*/stat``)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _anon_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def measure(argv: Sequence[str], *, env: Mapping[str, str] | None = None, interval: float = 0.02,
+            timeout: float | None = None, cwd: str | os.PathLike | None = None) -> Measured:
+    """Run ``argv`` and measure it: wall time, the CPU time of it and its children (``wait4``'s rusage, which
+    counts every descendant that was waited for), and the peak of its process tree's anonymous memory, polled
+    every ``interval`` seconds (mapped files are not anonymous: a reader's maps are not counted as memory)."""
+    started = time.perf_counter()
+    process = subprocess.Popen(list(argv), env=None if env is None else dict(env), cwd=cwd,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    peak = 0
+    chunks: list[bytes] = []
+    os.set_blocking(process.stdout.fileno(), False)
+    while True:
+        waited = os.wait4(process.pid, os.WNOHANG)
+        if waited[0] == process.pid:
+            break
+        peak = max(peak, sum(_anon_bytes(pid) for pid in _tree(process.pid)))
+        if (data := process.stdout.read()) is not None:
+            chunks.append(data)
+        if timeout is not None and time.perf_counter() - started > timeout:
+            process.kill()
+        time.sleep(interval)
+    wall = time.perf_counter() - started
+    _, status, usage = waited
+    process.returncode = os.waitstatus_to_exitcode(status)
+    os.set_blocking(process.stdout.fileno(), True)
+    chunks.append(process.stdout.read())
+    return Measured(wall, usage.ru_utime + usage.ru_stime, peak, process.returncode,
+                    b"".join(chunks).decode(errors="replace"))
 
 
 @dataclass

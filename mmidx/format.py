@@ -133,6 +133,43 @@ exactly one per file) and ``meta_sha256``: the sha256 of the canonical JSON
 exactly ``json.dumps(meta, indent=1, sort_keys=True)`` plus a newline, and readers insist on those
 bytes, so that not even a whitespace change goes unnoticed.
 
+Sharded datasets: ``P.meta.json``, ``P.shards.table``, ``P.shards/`` (format version 2)
+---------------------------------------------------------------------------------------
+A build of many work units ends without copying a byte: its dataset is the units' shards, each a
+complete version-1 dataset of the same kind, tokenizer and special tokens, with a small table in front.
+Sample ``i`` of the dataset is sample ``i - o`` of the shard whose samples start at ``o``; the shards'
+samples follow each other in table order, exactly as ``mmidx merge`` of them would number them.
+
+* ``P.shards/NNNNN/shard.*``: shard number ``NNNNN`` (zero-padded to at least five digits), a version-1
+  dataset (its ``.meta.json``, ``.idx``, ``.bin`` and for multimodal data ``.images`` and ``.plan``).
+* ``P.shards.table``: an array container like ``P.plan`` (same preamble, header and alignment rules)
+  with the magic ``b"MMIDXSHD"`` and these arrays, K being the metadata's ``shards``:
+
+  =====================  ==========  ============  ==============================================
+  name                   dtype       shape         meaning
+  =====================  ==========  ============  ==============================================
+  ``shard_numbers``      int64       K             the folder number of each shard, strictly rising
+  ``shard_offsets``      int64       K + 1, C      running totals of the shards' counts: row 0 is
+                                                   zeros, row k + 1 adds shard k's; C columns, the
+                                                   kind's counts in the order of ``KIND_COUNTS``
+                                                   (samples, sequences, tokens, then for multimodal
+                                                   data views, elements, images, image_bytes)
+  ``shard_meta_sha256``  uint8       K, 32         each shard's ``meta_sha256``, as raw bytes
+  =====================  ==========  ============  ==============================================
+
+* ``P.meta.json``: ``format_version`` 2, ``layout`` = ``"sharded"``, ``shards`` = K, ``kind``,
+  ``token_dtype``, ``counts`` (the totals: the table's last row), ``tokenizer``, ``special_tokens`` and
+  ``build`` as for one set of files; ``files`` lists only ``shards`` (the table), and each shard's own
+  metadata lists its files and their checksums. A dataset without ``layout`` is ``"single"``.
+
+Opening checks the table against the metadata in O(K) (``read_shard_table``) and maps nothing else; a
+shard is opened when it is first read, checked as any dataset is, and refused unless its metadata's
+checksum is the table's, its counts are the table's row difference, and its kind, token dtype, tokenizer
+and special tokens are the dataset's. At most a bounded number of shards are mapped at once
+(``mmidx.read.shards``), and a mapped file holds no file descriptor, so a dataset of any number of
+shards opens within any descriptor limit. ``mmidx merge P --output Q`` writes the same samples as one
+set of version-1 files, for tools that need a single Megatron ``.idx``/``.bin`` pair.
+
 Writing and version rules
 -------------------------
 * Files are written under ``*.partial`` names, fsynced, and renamed into place in this order:
@@ -140,7 +177,11 @@ Writing and version rules
   and ``P.meta.json`` were removed. An interrupted build therefore never leaves a set of files
   that opens: without ``P.idx`` neither mmidx nor Megatron opens the prefix, and mmidx checks
   every file's size against the metadata.
-* ``format_version`` changes only when a version-1 reader would misread the data. Readers refuse
+  A sharded dataset's shards are complete before the table is written; then, after the old ``P.idx``
+  and ``P.meta.json`` were removed, ``P.shards.table`` and ``P.meta.json`` last: without it nothing opens.
+* ``format_version`` changes only when a version-1 reader would misread the data (or find none: a
+  sharded dataset is version 2, which a version-1 reader refuses with a message to upgrade; a dataset of
+  one set of files stays version 1, so that every earlier reader opens it). Readers refuse
   versions newer than they know, with a message to upgrade. Additive changes (new metadata keys,
   new ``P.plan`` arrays) keep the version; readers ignore what they do not know.
 * Opening checks, in O(1): magics, versions, dtype codes, the metadata's own checksum and schema
@@ -205,7 +246,9 @@ import xxhash
 from mmidx.errors import MMIDXError, option
 
 FORMAT_NAME = "mmidx"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # what a dataset of one set of files is written as
+SHARDED_FORMAT_VERSION = 2  # what a sharded dataset is written as (a version-1 reader would find no files)
+READ_FORMAT_VERSION = 2  # the newest version this mmidx reads
 # File checksums, by the name the metadata records them under. Builders write xxh3_128: about 10x
 # sha256's speed here and off the writer's critical path (benchmarks/bench_write.py); a checksum
 # guards against corruption, not tampering. sha256 is what earlier datasets carry, and still verifies.
@@ -286,7 +329,16 @@ PLAN_OPTIONAL_ARRAYS: dict[str, np.dtype] = {
     "sample_extra": np.dtype("u1"),
 }
 
-SUFFIXES = {"idx": ".idx", "bin": ".bin", "images": ".images", "plan": ".plan", "meta": ".meta.json"}
+SUFFIXES = {"idx": ".idx", "bin": ".bin", "images": ".images", "plan": ".plan", "meta": ".meta.json",
+            "shards": ".shards.table"}
+SHARDS_FOLDER_SUFFIX = ".shards"  # a sharded dataset's shards: P.shards/NNNNN/shard.*
+SHARDS_MAGIC = b"MMIDXSHD"
+# The arrays of P.shards.table, with their dtypes, in file order.
+SHARD_TABLE_ARRAYS: dict[str, np.dtype] = {
+    "shard_numbers": np.dtype("<i8"),
+    "shard_offsets": np.dtype("<i8"),
+    "shard_meta_sha256": np.dtype("u1"),
+}
 
 ENCODING_MAGIC = b"MMIDXENC"
 ENCODING_VERSION = 2  # the newest stream version this mmidx reads (and writes, for text-input records)
@@ -468,13 +520,18 @@ def _descr(dtype: np.dtype) -> Any:
     return dtype.descr if dtype.fields else dtype.str
 
 
-def write_plan(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
-    """Write ``arrays`` (name → array, in this order) as a ``P.plan`` container and fsync it."""
+def container_layout(magic: bytes, shapes: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> tuple[bytes, list[dict]]:
+    """The preamble and header of an array container (``P.plan``, ``P.shards.table``) holding arrays of the given
+    dtypes and shapes (name → (dtype, shape), in file order), and each array's header entry (its ``offset``).
+
+    What is written depends on the names, dtypes and shapes alone, so a writer that streams the arrays in pieces
+    (``mmidx merge``) writes the same bytes as one holding them whole."""
     entries, offset = [], 0
-    for name, array in arrays.items():
-        entries.append({"name": name, "dtype": _descr(array.dtype), "shape": list(array.shape),
-                        "offset": offset, "nbytes": int(array.nbytes)})
-        offset = aligned(offset + array.nbytes)
+    for name, (dtype, shape) in shapes.items():
+        nbytes = math.prod(shape) * dtype.itemsize
+        entries.append({"name": name, "dtype": _descr(dtype), "shape": list(shape), "offset": offset,
+                        "nbytes": nbytes})
+        offset = aligned(offset + nbytes)
     # The header's own length shifts every offset: lay it out once with placeholders wide enough.
     header = json.dumps({"arrays": entries}, separators=(",", ":")).encode()
     data_start = aligned(PLAN_PREAMBLE_SIZE + len(header) + 20 * len(entries))
@@ -482,8 +539,14 @@ def write_plan(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
         entry["offset"] += data_start
     header = json.dumps({"arrays": entries}, separators=(",", ":")).encode()
     header = header.ljust(data_start - PLAN_PREAMBLE_SIZE, b" ")
+    return magic + struct.pack("<QQ", PLAN_VERSION, len(header)) + header, entries
+
+
+def write_container(path: str | os.PathLike, magic: bytes, arrays: dict[str, np.ndarray]) -> None:
+    """Write ``arrays`` (name → array, in this order) as an array container and fsync it."""
+    head, entries = container_layout(magic, {name: (array.dtype, array.shape) for name, array in arrays.items()})
     with open(path, "wb") as stream:
-        stream.write(PLAN_MAGIC + struct.pack("<QQ", PLAN_VERSION, len(header)) + header)
+        stream.write(head)
         for entry, array in zip(entries, arrays.values(), strict=True):
             stream.write(b"\x00" * (entry["offset"] - stream.tell()))
             stream.write(np.ascontiguousarray(array).tobytes())
@@ -491,32 +554,39 @@ def write_plan(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
         os.fsync(stream.fileno())
 
 
-def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
-    """Zero-copy views of the required arrays of a ``P.plan`` container held in ``buffer``.
+def write_plan(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
+    """Write ``arrays`` (name → array, in this order) as a ``P.plan`` container and fsync it."""
+    write_container(path, PLAN_MAGIC, arrays)
 
-    ``buffer`` is the mapped file (anything with the buffer protocol). Checks magic, version,
-    header, dtypes and that every array lies inside the file, aligned, in order, and that the file
-    ends at the last array; the cross-array counts are checked by the caller.
+
+def read_container(path: str | os.PathLike, buffer: Any, magic: bytes, what: str,
+                   known: dict[str, np.dtype]) -> dict[str, np.ndarray]:
+    """Zero-copy views of the arrays named in ``known`` (name → dtype) of an array container held in ``buffer``
+    (the mapped file, anything with the buffer protocol); ``what`` names the file kind in messages.
+
+    Checks magic, version, header, dtypes and that every array lies inside the file, aligned, in order, and that
+    the file ends at the last array; arrays not in ``known`` are checked for their place and skipped. Which arrays
+    must be present, and the cross-array counts, are checked by the caller.
     """
     view = memoryview(buffer)
     size = len(view)
     if size < PLAN_PREAMBLE_SIZE:
-        raise FormatError(f"{path}: truncated plan file: {size} bytes, the preamble alone is 24")
-    if bytes(view[:8]) != PLAN_MAGIC:
-        raise FormatError(f"{path}: not an mmidx plan file (magic {bytes(view[:8])!r})")
+        raise FormatError(f"{path}: truncated {what} file: {size} bytes, the preamble alone is 24")
+    if bytes(view[:8]) != magic:
+        raise FormatError(f"{path}: not an mmidx {what} file (magic {bytes(view[:8])!r})")
     version, header_size = struct.unpack_from("<QQ", view, 8)
     if version != PLAN_VERSION:
-        raise FormatError(f"{path}: plan container version {version} is newer than this mmidx knows "
+        raise FormatError(f"{path}: {what} container version {version} is newer than this mmidx knows "
                           f"({PLAN_VERSION}); upgrade mmidx to read it")
     data_start = PLAN_PREAMBLE_SIZE + header_size
     if data_start > size or data_start % PLAN_ALIGNMENT:
-        raise FormatError(f"{path}: plan header length {header_size} does not fit the file ({size} bytes)")
+        raise FormatError(f"{path}: {what} header length {header_size} does not fit the file ({size} bytes)")
     try:
         header = json.loads(bytes(view[PLAN_PREAMBLE_SIZE:data_start]).decode("utf-8"))
         entries = {entry["name"]: entry for entry in header["arrays"]}
         order = [entry["name"] for entry in header["arrays"]]
     except (ValueError, RecursionError, KeyError, TypeError) as error:
-        raise FormatError(f"{path}: the plan header is not valid JSON of the expected shape ({error})") from error
+        raise FormatError(f"{path}: the {what} header is not valid JSON of the expected shape ({error})") from error
     arrays: dict[str, np.ndarray] = {}
     end = data_start
     for name in order:
@@ -526,26 +596,75 @@ def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
             dtype = np.dtype([tuple(field) for field in entry["dtype"]] if isinstance(entry["dtype"], list)
                              else entry["dtype"])
         except (KeyError, TypeError, ValueError, SyntaxError) as error:  # SyntaxError: numpy's dtype-string parser
-            raise FormatError(f"{path}: plan array {name!r} has a malformed header entry ({error})") from error
+            raise FormatError(f"{path}: {what} array {name!r} has a malformed header entry ({error})") from error
         if offset != aligned(end) or min(shape, default=0) < 0:
-            raise FormatError(f"{path}: plan array {name!r} is not where the layout puts it (offset {offset})")
+            raise FormatError(f"{path}: {what} array {name!r} is not where the layout puts it (offset {offset})")
         if nbytes != math.prod(shape) * dtype.itemsize or offset + nbytes > size:
-            raise FormatError(f"{path}: plan array {name!r} ({nbytes} bytes at {offset}) does not fit "
+            raise FormatError(f"{path}: {what} array {name!r} ({nbytes} bytes at {offset}) does not fit "
                               f"its shape {shape} or the file ({size} bytes): truncated or corrupted")
         end = offset + nbytes
-        expected = PLAN_ARRAYS.get(name, PLAN_OPTIONAL_ARRAYS.get(name))
+        expected = known.get(name)
         if expected is not None:
             if dtype != expected:
-                raise FormatError(f"{path}: plan array {name!r} has dtype {dtype}, expected {expected}")
+                raise FormatError(f"{path}: {what} array {name!r} has dtype {dtype}, expected {expected}")
             arrays[name] = np.frombuffer(view, dtype=dtype, count=nbytes // dtype.itemsize,
                                          offset=offset).reshape(shape)
     if end != size:
-        raise FormatError(f"{path}: {size - end} unexpected bytes after the last plan array (file size {size})")
+        raise FormatError(f"{path}: {size - end} unexpected bytes after the last {what} array (file size {size})")
+    return arrays
+
+
+def read_plan(path: str | os.PathLike, buffer: Any) -> dict[str, np.ndarray]:
+    """Zero-copy views of the arrays of a ``P.plan`` container held in ``buffer`` (:func:`read_container`'s
+    checks), the required ones all present and the optional ones both or neither."""
+    arrays = read_container(path, buffer, PLAN_MAGIC, "plan", {**PLAN_ARRAYS, **PLAN_OPTIONAL_ARRAYS})
     missing = [name for name in PLAN_ARRAYS if name not in arrays]
     if missing:
         raise FormatError(f"{path}: plan file lacks the arrays {missing}")
     if ("sample_extra" in arrays) != ("sample_extra_offsets" in arrays):
         raise FormatError(f"{path}: plan file has only one of sample_extra and sample_extra_offsets")
+    return arrays
+
+
+# --------------------------------------------------------------------------- P.shards.table
+
+
+def shard_prefix(prefix: str | os.PathLike, number: int) -> str:
+    """The prefix of shard ``number`` of the sharded dataset at ``prefix``: ``P.shards/NNNNN/shard``."""
+    return os.path.join(f"{os.fspath(prefix)}{SHARDS_FOLDER_SUFFIX}", f"{number:05d}", "shard")
+
+
+def write_shard_table(path: str | os.PathLike, numbers: np.ndarray, offsets: np.ndarray,
+                      meta_sha256s: list[str]) -> None:
+    """Write a ``P.shards.table`` (see the module doc) and fsync it: each shard's folder number, the running
+    totals of its counts (one row per shard and a first row of zeros) and the checksum of its metadata."""
+    digests = np.frombuffer(b"".join(bytes.fromhex(value) for value in meta_sha256s), dtype=np.uint8)
+    write_container(path, SHARDS_MAGIC, {"shard_numbers": np.ascontiguousarray(numbers, dtype="<i8"),
+                                         "shard_offsets": np.ascontiguousarray(offsets, dtype="<i8"),
+                                         "shard_meta_sha256": digests.reshape(len(meta_sha256s), 32)})
+
+
+def read_shard_table(path: str | os.PathLike, buffer: Any, meta: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The arrays of a ``P.shards.table`` held in ``buffer``, checked in O(shards) against each other and the
+    dataset's metadata ``meta``: shapes, strictly rising folder numbers, running totals that start at 0, never
+    fall and end at the metadata's counts."""
+    arrays = read_container(path, buffer, SHARDS_MAGIC, "shard table", SHARD_TABLE_ARRAYS)
+    missing = [name for name in SHARD_TABLE_ARRAYS if name not in arrays]
+    if missing:
+        raise FormatError(f"{path}: shard table lacks the arrays {missing}")
+    count, columns = meta["shards"], KIND_COUNTS[meta["kind"]]
+    numbers, offsets, digests = arrays["shard_numbers"], arrays["shard_offsets"], arrays["shard_meta_sha256"]
+    if numbers.shape != (count,) or offsets.shape != (count + 1, len(columns)) or digests.shape != (count, 32):
+        raise FormatError(f"{path}: the shard table's arrays {numbers.shape}, {offsets.shape}, {digests.shape} do not "
+                          f"describe the {count} shards of a {meta['kind']} dataset ({len(columns)} counts each)")
+    if numbers[0] < 0 or np.any(np.diff(numbers) <= 0):
+        raise FormatError(f"{path}: shard folder numbers are not non-negative and strictly rising: corrupted")
+    if np.any(offsets[0] != 0) or np.any(np.diff(offsets, axis=0) < 0):
+        raise FormatError(f"{path}: the shards' running totals do not start at 0 and rise: corrupted")
+    totals = [meta["counts"][name] for name in columns]
+    if offsets[-1].tolist() != totals:
+        raise FormatError(f"{path}: the shards' totals {offsets[-1].tolist()} are not the metadata's counts "
+                          f"{dict(zip(columns, totals, strict=True))}: the files do not belong together")
     return arrays
 
 
@@ -576,8 +695,16 @@ def write_metadata(path: str | os.PathLike, meta: dict[str, Any]) -> None:
         os.fsync(stream.fileno())
 
 
+_VERIFIED: dict[bytes, None] = {}  # sha256 of metadata bytes that passed every check below (insertion order)
+VERIFIED_LIMIT = 1 << 16  # digests remembered: 2 MiB; a process reading 50,000 shards remaps each many times
+
+
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """Read ``P.meta.json``; refuse it if it does not parse, fails its checksum, or is too new."""
+    """Read ``P.meta.json``; refuse it if it does not parse, fails its checksum, or is too new.
+
+    Bytes that passed once are only parsed when read again (the same bytes give the same verdict): a shard of a
+    large sharded dataset is mapped again each time it was unmapped (:mod:`mmidx.read.mapped`), and the checks,
+    which serialise the metadata twice, were most of that."""
     try:
         with open(path, "rb") as stream:
             raw = stream.read()
@@ -586,6 +713,9 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         raise FormatError(f"{path}: cannot read the metadata ({error.strerror})") from error
     except (ValueError, RecursionError) as error:  # ValueError: undecodable, not JSON, or a 5,000-digit int
         raise FormatError(f"{path}: the metadata is not valid JSON ({error}): truncated or corrupted") from error
+    digest = hashlib.sha256(raw).digest()
+    if digest in _VERIFIED:
+        return meta
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise FormatError(f"{path}: not mmidx metadata (no \"format\": \"mmidx\")")
     if sign_metadata(meta).get("meta_sha256") != meta.get("meta_sha256"):
@@ -593,13 +723,24 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     if raw != serialize_metadata(meta):
         raise FormatError(f"{path}: the metadata is not byte-identical to its canonical form: it was edited")
     version = meta.get("format_version")
-    if _is_int(version) and version > FORMAT_VERSION:
+    if _is_int(version) and version > READ_FORMAT_VERSION:
         raise FormatError(f"{path}: format version {version!r} is newer than this mmidx reads "
-                          f"({FORMAT_VERSION}); upgrade mmidx")
+                          f"({READ_FORMAT_VERSION}); upgrade mmidx")
     check_metadata_schema(path, meta)
+    if len(_VERIFIED) >= VERIFIED_LIMIT:
+        _VERIFIED.pop(next(iter(_VERIFIED)), None)
+    _VERIFIED[digest] = None
     return meta
 
 
+# How a dataset's samples are stored: in one set of files, or in shards under a table (the module doc).
+LAYOUTS = ("single", "sharded")
+# How a build may end (mmidx.ingest.sharded.choose_layout): "auto" ends in one set of files (one Megatron .idx/.bin
+# pair, merged by copying) while that is cheap, and sharded beyond: more units than a merge keeps mapped at a
+# glance, or more data than a few seconds' copy.
+BUILD_LAYOUTS = ("auto", *LAYOUTS)
+AUTO_SINGLE_UNITS = 64
+AUTO_SINGLE_BYTES = 1 << 30
 # Files and counts of each dataset kind, as the metadata must list them.
 KIND_FILES = {"multimodal": ("idx", "bin", "images", "plan"), "text": ("idx", "bin")}
 KIND_COUNTS = {"multimodal": ("samples", "sequences", "tokens", "views", "elements", "images", "image_bytes"),
@@ -631,10 +772,20 @@ def check_metadata_schema(path: str | os.PathLike, meta: dict[str, Any]) -> None
     for key in KIND_COUNTS[kind]:
         if not _is_int(counts.get(key)) or not 0 <= counts[key] < 2**63:
             refuse(f"counts.{key}", f"is {counts.get(key)!r}, not a count")
+    layout = meta.get("layout", "single")
+    if layout not in LAYOUTS:
+        refuse("layout", f"is {layout!r}, not one of {list(LAYOUTS)}")
+    expected_files = ("shards",) if layout == "sharded" else KIND_FILES[kind]
+    if layout == "sharded":
+        if meta["format_version"] < SHARDED_FORMAT_VERSION:
+            refuse("format_version", f"is {meta['format_version']}, a sharded dataset is version "
+                                     f"{SHARDED_FORMAT_VERSION}")
+        if not _is_int(meta.get("shards")) or not 1 <= meta["shards"] < 2**31:
+            refuse("shards", f"is {meta.get('shards')!r}, not a shard count")
     files = meta.get("files")
-    if not isinstance(files, dict) or set(files) != set(KIND_FILES[kind]):
+    if not isinstance(files, dict) or set(files) != set(expected_files):
         listed = sorted(files) if isinstance(files, dict) else type(files).__name__
-        refuse("files", f"lists {listed}, a {kind} dataset has exactly {list(KIND_FILES[kind])}")
+        refuse("files", f"lists {listed}, a {layout} {kind} dataset has exactly {list(expected_files)}")
     for role, entry in files.items():
         if not isinstance(entry, dict) or not _is_int(entry.get("bytes")) or entry["bytes"] < 0:
             refuse(f"files.{role}.bytes", "is not a byte count")

@@ -81,9 +81,8 @@ class Tokenizer:
     ``name_or_path`` is a local directory (``save_pretrained`` output), a ``tokenizer.json`` file (the tokenizers
     library's), a model id in the local Hugging Face cache, or an org/name id of the hub, downloaded unless
     ``HF_HUB_OFFLINE`` is set; a name that is none of these fails at once, saying where it looked (see the
-    module's docstring). ``added_tokens`` are
-    special tokens the dataset adds (see the module's docstring); each must come out of the tokenizer as
-    one id, or loading fails saying which would be split.
+    module's docstring). ``added_tokens`` are special tokens the dataset adds (see the module's docstring); each
+    must come out of the tokenizer as one id, or loading fails saying which would be split.
     """
 
     def __init__(self, name_or_path: str | os.PathLike, added_tokens: Sequence[str] = ()):
@@ -152,6 +151,12 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         """The text of token ids (special tokens spelled out), for people reading a dataset."""
         return self.hf.decode(list(ids), clean_up_tokenization_spaces=False)
+
+    def decode_batch(self, batch: list[list[int]]) -> list[str]:
+        """The texts of many id lists, equal to ``[decode(ids) for ids in batch]`` and several times faster."""
+        if self._backend is None:
+            return [self.decode(ids) for ids in batch]
+        return self._backend.decode_batch(batch, skip_special_tokens=False)
 
     @property
     def eod(self) -> int | None:

@@ -67,7 +67,7 @@ def test_merge_of_whole_datasets_concatenates_them_and_refuses_mixed_kinds(tmp_p
     assert both.metadata["merged_from"] == [str(tmp_path / "t2i"), str(tmp_path / "edit")]
     capsys.readouterr()
     assert cli.main(["merge", str(tmp_path / "t2i"), str(tmp_path / "text"), "-o", str(tmp_path / "mixed")]) == 1
-    assert "their kind differ ('text' vs 'multimodal')" in capsys.readouterr().err
+    assert "their kinds differ (text vs multimodal)" in capsys.readouterr().err
     assert not (tmp_path / "mixed.idx").exists()
 
 

@@ -107,7 +107,7 @@ def test_no_dataset_at_prefix_is_explained(tmp_path):
 def test_a_newer_format_version_asks_to_upgrade(dataset_prefix):
     path = fmt.file_path(dataset_prefix, "meta")
     meta = fmt.read_metadata(path)
-    meta["format_version"] = fmt.FORMAT_VERSION + 1
+    meta["format_version"] = fmt.READ_FORMAT_VERSION + 1
     path.write_bytes(fmt.serialize_metadata(meta))
     with pytest.raises(FormatError, match="upgrade mmidx"):
         MMIDXDataset(dataset_prefix)

@@ -49,6 +49,18 @@ def test_batch_encoding_equals_encode_and_megatrons_input_ids(which, qwen):
     assert [tokenizer.encode(text) for text in TEXTS] == expected
 
 
+@pytest.mark.parametrize("which", ["bpe", "qwen"])
+def test_batch_decoding_equals_decode_on_texts_random_ids_and_special_ids(which, qwen):
+    tokenizer = qwen if which == "qwen" else loaded_tokenizer()
+    rng = np.random.default_rng(0)
+    special = sorted({v for v in tokenizer.special_tokens.values() if v is not None})
+    batch = tokenizer.encode_batch(TEXTS) + [rng.integers(0, tokenizer.vocab_size, n).tolist() for n in range(40)]
+    batch += [[special[k % len(special)], *ids] for k, ids in enumerate(batch[:20])] + [special, []]
+    assert tokenizer.decode_batch(batch) == [tokenizer.hf.decode(ids, clean_up_tokenization_spaces=False)
+                                             for ids in batch]
+    assert tokenizer.decode_batch(batch[:len(TEXTS)]) == TEXTS
+
+
 def test_identity_names_path_class_vocabulary_and_checksum(qwen):
     identity = qwen.identity
     assert identity["name_or_path"] == qwen_dir()

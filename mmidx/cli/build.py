@@ -21,6 +21,7 @@ from mmidx.cli.common import (
     size_note,
 )
 from mmidx.cli.url_options import add_url_arguments, max_skip_rate, url_source_options
+from mmidx.format import AUTO_SINGLE_BYTES, AUTO_SINGLE_UNITS, BUILD_LAYOUTS
 
 # What each --source reads, in the help itself (a wheel install has no docs folder); a test keeps every source here.
 INPUT_SCHEMAS = """input schemas (--source: files; what one row holds):
@@ -83,7 +84,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         args.usage_error("give either --source, --input and --output, or --config, --dataset-info and --output-dir")
     settings = {"tokenizer": args.tokenizer, "workers": args.workers, "max_skip_rate": max_skip_rate(args),
                 "progress": not args.quiet, "engine": args.engine, "ray_address": args.ray_address,
-                "force": args.force or args.retry_failed}  # a retry replaces the build it retries
+                "force": args.force or args.retry_failed,  # a retry replaces the build it retries
+                "layout": args.layout}
     if all(single):
         reports = [build_dataset(BuildOptions(args.source, tuple(args.input), output=args.output,
                                               source_options=_source_options(args), num_nodes=args.num_nodes,
@@ -146,6 +148,7 @@ def _register_build(commands: Commands) -> None:
     run.add_argument("--force", action="store_true",
                      help="replace a dataset at the output built from other inputs or options (a rerun with the "
                           "same ones reuses it, or what a killed run finished, without it)")
+    _layout_argument(run)
     samples = sub.add_argument_group("samples, images and video (every source with images)")
     samples.add_argument("--views", type=at_least(1), default=defaults.views, help="views (augmentations) per sample")
     samples.add_argument("--seed", type=int, default=defaults.seed, help="seed of every random draw")
@@ -204,7 +207,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if args.output is None and len(inputs) > 1:  # the deprecated form: the output first, then the inputs
         first, inputs = inputs[0], inputs[1:]
     output = named_output(args, first, "the output first (mmidx merge OUTPUT INPUT...)")
-    report = merge_into(output, inputs, max_skip_rate=args.max_skip_rate, force=args.force)
+    report = merge_into(output, inputs, max_skip_rate=args.max_skip_rate, force=args.force, layout=args.layout)
     print(report.summary())
     return 0 if report.ok else 1
 
@@ -226,6 +229,15 @@ def _register_merge(commands: Commands) -> None:
     sub.add_argument("--max-skip-rate", type=fraction,
                      help=default_note("shard folders: fail when a larger fraction of the rows was skipped",
                                        "0.01; --source urls: 1.0"))
+    _layout_argument(sub, "shard folders: ")
+
+
+def _layout_argument(group: Any, which: str = "") -> None:
+    group.add_argument("--layout", choices=BUILD_LAYOUTS, default="auto",
+                       help=default_note(f"{which}how the build ends: single merges the shards into one set of files "
+                                         "(one Megatron .idx/.bin pair), sharded keeps them under a table (seconds, "
+                                         "whatever the size)", f"auto: single up to {AUTO_SINGLE_UNITS} units and "
+                                         f"{AUTO_SINGLE_BYTES >> 30} GiB of data, sharded beyond"))
 
 
 def register(commands: Commands) -> None:

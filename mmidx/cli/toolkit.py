@@ -87,7 +87,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from mmidx.toolkit.export_hf import export_hf
 
     output = named_output(args, args.folder, "the folder as a last argument (mmidx export PREFIX --to LAYOUT FOLDER)")
-    report = export_hf(args.prefix, output) if args.to == "hf" else export(args.prefix, args.to, output)
+    run = {"workers": args.workers, "engine": args.engine, "ray_address": args.ray_address, "progress": not args.quiet}
+    report = export_hf(args.prefix, output, **run) if args.to == "hf" else export(args.prefix, args.to, output, **run)
     print(report.summary())
     return 0
 
@@ -135,6 +136,14 @@ def _register_toolkit(commands: Commands) -> None:
     sub.add_argument("-o", "--output", metavar="FOLDER", help="folder to write (created; must not hold files already)")
     sub.add_argument("folder", nargs="?", help=argparse.SUPPRESS)  # deprecated: the folder, named with --output now
     sub.set_defaults(late_positional="folder")  # the old form gave it after --to: mmidx export PREFIX --to X FOLDER
+    sub.add_argument("--workers", type=at_least(1), default=1,
+                     help="worker processes making the rows (--engine ray: actors); the files are the same at any "
+                          "count")
+    sub.add_argument("--engine", choices=("local", "ray"), default="local",
+                     help="local processes or actors of a Ray cluster (pip install \"mmidx[ray]\"; the dataset must "
+                          "be readable there)")
+    sub.add_argument("--ray-address", help=default_note("Ray cluster to join", "RAY_ADDRESS, else a new local one"))
+    sub.add_argument("--quiet", action="store_true", help="no progress bar")
     add_cache_arguments(sub)
 
 

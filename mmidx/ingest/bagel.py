@@ -61,7 +61,7 @@ def _group_builds(group: str, spec: dict[str, Any], info: dict[str, Any], info_f
 def build_from_config(config: str | os.PathLike, dataset_info: str | os.PathLike, output_dir: str | os.PathLike,
                       *, tokenizer: str, source_options: SourceOptions | None = None, workers: int = 1,
                       max_skip_rate: float = 0.01, progress: bool = True, engine: str = "local",
-                      ray_address: str | None = None, force: bool = False) -> list[BuildReport]:
+                      ray_address: str | None = None, force: bool = False, layout: str = "auto") -> list[BuildReport]:
     """Build every (group, dataset name) of a BAGEL data YAML and write ``output_dir/data.yaml``.
 
     ``config`` has BAGEL's ``data/configs/*.yaml`` shape; ``dataset_info`` maps group → dataset name →
@@ -91,7 +91,7 @@ def build_from_config(config: str | os.PathLike, dataset_info: str | os.PathLike
     info_folder = os.path.dirname(os.path.abspath(dataset_info))
     settings = {"tokenizer": tokenizer, "source_options": source_options or SourceOptions(), "workers": workers,
                 "max_skip_rate": max_skip_rate, "progress": progress, "engine": engine,
-                "ray_address": ray_address, "force": force}
+                "ray_address": ray_address, "force": force, "layout": layout}
     for group, spec in groups.items():
         data_yaml_group(group, spec or {}, [])  # refuses unknown keys before anything is built
     plans = {group: _group_builds(group, spec or {}, info, info_folder, output_dir, settings)

@@ -16,6 +16,8 @@ from mmidx.ingest.plan import PLAN_NAME, BuildError, BuildOptions, finished_shar
 from mmidx.ingest.remote import build_remote
 from mmidx.ingest.report import BuildReport, add_counts, counted, judge, new_counts, report_path
 from mmidx.ingest.shard import build_tokenizer, clear_unit
+from mmidx.ingest.sharded import is_sharded
+from mmidx.ingest.writer import withdraw_dataset
 from mmidx.io.files import remove_stale_partials, write_json
 from mmidx.io.lock import output_lock
 from mmidx.io.storage import is_remote
@@ -55,10 +57,13 @@ def build_dataset(options: BuildOptions, on_shard: Callable[[Path], None] | None
         if not node:
             previous = claim_output(output, plan.key, {"build": plan.config}, force=options.force, command="build")
             if previous is not None:
-                shutil.rmtree(plan.shards, ignore_errors=True)  # the cleanup a killed run did not finish
+                if not is_sharded(output):  # a sharded dataset's data is its shards
+                    shutil.rmtree(plan.shards, ignore_errors=True)  # the cleanup a killed run did not finish
                 remove_stale_partials(report_path(output), exclusive=True)
                 judged = judge(previous, options.max_skip_rate)
                 return BuildReport({**judged, "already_built": True, "message": "already built: " + judged["message"]})
+            if is_sharded(output):  # its shards are about to be rebuilt or reused: it stops opening first
+                withdraw_dataset(output)
         os.makedirs(plan.shards, exist_ok=True)
         write_json(Path(plan.shards, PLAN_NAME), plan_record(plan))
         share = plan.share()
@@ -76,8 +81,10 @@ def build_dataset(options: BuildOptions, on_shard: Callable[[Path], None] | None
         if node:
             return _node_report(options, plan.shards, [reports[index] for index in share], reused, started)
         report = finish_build(output, plan_record(plan), [os.fspath(shard_dir(plan.shards, i)) for i in share],
-                              [reports[index] for index in share], options.max_skip_rate, reused, started)
-        shutil.rmtree(plan.shards, ignore_errors=True)
+                              [reports[index] for index in share], options.max_skip_rate, reused, started,
+                              options.layout)
+        if report.data.get("layout") != "sharded":
+            shutil.rmtree(plan.shards, ignore_errors=True)
         return report
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from mmidx import __version__
 from mmidx.errors import MMIDXError
-from mmidx.format import FormatError, output_prefix
+from mmidx.format import BUILD_LAYOUTS, FormatError, output_prefix
 from mmidx.io.files import digest, read_json
 from mmidx.read.dataset import MMIDXDataset
 from mmidx.sources import SourceOptions, WorkUnit, get_source, preflight
@@ -37,7 +37,9 @@ class BuildOptions:
     cluster at ``ray_address`` (default: ``RAY_ADDRESS`` or a new local one of ``workers`` CPUs).
     With ``num_nodes`` > 1 this call builds only node ``node_rank``'s share of the units and stops
     before merging; ``mmidx merge`` joins the shard sets of all nodes. A dataset already at ``output``
-    that a build of other inputs or options finished is replaced only with ``force``.
+    that a build of other inputs or options finished is replaced only with ``force``. ``layout`` says how the
+    build ends (:func:`mmidx.ingest.sharded.choose_layout`): ``"single"`` merges the shards into one set of files,
+    ``"sharded"`` keeps them under a table, in seconds whatever their size; ``"auto"``, single while it is cheap.
     """
 
     source: str
@@ -53,6 +55,7 @@ class BuildOptions:
     num_nodes: int = 1
     node_rank: int = 0
     force: bool = False
+    layout: str = "auto"
 
     def __post_init__(self) -> None:
         get_source(self.source)
@@ -63,6 +66,8 @@ class BuildOptions:
             raise ValueError(f"workers must be at least 1, not {self.workers}")
         if not 0 <= self.max_skip_rate <= 1:
             raise ValueError(f"max_skip_rate is a fraction in [0, 1], not {self.max_skip_rate}")
+        if self.layout not in BUILD_LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; choose one of {', '.join(BUILD_LAYOUTS)}")
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
         if self.ray_address is not None and self.engine != "ray":

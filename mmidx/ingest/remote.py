@@ -6,7 +6,9 @@ to ``OUTPUT.shards/NNNNN/`` as soon as it is published (its ``report.json`` last
 anywhere else first restores the finished remote shards and builds only the rest. The dataset's
 upload writes the data files first and ``.idx`` and ``.meta.json`` last
 (:func:`mmidx.io.storage.upload_dataset`), so no stopped build leaves a remote dataset that opens; then
-the remote shards are deleted, and a rerun uploads nothing when the dataset is there.
+the remote shards are deleted, and a rerun uploads nothing when the dataset is there. A build that ends sharded
+(past 64 units: :func:`mmidx.ingest.merge.finish_build`) keeps the uploaded shards, which are its dataset's
+(``OUTPUT.shards/NNNNN/shard.*``), and uploads only its table and metadata: its end takes seconds there too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mmidx import format as fmt
 from mmidx.errors import option
@@ -31,6 +34,7 @@ from mmidx.io.storage import (
     join,
     list_objects,
     remote_metadata,
+    shard_numbers,
     upload,
     upload_dataset,
 )
@@ -74,6 +78,15 @@ def restore_shards(shards_uri: str, local_shards: Path) -> int:
     return restored
 
 
+def _delete_other_shards(shards_uri: str, table: Path, meta: dict[str, Any]) -> None:
+    """Delete the remote shard folders that the sharded dataset's table does not name (an earlier build's, of
+    more units), as a local build does."""
+    kept = {f"{number:05d}" for number in shard_numbers(table, meta)}
+    stale = sorted({name.partition("/")[0] for name in list_objects(shards_uri)} - kept)
+    for folder in stale:
+        delete_folder(join(shards_uri, folder))
+
+
 def _refuse_other_dataset(output: str, scratch: Path) -> None:
     """Refuse to replace a remote dataset that another build made (its metadata records another build
     configuration); a dataset of this build there (an older upload, or the same) is replaced or kept."""
@@ -109,7 +122,12 @@ def build_remote(options: BuildOptions,
         return report
     if not options.force:
         _refuse_other_dataset(output, scratch)
-    uploaded = upload_dataset(scratch, output)
-    delete_folder(shards_uri)
+    if report.data.get("layout") == "sharded":  # the uploaded shards are the dataset's: its table names them
+        uploaded = upload_dataset(scratch, output, shards_uploaded=True)
+        _delete_other_shards(shards_uri, fmt.file_path(scratch, "shards"), fmt.read_metadata(fmt.file_path(scratch,
+                                                                                                          "meta")))
+    else:
+        uploaded = upload_dataset(scratch, output)
+        delete_folder(shards_uri)
     note = f"uploaded to {output}" if uploaded else f"already at {output}"
     return BuildReport({**report.data, "output": output, "message": f"{report.message}; {note}"})

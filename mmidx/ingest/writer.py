@@ -112,6 +112,13 @@ def _partial(prefix: str, role: str) -> Path:
     return Path(str(fmt.file_path(prefix, role)) + ".partial")
 
 
+def withdraw_dataset(prefix: str | os.PathLike) -> None:
+    """Make the dataset at ``prefix`` stop opening, and lose the report that describes it: its index and metadata
+    removed (what a writer does before it replaces a dataset's files; a sharded dataset's shards are left)."""
+    for path in (fmt.file_path(prefix, "idx"), fmt.file_path(prefix, "meta"), fmt.report_path(prefix)):
+        path.unlink(missing_ok=True)
+
+
 def remove_partial_files(prefix: str | os.PathLike) -> None:
     """Delete leftovers of an interrupted build of ``prefix`` (they never open as a dataset)."""
     for role in fmt.SUFFIXES:
@@ -133,6 +140,7 @@ class _DatasetWriter:
         remove_partial_files(self.prefix)
         self.tokens = _HashingWriter(_partial(self.prefix, "bin"))
         self.images = _HashingWriter(_partial(self.prefix, "images")) if kind == "multimodal" else None
+        self._index_files: dict[str, _HashingWriter] = {}
 
     def commit(
         self,
@@ -141,17 +149,26 @@ class _DatasetWriter:
         plan: dict[str, np.ndarray] | None,
         meta: dict[str, Any],
     ) -> Path:
-        """Write the index and metadata, then rename every file into place (``P.idx`` last)."""
-        self.tokens.close()
-        written = {"bin": self.tokens}
-        if self.images is not None:
-            self.images.close()
-            written["images"] = self.images
+        """Write the index, plan and metadata, then rename every file into place (``P.idx`` last)."""
         fmt.write_token_index(_partial(self.prefix, "idx"), self.token_dtype, sequence_lengths, document_indices)
-        roles = ["bin", "idx"]
         if plan is not None:
             fmt.write_plan(_partial(self.prefix, "plan"), plan)
-            roles = ["bin", "images", "plan", "idx"]
+        return self.publish(meta)
+
+    def index_file(self, role: str) -> _HashingWriter:
+        """The ``*.partial`` file of ``role`` ("idx" or "plan"), for a caller that writes it in pieces (``mmidx
+        merge``) before :meth:`publish`; it is hashed as it is written."""
+        writer = self._index_files[role] = _HashingWriter(_partial(self.prefix, role))
+        return writer
+
+    def publish(self, meta: dict[str, Any]) -> Path:
+        """Write the metadata of the written files, then rename every file into place (``P.idx`` last)."""
+        written = {"bin": self.tokens, **self._index_files}
+        if self.images is not None:
+            written["images"] = self.images
+        for writer in written.values():
+            writer.close()
+        roles = ["bin", "images", "plan", "idx"] if self.kind == "multimodal" else ["bin", "idx"]
         files = {}
         for role in roles:
             path = _partial(self.prefix, role)
@@ -161,14 +178,10 @@ class _DatasetWriter:
         meta = {**meta, "format": fmt.FORMAT_NAME, "format_version": fmt.FORMAT_VERSION, "kind": self.kind,
                 "token_dtype": self.token_dtype.name, "files": files}
         fmt.write_metadata(_partial(self.prefix, "meta"), meta)
-        # An old dataset at this prefix stops being openable, and loses the report that describes it, before any of
-        # its files is replaced.
-        for path in (fmt.file_path(self.prefix, "idx"), fmt.file_path(self.prefix, "meta"),
-                     fmt.report_path(self.prefix)):
-            path.unlink(missing_ok=True)
+        withdraw_dataset(self.prefix)  # before any of the old dataset's files is replaced
         for role in [r for r in roles if r != "idx"] + ["meta", "idx"]:
             os.replace(_partial(self.prefix, role), fmt.file_path(self.prefix, role))
-        for stale in {"images", "plan"} - set(roles):
+        for stale in {"images", "plan", "shards"} - set(roles):  # an old dataset's: of another kind, or sharded
             fmt.file_path(self.prefix, stale).unlink(missing_ok=True)
         fmt.fsync_directory(Path(self.prefix).parent)
         return Path(self.prefix)
@@ -176,7 +189,7 @@ class _DatasetWriter:
     def abort(self) -> None:
         """Close and delete the partial files (best effort: it runs while another error is on its way up)."""
         with contextlib.suppress(OSError):  # closing flushes the buffer, which fails again on a full disk
-            for writer in (self.tokens, self.images):
+            for writer in (self.tokens, self.images, *self._index_files.values()):
                 if writer is not None:
                     writer.stream.close()
         with contextlib.suppress(OSError):

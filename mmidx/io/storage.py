@@ -46,6 +46,14 @@ def file_uri(prefix: str, role: str) -> str:
     return join(prefix, fmt.SUFFIXES[role], separator="")
 
 
+def shard_location(prefix: str, number: int) -> str:
+    """The prefix of shard ``number`` of the sharded dataset at ``prefix`` (:func:`mmidx.format.shard_prefix`), a
+    URI's query options kept."""
+    if is_remote(prefix):
+        return join(prefix, fmt.shard_prefix("", number), separator="")
+    return fmt.shard_prefix(prefix, number)
+
+
 def join(location: str, name: str, separator: str = "/") -> str:
     """``location`` + ``separator`` + ``name``, with a URI's query (``?endpoint_override=...``) kept at the end."""
     base, mark, query = location.partition("?")
@@ -234,7 +242,7 @@ def cached_small_files(prefix: str, cache_dir: str | os.PathLike | None = None,
     if not (folder / "uri").exists():  # which dataset it is, for `mmidx cache clear --dataset`
         (folder / "uri").write_text(prefix)
     paths = {"meta": folder / "dataset.meta.json"}
-    for role in ("idx", "plan"):
+    for role in ("idx", "plan", "shards"):
         if role not in meta["files"]:
             continue
         entry, local = meta["files"][role], folder / f"dataset{fmt.SUFFIXES[role]}"
@@ -275,9 +283,10 @@ def _fetched_metadata(prefix: str, root: Path) -> tuple[dict[str, Any], Path]:
 
 
 # Files in the order a copy writes them: data first, the index and metadata last, so that a copy
-# stopped at any point never leaves a dataset that opens (a reader needs both).
-UPLOAD_ORDER = ("bin", "images", "plan", "idx", "meta")
-FETCH_ORDER = ("bin", "images", "plan", "meta", "idx")  # locally a text .idx/.bin pair opens without metadata
+# stopped at any point never leaves a dataset that opens (a reader needs both). A sharded dataset's shards are
+# copied before its table, each as a dataset of its own.
+UPLOAD_ORDER = ("bin", "images", "plan", "shards", "idx", "meta")
+FETCH_ORDER = ("bin", "images", "plan", "shards", "meta", "idx")  # locally a text .idx/.bin pair opens without meta
 
 
 def remote_metadata(prefix: str) -> bytes | None:
@@ -289,19 +298,35 @@ def remote_metadata(prefix: str) -> bytes | None:
         return None
 
 
-def upload_dataset(local_prefix: str | os.PathLike, prefix: str) -> bool:
+def shard_numbers(table: str | os.PathLike, meta: dict[str, Any]) -> list[int]:
+    """The folder numbers of a sharded dataset's shards, in order, from its (local) ``P.shards.table``."""
+    import numpy as np
+
+    return fmt.read_shard_table(table, np.fromfile(table, dtype=np.uint8), meta)["shard_numbers"].tolist()
+
+
+def upload_dataset(local_prefix: str | os.PathLike, prefix: str, *, shards_uploaded: bool = False) -> bool:
     """Copy the local dataset ``local_prefix`` to the remote ``prefix``; False when the same dataset
-    (the same metadata) is there already. A dataset being replaced loses its metadata and index first."""
-    if remote_metadata(prefix) == fmt.file_path(local_prefix, "meta").read_bytes():
+    (the same metadata) is there already. A dataset being replaced loses its metadata and index first.
+
+    A sharded dataset's shards are copied first, each as a dataset (at :func:`shard_location`), then its table,
+    its metadata last; ``shards_uploaded``: they are there already (a build uploads each as it finishes: a reader
+    checks every shard against the table when it opens it, so one that is not the table's is refused, never read)."""
+    meta_bytes = fmt.file_path(local_prefix, "meta").read_bytes()
+    if remote_metadata(prefix) == meta_bytes:
         return False
-    roles = [role for role in UPLOAD_ORDER if fmt.file_path(local_prefix, role).exists()]
-    for role in ("meta", "idx"):  # what makes the old dataset open goes first
+    meta = fmt.read_metadata(fmt.file_path(local_prefix, "meta"))
+    for role in ("meta", "idx", "shards"):  # what makes the old dataset open goes first
         uri = file_uri(prefix, role)
         fs, path = filesystem(uri)
         if fs.get_file_info(path).type != pafs.FileType.NotFound:
             retrying(uri, lambda fs=fs, path=path: fs.delete_file(path))
-    for role in roles:
-        upload(fmt.file_path(local_prefix, role), file_uri(prefix, role))
+    if meta.get("layout") == "sharded" and not shards_uploaded:
+        for number in shard_numbers(fmt.file_path(local_prefix, "shards"), meta):
+            upload_dataset(fmt.shard_prefix(local_prefix, number), shard_location(prefix, number))
+    for role in UPLOAD_ORDER:
+        if fmt.file_path(local_prefix, role).exists():
+            upload(fmt.file_path(local_prefix, role), file_uri(prefix, role))
     return True
 
 
@@ -312,7 +337,7 @@ def fetch_dataset(prefix: str, folder: str | os.PathLike, *, force: bool = False
     (:func:`mmidx.read.checks.verify`) before use. A copy of the same dataset already there is fetched again
     (repaired); another dataset there is replaced only with ``force``, and loses its index, metadata and report
     first."""
-    meta, _ = cached_small_files(prefix)  # checks the metadata (and the small files) first
+    meta, small = cached_small_files(prefix)  # checks the metadata (and the small files) first
     name = prefix.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
     local = Path(folder) / name
     if fmt.holds_dataset(local) and (read_json(fmt.file_path(local, "meta")) or {}).get("meta_sha256") != \
@@ -323,6 +348,9 @@ def fetch_dataset(prefix: str, folder: str | os.PathLike, *, force: bool = False
         for path in (fmt.report_path(local), fmt.file_path(local, "idx"), fmt.file_path(local, "meta")):
             path.unlink(missing_ok=True)  # it stops opening, and loses its report, before any file is replaced
     Path(folder).mkdir(parents=True, exist_ok=True)
+    if meta.get("layout") == "sharded":  # its shards first, each a dataset, then its table and metadata
+        for number in shard_numbers(small["shards"], meta):
+            fetch_dataset(shard_location(prefix, number), Path(fmt.shard_prefix(local, number)).parent, force=force)
     for role in FETCH_ORDER:
         if role in meta["files"] or role == "meta":
             download(file_uri(prefix, role), fmt.file_path(local, role))

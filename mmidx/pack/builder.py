@@ -102,9 +102,11 @@ class PackBuilder:
         if missing:
             lacking = sorted({dataset.prefix for group in self.datasets for dataset in group
                               if any(not isinstance(dataset.special_tokens.get(name), int) for name in missing)})
-            raise ValueError(f"special token ids {missing} are unknown: {', '.join(lacking) or 'no dataset'} "
-                             "records none (null or missing in its metadata's special_tokens): build the datasets "
-                             "with mmidx's tokenizer or pass special_tokens")
+            named = ", ".join(lacking[:3]) + (f" and {len(lacking) - 3} more datasets" if len(lacking) > 3 else "")
+            verb = "record" if len(lacking) > 1 else "records"
+            raise ValueError(f"special token ids {missing} are unknown: {named or 'no dataset'} {verb} none (null "
+                             "or missing in its metadata's special_tokens): build the datasets with mmidx's "
+                             "tokenizer or pass special_tokens")
         self.encodings = encoded.group_encodings(config, encodings)
         encoded.checked_streams(config, self.datasets, self.encodings)
         self._text_uses = [{use: name for use, name in uses.items() if use not in ("vae", "vit")}

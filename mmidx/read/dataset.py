@@ -9,56 +9,59 @@ A dataset pickles as its prefix and maps its files again, lazily, in the process
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from mmidx import format as fmt
 from mmidx._reader import ImageTable, TokenStream, map_readonly
+from mmidx.errors import MMIDXError
 from mmidx.format import FormatError
 from mmidx.io.cache_folder import CacheSettings, cache_settings
 from mmidx.io.remote_file import RemoteFile, remote_dataset
-from mmidx.io.storage import is_remote
+from mmidx.io.storage import file_uri, is_remote
 from mmidx.read.invariants import (
     _check_counts,
     _check_file_sizes,
     _check_plan,
-    decode_extra,
-    element_problem,
     structure_problems,
 )
+from mmidx.read.mapped import MAPPED
+from mmidx.read.sample import ImageRecord, Sample
+from mmidx.read.shards import Part, ShardTable
 
 
-class ImageRecord(NamedTuple):
-    """A stored image: its encoded bytes (zero-copy) and what was probed at build time."""
-
-    data: memoryview
-    width: int
-    height: int
-    format: str
-    mode: str
-    has_transparency: bool
+class WholeArraysError(MMIDXError, TypeError):
+    """A sharded dataset was asked for an array of the whole dataset, which only a dataset of one set of files
+    has."""
 
 
 @dataclass
 class _Mapped:
-    """Everything a dataset maps when it is opened."""
+    """Everything a dataset maps when it is opened (a sharded dataset: its shard table alone)."""
 
     meta: dict[str, Any] | None
-    tokens: TokenStream
+    tokens: TokenStream | None  # None for a sharded dataset, as are plan, images and image_table
     plan: dict[str, np.ndarray] | None
     images: memoryview | None
     image_table: ImageTable | None
+    count: int  # samples
+    shards: ShardTable | None = None
     structure_checked: bool = False
     encodings: dict[str, Any] = field(default_factory=dict)  # precached encoding streams opened, by name
     remote: dict[str, RemoteFile] = field(default_factory=dict)  # data files read by byte range, by role
 
 
 def _open(prefix: str, cache: CacheSettings, known: str | None = None) -> _Mapped:
+    """Map the dataset at ``prefix``; ``known``: the metadata checksum it must have (a worker reads the version its
+    parent opened; a shard, the version its table records)."""
     if is_remote(prefix):  # small files cached and checked locally, data files read by byte range
         meta, local, remote = remote_dataset(prefix, cache, known)
+        if meta.get("layout") == "sharded":
+            return _sharded(prefix, meta, file_uri(prefix, "shards"), map_readonly(local["shards"]), cache)
         files: dict[str, Any] = {role: map_readonly(path) for role, path in local.items() if role != "meta"}
         return _assemble(prefix, meta, local["idx"], {**files, **remote})
     meta_path, idx_path, bin_path = (fmt.file_path(prefix, role) for role in ("meta", "idx", "bin"))
@@ -70,7 +73,13 @@ def _open(prefix: str, cache: CacheSettings, known: str | None = None) -> _Mappe
         raise FormatError(f"{meta_path}: missing, but {' and '.join(multimodal)} beside it make this a "
                           "multimodal dataset that cannot be read without it: restore it or rebuild")
     if meta is not None:
+        if known is not None and meta["meta_sha256"] != known:
+            raise FormatError(f"{meta_path}: its checksum is {meta['meta_sha256'][:12]}..., not the "
+                              f"{known[:12]}... it was opened as: the dataset was replaced; rebuild or reopen it")
         _check_file_sizes(prefix, meta)
+        if meta.get("layout") == "sharded":
+            table = fmt.file_path(prefix, "shards")
+            return _sharded(prefix, meta, table, map_readonly(table), cache)
     if not bin_path.exists():
         raise FormatError(f"{bin_path}: missing; the token index {idx_path.name} has no data file")
     roles = ("idx", "bin", "plan", "images") if meta is not None and meta["kind"] == "multimodal" else ("idx", "bin")
@@ -92,169 +101,15 @@ def _assemble(prefix: str, meta: dict[str, Any] | None, idx_path: Path, files: d
             image_table = ImageTable(prefix, plan["sample_image_offsets"], plan["image_offsets"], plan["image_info"],
                                      images, ImageRecord)
     remote = {role: file for role, file in files.items() if isinstance(file, RemoteFile)}
-    return _Mapped(meta, tokens, plan, images, image_table, remote=remote)
+    return _Mapped(meta, tokens, plan, images, image_table, tokens.document_count, remote=remote)
 
 
-class Sample:
-    """One sample of a dataset: its texts and images (zero-copy views) and the plan of each view."""
-
-    __slots__ = ("_dataset", "_files", "index")
-
-    def __init__(self, dataset: MMIDXDataset, index: int, files: _Mapped | None = None):
-        self._dataset = dataset
-        self._files = dataset._files if files is None else files  # the mapped files, without a property per read
-        self.index = index
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return Sample, (self._dataset, self.index)  # the dataset pickles as its prefix, the mapped files do not
-
-    @property
-    def dataset(self) -> MMIDXDataset:
-        """The dataset the sample belongs to."""
-        return self._dataset
-
-    def __repr__(self) -> str:
-        return (f"Sample({self.index}, views={self.num_views}, texts={self.num_texts}, "
-                f"images={self.num_images})")
-
-    def _range(self, name: str, number: int, limit: int) -> tuple[int, int]:
-        """Entries ``number`` and ``number + 1`` of the offsets array ``name``, checked to be an
-        ordered range inside ``[0, limit]`` before anything is read with them."""
-        offsets = self._dataset.plan[name]
-        start, end = int(offsets[number]), int(offsets[number + 1])
-        if not 0 <= start <= end <= limit:
-            raise FormatError(f"{self._dataset.prefix}.plan: {name}[{number}:{number + 2}] = [{start}, {end}] is "
-                              f"not a range inside [0, {limit}] (sample {self.index}): corrupted")
-        return start, end
-
-    @property
-    def num_texts(self) -> int:
-        start, end = self._files.tokens.document_range(self.index)
-        return end - start
-
-    @property
-    def num_images(self) -> int:
-        table = self._files.image_table
-        return 0 if table is None else table.count(self.index)
-
-    @property
-    def num_views(self) -> int:
-        plan = self._dataset.plan
-        if plan is None:
-            return 1
-        start, end = self._range("sample_view_offsets", self.index, len(plan["view_element_offsets"]) - 1)
-        if start == end:
-            raise FormatError(f"{self._dataset.prefix}.plan: sample {self.index} has no view: corrupted")
-        return end - start
-
-    def text(self, j: int) -> np.ndarray:
-        """Token ids of the sample's text ``j`` (a read-only view of the mapped ``.bin``)."""
-        return self._files.tokens.document_text(self.index, j)
-
-    @property
-    def texts(self) -> list[np.ndarray]:
-        """Token ids of all the sample's texts."""
-        return self._files.tokens.document_texts(self.index)
-
-    def image(self, j: int) -> ImageRecord:
-        """The sample's image ``j``: encoded bytes (a view of ``P.images``) and probed size, format, mode."""
-        table = self._files.image_table
-        if table is None:
-            raise IndexError(f"image {j} out of range: sample {self.index} has 0 images")
-        return table.image(self.index, j)
-
-    def encoding(self, name: str, payload: int, img_num: int = 1) -> Any:
-        """The precached encoding ``name`` of the sample's image (or text) ``payload``, as a zero-copy
-        torch tensor: (C, h, w), or (2, C, h, w) moments (mean, log-variance), (h, w, D) tokens of a ViT
-        stream (``--transform vit``), or (L, D) for a text ((n, D) from an encoder that read its string).
-        A stream beside a dataset in object storage is read by byte range."""
-        from mmidx.read.encoding_streams import open_stream
-
-        stream = open_stream(self._dataset, name)
-        if stream.meta["modality"] == "text":
-            first, end = self._files.tokens.document_range(self.index)
-            count, img_num = end - first, 0
-        else:
-            first, end = self._range("sample_image_offsets", self.index, len(self._dataset.plan["image_info"])) \
-                if self._dataset.plan is not None else (0, 0)
-            count = end - first
-        if not 0 <= payload < count:
-            raise IndexError(f"{name}: payload {payload} out of range: sample {self.index} has {count}")
-        return stream.tensor(first + payload, img_num)
-
-    @property
-    def images(self) -> list[ImageRecord]:
-        """All the sample's images."""
-        return [self.image(j) for j in range(self.num_images)]
-
-    def elements(self, view: int = 0) -> np.ndarray:
-        """The plan of one view as ``ELEMENT_DTYPE`` records (a view of ``P.plan`` for multimodal data).
-
-        Text datasets (and Megatron files) have one implied view: a text element with loss per sequence.
-        """
-        if not 0 <= view < self.num_views:
-            raise IndexError(f"view {view} out of range: sample {self.index} has {self.num_views} views")
-        plan = self._dataset.plan
-        if plan is None:
-            records = np.zeros(self.num_texts, dtype=fmt.ELEMENT_DTYPE)
-            records["flags"] = fmt.FLAG_LOSS | fmt.FLAG_SPLIT_START | fmt.FLAG_SPLIT_END
-            records["img_num"] = 1
-            records["special_token_label"] = -1
-            records["payload"] = np.arange(self.num_texts)
-            return records
-        number = int(plan["sample_view_offsets"][self.index]) + view  # checked by num_views
-        start, end = self._range("view_element_offsets", number, len(plan["elements"]))
-        records = plan["elements"][start:end]
-        problem = element_problem(records, self.num_texts, self.num_images)
-        if problem:
-            raise FormatError(f"{self._dataset.prefix}.plan: view {view} of sample {self.index}: {problem}: corrupted")
-        return records
-
-    def sequence_plan(self, view: int = 0) -> list[dict[str, Any]]:
-        """The plan of one view in BAGEL's ``sequence_plan`` shape (dicts), with each element's payload."""
-        plan = []
-        for record in self.elements(view):
-            flags, label = int(record["flags"]), int(record["special_token_label"])
-            item = {
-                "type": fmt.KIND_NAMES[record["kind"]],
-                "enable_cfg": int(bool(flags & fmt.FLAG_ENABLE_CFG)),
-                "loss": int(bool(flags & fmt.FLAG_LOSS)),
-                "special_token_loss": int(bool(flags & fmt.FLAG_SPECIAL_TOKEN_LOSS)),
-                "special_token_label": None if label < 0 else label,
-                "split_start": bool(flags & fmt.FLAG_SPLIT_START),
-                "split_end": bool(flags & fmt.FLAG_SPLIT_END),
-                "img_num": int(record["img_num"]),
-                "payload": int(record["payload"]),
-            }
-            if flags & fmt.FLAG_HAS_FRAME_DELTA:
-                item["frame_delta"] = int(record["frame_delta"])
-            plan.append(item)
-        return plan
-
-    @property
-    def extra(self) -> dict[str, Any]:
-        """Per-sample JSON data the builder stored (e.g. an RL prompt's id and metadata); {} if none."""
-        plan = self._dataset.plan
-        if plan is None or "sample_extra" not in plan:
-            return {}
-        start, end = self._range("sample_extra_offsets", self.index, len(plan["sample_extra"]))
-        if start == end:
-            return {}
-        extra, problem = decode_extra(plan["sample_extra"][start:end].tobytes())
-        if problem:
-            raise FormatError(f"{self._dataset.prefix}.plan: extra data of sample {self.index} is {problem}: "
-                              "corrupted")
-        return extra
-
-    @property
-    def origin(self) -> tuple[str | None, int]:
-        """(input file, row) the sample was built from, when the builder recorded it."""
-        plan = self._dataset.plan
-        if plan is None:
-            return None, -1
-        source, row = (int(v) for v in plan["sample_origin"][self.index])
-        sources = (self._dataset.metadata or {}).get("sources", [])
-        return (sources[source] if 0 <= source < len(sources) else None), row
+def _sharded(prefix: str, meta: dict[str, Any], name: str | os.PathLike, table: Any, cache: CacheSettings) -> _Mapped:
+    """A sharded dataset: its checked table (``name``: its path or URI, for messages), each shard opened (and
+    checked against it) when first read."""
+    arrays = fmt.read_shard_table(name, table, meta)
+    shards = ShardTable(prefix, meta, arrays, lambda shard, digest: MMIDXDataset._opened_as(shard, cache, digest))
+    return _Mapped(meta, None, None, None, None, shards.sample_count, shards=shards)
 
 
 class MMIDXDataset:
@@ -265,12 +120,29 @@ class MMIDXDataset:
     A dataset in object storage caches its small files in ``cache_dir`` and, given ``cache_limit`` (bytes, or
     ``"500G"``), its data in blocks there too, shared by the node's processes (:mod:`mmidx.io.block_cache`);
     ``$MMIDX_CACHE_DIR`` and ``$MMIDX_CACHE_LIMIT`` stand for them (:func:`~mmidx.io.cache_folder.cache_settings`).
+
+    A sharded dataset (:mod:`mmidx.format`, version 2: the result of a build of many units) opens the same way and
+    reads the same samples as its merge would: ``ds[i]`` is a :class:`Sample` of the shard holding sample ``i``
+    (``sample.dataset`` is that shard, ``sample.index`` the sample's number there). It has no arrays of the whole
+    dataset (``tokens``, ``plan``...: :class:`WholeArraysError`); :attr:`parts` gives each shard's, for every kind
+    of dataset.
     """
 
     def __init__(self, prefix: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None):
         self.prefix, self.cache = os.fspath(prefix), cache_settings(cache_dir, cache_limit)
+        self._known: str | None = None
         self._mapped: _Mapped | None = _open(self.prefix, self.cache)
+        MAPPED.used(self)
+
+    @classmethod
+    def _opened_as(cls, prefix: str, cache: CacheSettings, known: str) -> MMIDXDataset:
+        """The dataset at ``prefix``, refused unless its metadata's checksum is ``known`` (a shard of a table)."""
+        dataset = cls.__new__(cls)
+        dataset.prefix, dataset.cache, dataset._known = prefix, cache, known
+        dataset._mapped = _open(prefix, cache, known)
+        MAPPED.used(dataset)
+        return dataset
 
     def __getstate__(self) -> dict[str, Any]:  # a remote dataset's worker reads the version its parent opened
         known = self._mapped.meta["meta_sha256"] if self._mapped and self._mapped.remote else None
@@ -281,9 +153,42 @@ class MMIDXDataset:
 
     @property
     def _files(self) -> _Mapped:
-        if self._mapped is None:
-            self._mapped = _open(self.prefix, self.cache, self._known)
-        return self._mapped
+        mapped = self._mapped
+        if mapped is None:
+            mapped = self._mapped = _open(self.prefix, self.cache, self._known)
+        MAPPED.used(self)
+        return mapped
+
+    def unmap(self) -> None:
+        """Let go of the mapped files (they are mapped again when next read; views handed out keep theirs). A
+        sharded dataset keeps its table (one small map), and so the shards it opened and checked: the shards'
+        own files are what is unmapped, each by itself."""
+        mapped = self._mapped
+        if mapped is not None and mapped.shards is None:
+            self._mapped = None
+
+    def _single(self, what: str) -> _Mapped:
+        """The mapped files, or a :class:`WholeArraysError` naming ``what`` for a sharded dataset."""
+        files = self._files
+        if files.shards is not None:
+            raise WholeArraysError(
+                f"{self.prefix} is a sharded dataset ({len(files.shards)} shards): it has no single {what}; read "
+                f"samples with dataset[i], each shard's arrays through dataset.parts, or write one set of files "
+                f"with `mmidx merge {self.prefix} --output NEW`")
+        return files
+
+    @property
+    def is_sharded(self) -> bool:
+        """Whether the dataset is a table of shards (format version 2) rather than one set of files."""
+        return self._files.shards is not None
+
+    @property
+    def parts(self) -> Sequence[Part]:
+        """The dataset as datasets of one set of files, in order: its shards, or the dataset itself. Whatever reads
+        whole index arrays reads them a part at a time, so it works on either kind and never holds every shard's
+        arrays at once."""
+        files = self._files
+        return files.shards if files.shards is not None else (Part(0, self),)
 
     @property
     def metadata(self) -> dict[str, Any] | None:
@@ -299,27 +204,28 @@ class MMIDXDataset:
     @property
     def tokens(self) -> TokenStream:
         """The token stream: Megatron-style arrays and bounds-checked zero-copy reads."""
-        return self._files.tokens
+        return self._single("token stream").tokens
 
     @property
     def plan(self) -> dict[str, np.ndarray] | None:
         """The arrays of ``P.plan`` (None for text datasets)."""
-        return self._files.plan
+        return self._single("plan").plan
 
     @property
     def image_bytes(self) -> memoryview:
         """The mapped ``P.images`` file (empty for text datasets)."""
-        images = self._files.images
+        images = self._single("image file").images
         return memoryview(b"") if images is None else images
 
     @property
     def remote_files(self) -> dict[str, RemoteFile]:
         """The data files ("bin", "images") read by byte range from object storage (empty for local files)."""
-        return self._files.remote
+        return self._single("set of data files").remote
 
     @property
     def token_dtype(self) -> np.dtype:
-        return self._files.tokens.dtype
+        files = self._files
+        return files.tokens.dtype if files.tokens is not None else np.dtype(files.meta["token_dtype"])
 
     @property
     def tokenizer(self) -> dict[str, Any] | None:
@@ -346,8 +252,10 @@ class MMIDXDataset:
         checked once per opening, before anything is sized or indexed from the whole index arrays."""
         files = self._files
         if not files.structure_checked:
-            problems = structure_problems(self)
-            if problems:
+            if files.shards is not None:
+                for part in files.shards:
+                    part.dataset.check_structure()
+            elif problems := structure_problems(self):
                 raise FormatError(problems[0])
             files.structure_checked = True
 
@@ -355,20 +263,20 @@ class MMIDXDataset:
         """The sample number of every element record of ``P.plan`` (int64; empty for text datasets).
 
         Needs monotone offsets (:meth:`check_structure`)."""
-        plan = self.plan
+        plan = self._single("element table").plan
         if plan is None:
             return np.zeros(0, dtype=np.int64)
         views = np.repeat(np.arange(len(self), dtype=np.int64), np.diff(plan["sample_view_offsets"]))
         return np.repeat(views, np.diff(plan["view_element_offsets"]))
 
     def __len__(self) -> int:
-        return self._files.tokens.document_count
+        return self._files.count
 
     def __getitem__(self, index: int) -> Sample:
         files = self._mapped  # not the property: a random sample's read is a few hundred nanoseconds
         if files is None:
             files = self._files
-        count = files.tokens.document_count
+        count = files.count
         if type(index) is not int:
             if not isinstance(index, (int, np.integer)):
                 raise TypeError(f"samples are indexed by integers, not {type(index).__name__}")
@@ -377,11 +285,14 @@ class MMIDXDataset:
             index += count
         if not 0 <= index < count:
             raise IndexError(f"sample {index} out of range for {count} samples")
+        if files.shards is not None:
+            shard, local = files.shards.locate(index)
+            return files.shards.shard(shard)[local]
         return Sample(self, index, files)
 
     def get_tokens(self, sequence: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens ``[offset, offset + length)`` of a sequence, bounds-checked, as a zero-copy view."""
-        return self._files.tokens.get(sequence, offset, length)
+        return self._single("token stream").tokens.get(sequence, offset, length)
 
     def gather(self, sequences: np.ndarray, offsets: np.ndarray | None = None,
                lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -389,7 +300,7 @@ class MMIDXDataset:
 
         Returns ``(tokens, bounds)``; span i is ``tokens[bounds[i]:bounds[i + 1]]``.
         """
-        return self._files.tokens.gather(sequences, offsets, lengths)
+        return self._single("token stream").tokens.gather(sequences, offsets, lengths)
 
     def __repr__(self) -> str:
         return f"MMIDXDataset({self.prefix!r}, kind={self.kind}, samples={len(self)})"

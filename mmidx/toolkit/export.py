@@ -20,6 +20,15 @@ Texts are decoded with the dataset's tokenizer; a text that does not tokenize ba
 is counted. Image bytes are the stored ones: the original bytes unless the build re-encoded them
 (``--max-image-size``) or decoded video frames.
 
+Samples of source files of one name (``part.parquet`` of two folders) go to one file, in dataset order.
+
+An export streams: each file is written a row group at a time as the groups fill
+(:mod:`mmidx.toolkit.export_plan`: at most 1,024 samples, ending once it holds 16 MiB of images and text), never
+a whole file held, and the groups' rows are made on ``workers`` processes or Ray actors
+(:mod:`mmidx.toolkit.export_workers`) while this process writes them in their order. So its memory is bounded
+whatever the dataset's size (a few groups per worker in flight), and its files are the same bytes at any worker
+count; a sharded dataset gives the files its merge would.
+
 What rebuilding an export gives (``mmidx build`` with the same source, tokenizer, seed and views):
 
 * t2i/wds → same layout: the same samples, bit for bit, when the files keep their names (they do)
@@ -43,18 +52,30 @@ import io
 import json
 import os
 import shutil
+import sys
 import tarfile
-from collections import defaultdict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from mmidx import format as fmt
-from mmidx.read.dataset import MMIDXDataset, Sample
-from mmidx.sources.t2i import CAPTION_KEYS
-from mmidx.toolkit.sample import EXTENSIONS, dataset_tokenizer
+from mmidx.read.dataset import MMIDXDataset
+from mmidx.toolkit.export_plan import ROWS, ExportPlan
+from mmidx.toolkit.export_rows import (
+    EDIT_SCHEMA,
+    ROWS_SKIPPED,
+    T2I_SCHEMA,
+    GroupRows,
+    edit_rows,
+    llava_rows,
+    t2i_rows,
+    wds_rows,
+)
+from mmidx.toolkit.export_workers import Workers, ordered_results
+from mmidx.toolkit.sample import dataset_tokenizer
 
+PROGRESS_DELAY = 2.0  # seconds before the progress bar shows (a small export prints none)
 LAYOUTS = {"t2i": ("parquet", "wds"), "wds": ("parquet", "wds"), "edit": ("parquet",), "vlm": ("jsonl",)}
 
 
@@ -68,12 +89,18 @@ class ExportReport:
     images: int = 0
     files: list[str] = field(default_factory=list)
     lossy: dict[str, int] = field(default_factory=dict)  # what will not round-trip → samples affected
-    affected: dict[str, set[int]] = field(default_factory=dict, repr=False)
 
-    def note(self, what: str, sample: int) -> None:
-        """Sample number ``sample`` will not come back the same from a rebuild, because of ``what``."""
-        self.affected.setdefault(what, set()).add(sample)
-        self.lossy[what] = len(self.affected[what])
+    def count(self, what: str, samples: int) -> None:
+        """``samples`` more samples will not come back the same from a rebuild, because of ``what``."""
+        if samples:
+            self.lossy[what] = self.lossy.get(what, 0) + samples
+
+    def add(self, rows: GroupRows) -> None:
+        """Count a row group's samples, images and notes."""
+        self.samples += rows.samples
+        self.images += rows.images
+        for what, samples in rows.notes.items():
+            self.count(what, samples)
 
     def summary(self) -> str:
         files = len(self.files)
@@ -84,252 +111,148 @@ class ExportReport:
         return "\n".join(lines)
 
 
-class Texts:
-    """Token ids → text with the dataset's tokenizer, counting texts that do not tokenize back the same."""
-
-    def __init__(self, dataset: MMIDXDataset):
-        self.tokenizer, why = dataset_tokenizer(dataset)
-        if self.tokenizer is None:
-            raise ValueError(f"{dataset.prefix}: cannot decode its texts: {why}")
-
-    def __call__(self, sample: Sample, payload: int, report: ExportReport) -> str:
-        ids = sample.text(payload).tolist()
-        text = self.tokenizer.decode(ids)
-        if self.tokenizer.encode(text) != ids:
-            report.note("a text does not tokenize back to the same ids", sample.index)
-        return text
+def tokenizer_of(dataset: MMIDXDataset) -> Any:
+    """The dataset's recorded tokenizer, loaded; a ValueError saying why when its texts cannot be decoded."""
+    tokenizer, why = dataset_tokenizer(dataset)
+    if tokenizer is None:
+        raise ValueError(f"{dataset.prefix}: cannot decode its texts: {why}")
+    return tokenizer
 
 
-def by_source_file(dataset: MMIDXDataset) -> dict[str, list[int]]:
-    """Sample numbers grouped by the source file they came from, in dataset order."""
-    groups: dict[str, list[int]] = defaultdict(list)
-    for index in range(len(dataset)):
-        source, _ = dataset[index].origin
-        groups[os.path.basename(source) if source else "samples"].append(index)
-    return groups
+@dataclass(frozen=True)
+class RowsJob:
+    """The workers' job (:mod:`mmidx.toolkit.export_workers`): ``rows(dataset, tokenizer, group, *options)``
+    of each row group, the dataset at ``prefix`` opened once per worker."""
+
+    prefix: str
+    tokenizer: Any
+    rows: Callable[..., Any]
+    options: tuple[Any, ...] = ()
+
+    def open(self) -> MMIDXDataset:
+        return MMIDXDataset(self.prefix)
+
+    def run(self, dataset: MMIDXDataset, group: Any) -> Any:
+        return self.rows(dataset, self.tokenizer, group, *self.options)
 
 
-def _rows_shifted(dataset: MMIDXDataset, indices: list[int]) -> bool:
-    return any(dataset[index].origin[1] != row for row, index in enumerate(indices))
+class FileWriter(Protocol):
+    def write(self, rows: Any) -> None:
+        """Append one row group's rows."""
+
+    def close(self) -> Any:
+        """Finish the file; what the layout records of it (or None)."""
 
 
-def _captions(sample: Sample, texts: Texts, report: ExportReport) -> list[str]:
-    """The sample's captions in stored order (t2i and wds store every distinct caption, in the row's order)."""
-    return [texts(sample, j, report) for j in range(sample.num_texts)]
+def write_groups(plan: ExportPlan, job: RowsJob, open_file: Callable[[Path], FileWriter], out: Path,
+                 report: ExportReport, run: Workers, progress: bool) -> list[tuple[Path, Any]]:
+    """Write every row group of ``plan`` into folder ``out``, each file opened with ``open_file(path)`` at its first
+    group and closed after its last, counting into ``report``; (path, what ``close`` returned) of each file."""
+    from tqdm import tqdm
+
+    writing: dict[int, tuple[Path, FileWriter]] = {}
+    kept, shifted, closed = Counter(), set(), []
+    bar = tqdm(total=len(plan.dataset), unit=" samples", unit_scale=True, delay=PROGRESS_DELAY, file=sys.stderr,
+               disable=not progress, dynamic_ncols=True, desc=f"export → {out.name.removesuffix('.partial')}")
+    try:
+        for group, rows in ordered_results(job, plan.groups(), run):
+            if group.file not in writing:
+                writing[group.file] = (out / group.name, open_file(out / group.name))
+            writing[group.file][1].write(rows.rows)
+            report.add(rows)
+            kept[group.file] += rows.kept_name
+            if rows.shifted:
+                shifted.add(group.file)
+            if group.last:
+                path, writer = writing.pop(group.file)
+                closed.append((path, writer.close()))
+                report.files.append(str(path))
+                if group.file in shifted:
+                    report.count(ROWS_SKIPPED, kept[group.file])
+            bar.update(group.size)
+    finally:
+        for _, writer in writing.values():  # an export that failed: its folder is removed
+            writer.close()
+        bar.close()
+    return closed
 
 
-def caption_object(sample: Sample, captions: list[str]) -> dict[str, str]:
-    """A t2i sample's captions as its row's JSON object: the keys and repeats the build recorded
-    (:func:`mmidx.sources.t2i.caption_keys`), else BAGEL's ``{"0": ..., "1": ...}``."""
-    keys = sample.extra.get(CAPTION_KEYS)
-    if isinstance(keys, list) and all(isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], int)
-                                      and 0 <= pair[1] < len(captions) for pair in keys):
-        return {str(key): captions[number] for key, number in keys}
-    return {str(k): caption for k, caption in enumerate(captions)}
+class ParquetFile:
+    """A parquet file written a row group at a time (one per :func:`write`)."""
+
+    def __init__(self, path: Path, schema: Any):
+        import pyarrow.parquet as pq
+
+        self.writer = pq.ParquetWriter(path, schema)
+
+    def write(self, rows: Any) -> None:
+        if rows.num_rows:
+            self.writer.write_table(rows, row_group_size=ROWS)
+
+    def close(self) -> None:
+        self.writer.close()
 
 
-def _write_t2i_parquet(dataset: MMIDXDataset, out: Path, texts: Texts, report: ExportReport) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+class _TarFile:
+    def __init__(self, path: Path):
+        self.archive = tarfile.open(path, "w")
 
-    for name, indices in by_source_file(dataset).items():
-        images, captions = [], []
-        for index in indices:
-            sample = dataset[index]
-            images.append(bytes(sample.image(0).data))
-            captions.append(json.dumps(caption_object(sample, _captions(sample, texts, report))))
-            report.samples += 1
-            report.images += 1
-        note_draws(dataset, indices, name.endswith(".parquet"), report)
-        path = out / (Path(name).stem + ".parquet")
-        pq.write_table(pa.table({"image": pa.array(images, pa.binary()), "captions": pa.array(captions, pa.string())}),
-                       path)
-        report.files.append(str(path))
+    def write(self, members: list[tuple[str, bytes]]) -> None:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            self.archive.addfile(info, io.BytesIO(data))
+
+    def close(self) -> None:
+        self.archive.close()
 
 
-def note_draws(dataset: MMIDXDataset, indices: list[int], same_name: bool, report: ExportReport) -> None:
-    if not same_name:
-        for index in indices:
-            report.note("the file name changes, so each view's caption is drawn anew", index)
-    elif _rows_shifted(dataset, indices):
-        for index in indices:
-            report.note("rows were skipped at build time, so later rows' captions are drawn anew", index)
+class _JsonlFile:
+    def __init__(self, path: Path):
+        self.stream, self.images = open(path, "w", encoding="utf-8"), path.parent / "images"
+
+    def write(self, rows: tuple[list[str], list[tuple[str, bytes]]]) -> None:
+        lines, files = rows
+        for name, data in files:
+            (self.images / name).write_bytes(data)
+        self.stream.writelines(lines)
+
+    def close(self) -> None:
+        self.stream.close()
 
 
-def _write_wds(dataset: MMIDXDataset, out: Path, texts: Texts, report: ExportReport) -> None:
-    for name, indices in by_source_file(dataset).items():
-        path = out / (name.split(".", 1)[0] + ".tar")
-        with tarfile.open(path, "w") as archive:
-            for row, index in enumerate(indices):
-                sample = dataset[index]
-                image = sample.image(0)
-                captions = _captions(sample, texts, report)
-                members = [(EXTENSIONS.get(image.format, "bin"), bytes(image.data)), ("txt", captions[0].encode())]
-                if len(captions) > 1:
-                    members.append(("json", json.dumps({"caption": captions[1]}).encode()))
-                if len(captions) > 2:
-                    report.note("more than two captions (a wds sample carries two)", index)
-                for extension, data in members:
-                    info = tarfile.TarInfo(f"{row:08d}.{extension}")
-                    info.size = len(data)
-                    archive.addfile(info, io.BytesIO(data))
-                report.samples += 1
-                report.images += 1
-        note_draws(dataset, indices, name.endswith(".tar"), report)
-        report.files.append(str(path))
+def parquet_name(source: str) -> str:
+    return Path(source).stem + ".parquet"
 
 
-def _edit_row(sample: Sample, texts: Texts, report: ExportReport) -> list[list[str]] | None:
-    """The instruction options of each step recovered from the sample's views; None if a step has none.
-
-    A view is (condition image, text, noised image) once per step. Several steps in one view are
-    sequential (texts are options as drawn); one text spanning several steps is a combined draw
-    ("o1. o2.": each option + ". ", joined, rstripped). One text over one step is either: a combined
-    draw adds a "." and can only run from image n-3 to n-2, so a text ending in "." there whose
-    other form was not seen elsewhere is kept as drawn and counted as ambiguous.
-    """
-    steps = sample.num_images - 1
-    options: list[list[str]] = [[] for _ in range(steps)]
-    single: list[tuple[int, str]] = []  # (step, text) of one-step views, resolved once all views are read
-    for view in range(sample.num_views):
-        spans, condition, text = [], None, None
-        for record in sample.elements(view):
-            kind, payload = int(record["kind"]), int(record["payload"])
-            if kind == fmt.TEXT:
-                text = texts(sample, payload, report)
-            elif kind == fmt.VAE_IMAGE and not record["flags"] & fmt.FLAG_LOSS:
-                condition = payload
-            elif kind == fmt.VAE_IMAGE and condition is not None and text is not None:
-                spans.append((condition, payload, text))
-                text = None
-        for first, last, text in spans:
-            if last - first == 1 and len(spans) == 1:
-                single.append((first, text))
-                continue
-            parts = [text] if last - first == 1 else text[:-1].split(". ") if text.endswith(".") else []
-            if len(parts) == last - first:
-                for step, part in zip(range(first, last), parts, strict=True):
-                    options[step] += [] if part in options[step] else [part]
-    seen = [list(step) for step in options]
-    for step, text in single:
-        combined = step == steps - 2 and text.endswith(".") and text not in seen[step]
-        if combined and text[:-1] in seen[step]:
-            continue
-        if combined:
-            report.note("a one-step instruction ending in '.' may have gained it from a combined draw",
-                        sample.index)
-        options[step] += [] if text in options[step] else [text]
-    return options if all(options) else None
+def _tar_name(source: str) -> str:
+    return source.split(".", 1)[0] + ".tar"
 
 
-def _write_edit_parquet(dataset: MMIDXDataset, out: Path, texts: Texts, report: ExportReport) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    info = {}
-    for name, indices in by_source_file(dataset).items():
-        image_lists, instruction_lists = [], []
-        for index in indices:
-            sample = dataset[index]
-            instructions = _edit_row(sample, texts, report)
-            if instructions is None:
-                report.note("an edit step's instruction is only inside an unsplittable combined one (row not written)",
-                            index)
-                continue
-            if any(len(step) > 1 for step in instructions):
-                report.note("a step has several instructions, so the rebuild draws anew", index)
-            image_lists.append([bytes(image.data) for image in sample.images])
-            instruction_lists.append(instructions)
-            report.samples += 1
-            report.images += sample.num_images
-        path = out / (Path(name).stem + ".parquet")
-        pq.write_table(pa.table({"image_list": pa.array(image_lists, pa.list_(pa.binary())),
-                                 "instruction_list": pa.array(instruction_lists, pa.list_(pa.list_(pa.string())))}),
-                       path)
-        metadata = pq.ParquetFile(path).metadata
-        info[str((Path(report.output) / path.name).resolve())] = {"num_row_groups": metadata.num_row_groups,
-                                                                 "num_rows": metadata.num_rows}
-        report.files.append(str(path))
-    (out / "parquet_info.json").write_text(json.dumps(info, indent=1))
+def _jsonl_name(source: str) -> str:
+    return Path(source).stem + ".jsonl"
 
 
-def llava_conversation(sample: Sample, texts: Texts, report: ExportReport) -> list[dict]:
-    """LLaVA turns whose ``change_format`` gives back the view's elements: gpt turns are the texts with loss;
-    a run of other elements is one human turn, ``<image>`` where a ViT image stood."""
-    turns: list[dict[str, Any]] = []
-    human: list[str] = []  # pieces of the open human turn ("<image>" or a text)
-
-    def close() -> None:
-        if human:
-            turns.append({"from": "human", "value": "".join(human)})
-            human.clear()
-
-    for record in sample.elements(0):
-        if record["kind"] == fmt.VIT_IMAGE:
-            human.append("<image>")
-            continue
-        text = texts(sample, int(record["payload"]), report)
-        if record["flags"] & fmt.FLAG_LOSS:
-            close()
-            turns.append({"from": "gpt", "value": text})
-        elif text != text.strip():  # only a turn without images keeps its text unstripped: a turn of its own
-            close()
-            turns.append({"from": "human", "value": text})
-        else:
-            if human and human[-1] != "<image>":
-                close()  # two texts without an image between were two turns
-            human.append(text)
-    close()
-    return turns
-
-
-def listed_images(sample: Sample) -> list[int]:
-    """The numbers of the stored images a conversation row lists, in order.
-
-    img_num counts the row's listed images (BAGEL's resize rule divides by it), but only the used ones,
-    always the first few, are stored: a used one is listed again in place of each unused one."""
-    listed = max([int(e["img_num"]) for e in sample.elements(0) if e["kind"] == fmt.VIT_IMAGE] or [0])
-    return list(range(sample.num_images)) + [0] * (listed - sample.num_images)
-
-
-def _write_llava_jsonl(dataset: MMIDXDataset, out: Path, texts: Texts, report: ExportReport) -> None:
-    folder = out / "images"
-    folder.mkdir()
-    for name, indices in by_source_file(dataset).items():
-        path = out / (Path(name).stem + ".jsonl")
-        with open(path, "w", encoding="utf-8") as stream:
-            for index in indices:
-                sample = dataset[index]
-                names = []
-                for j, image in enumerate(sample.images):
-                    file = f"{Path(name).stem}_{index:08d}_{j}.{EXTENSIONS.get(image.format, 'bin')}"
-                    (folder / file).write_bytes(image.data)
-                    names.append(f"images/{file}")
-                names = [names[j] for j in listed_images(sample)]
-                if "video" in sample.extra:
-                    report.note("a video row becomes a row of its stored frames (no frame deltas, one view)", index)
-                record: dict[str, Any] = {"conversations": llava_conversation(sample, texts, report)}
-                if names:
-                    record["image"] = names[0] if len(names) == 1 else names
-                stream.write(json.dumps(record, ensure_ascii=False) + "\n")
-                report.samples += 1
-                report.images += sample.num_images
-        report.files.append(str(path))
-
-
-WRITERS: dict[tuple[str, str], Callable[[MMIDXDataset, Path, Texts, ExportReport], None]] = {
-    ("t2i", "parquet"): _write_t2i_parquet, ("wds", "parquet"): _write_t2i_parquet,
-    ("t2i", "wds"): _write_wds, ("wds", "wds"): _write_wds,
-    ("edit", "parquet"): _write_edit_parquet, ("vlm", "jsonl"): _write_llava_jsonl,
+# (source, layout) → (a source file's name → its output file's, rows of a group, a file's writer)
+WRITERS: dict[tuple[str, str], tuple[Callable[[str], str], Callable[..., GroupRows], Callable[[Path], FileWriter]]] = {
+    ("t2i", "parquet"): (parquet_name, t2i_rows, lambda path: ParquetFile(path, T2I_SCHEMA)),
+    ("t2i", "wds"): (_tar_name, wds_rows, _TarFile),
+    ("edit", "parquet"): (parquet_name, edit_rows, lambda path: ParquetFile(path, EDIT_SCHEMA)),
+    ("vlm", "jsonl"): (_jsonl_name, llava_rows, _JsonlFile),
 }
+WRITERS["wds", "parquet"], WRITERS["wds", "wds"] = WRITERS["t2i", "parquet"], WRITERS["t2i", "wds"]
 
 
-def export(prefix: str | os.PathLike, layout: str, output: str | os.PathLike) -> ExportReport:
-    """Write the dataset at ``prefix`` to folder ``output`` in ``layout`` (see the module docstring).
+def export(prefix: str | os.PathLike, layout: str, output: str | os.PathLike, *, workers: int = 1,
+           engine: str = "local", ray_address: str | None = None, progress: bool = False) -> ExportReport:
+    """Write the dataset at ``prefix`` to folder ``output`` in ``layout`` (see the module docstring), its row
+    groups made on ``workers`` processes (``engine="ray"``: Ray actors, on the cluster at ``ray_address``), with
+    a progress bar on stderr if ``progress``.
 
     The files are written under ``output + ".partial"`` and renamed into place when complete, so an
     interrupted export leaves no folder that looks finished.
     """
+    run = Workers(workers, engine, ray_address)
     dataset = MMIDXDataset(prefix)
     source = ((dataset.metadata or {}).get("build") or {}).get("source")
     if source not in LAYOUTS:
@@ -338,12 +261,32 @@ def export(prefix: str | os.PathLike, layout: str, output: str | os.PathLike) ->
     if layout not in LAYOUTS[source]:
         raise ValueError(f"{dataset.prefix}: a {source} dataset exports --to {' or '.join(LAYOUTS[source])}, "
                          f"not {layout}")
-    texts = Texts(dataset)
-    report = write_folder(output, layout, lambda partial, report: WRITERS[source, layout](dataset, partial, texts,
-                                                                                         report))
+    name_of, rows, open_file = WRITERS[source, layout]
+    job = RowsJob(dataset.prefix, tokenizer_of(dataset), rows)
+
+    def write(out: Path, report: ExportReport) -> None:
+        if layout == "jsonl":
+            (out / "images").mkdir()
+        closed = write_groups(ExportPlan(dataset, name_of), job, open_file, out, report, run, progress)
+        if source == "edit":
+            _write_parquet_info(out, [path for path, _ in closed], report)
+
+    report = write_folder(output, layout, write)
     if layout == "parquet" and source == "edit":
         report.files.append(str(Path(output) / "parquet_info.json"))
     return report
+
+
+def _write_parquet_info(out: Path, paths: list[Path], report: ExportReport) -> None:
+    """BAGEL's ``parquet_info.json``: each file's row groups and rows, by its path once in place."""
+    import pyarrow.parquet as pq
+
+    info = {}
+    for path in paths:
+        metadata = pq.ParquetFile(path).metadata
+        info[str((Path(report.output) / path.name).resolve())] = {"num_row_groups": metadata.num_row_groups,
+                                                                 "num_rows": metadata.num_rows}
+    (out / "parquet_info.json").write_text(json.dumps(info, indent=1))
 
 
 def write_folder(output: str | os.PathLike, layout: str, write: Callable[[Path, ExportReport], None]) -> ExportReport:

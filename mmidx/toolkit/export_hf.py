@@ -16,7 +16,9 @@ export again with ``mmidx build --source hf`` draws the same views. Columns:
 Round trip: ``hf → mmidx → hf → mmidx`` writes the same ``bin``, ``idx``, ``images`` and ``plan`` files
 when the first build skipped no row of a file and the rebuild names the same caption and kept columns (the
 metadata differs only by the input paths it records). What will not come back the same is counted in the
-report, as for the other layouts. Needs ``datasets`` (``pip install "mmidx[hf]"``) for the features.
+report, as for the other layouts. Needs ``datasets`` (``pip install "mmidx[hf]"``) for the features. It streams
+and runs on workers as the other layouts do (:mod:`mmidx.toolkit.export`), after a first pass over the samples'
+extra JSON for its keys (every file has one set of columns).
 """
 
 from __future__ import annotations
@@ -33,20 +35,22 @@ from mmidx import format as fmt
 from mmidx.errors import import_extra
 from mmidx.read.dataset import MMIDXDataset, Sample
 from mmidx.sources.t2i import CAPTION_KEYS
-from mmidx.toolkit.export import (
-    ExportReport,
-    Texts,
-    by_source_file,
+from mmidx.toolkit.export import ExportReport, RowsJob, tokenizer_of, write_folder, write_groups
+from mmidx.toolkit.export_plan import ExportPlan, Group
+from mmidx.toolkit.export_rows import (
+    VIDEO_FRAMES,
+    GroupRows,
+    Text,
     caption_object,
+    captions,
     listed_images,
     llava_conversation,
-    note_draws,
-    write_folder,
 )
+from mmidx.toolkit.export_workers import Workers, ordered_results
 
 T2I_SOURCES = ("t2i", "wds")
 CONVERSATION_SOURCES = ("vlm",)
-BATCH_ROWS = 256  # rows per record batch (an Arrow file is written batch by batch)
+RESERVED = ("conversations", "images", "image", "captions", "origin_file", "origin_row")  # columns written here
 
 
 def _conversation_rows(dataset: MMIDXDataset) -> bool:
@@ -61,19 +65,13 @@ def _conversation_rows(dataset: MMIDXDataset) -> bool:
 
 
 class _ArrowFile:
-    """One Arrow stream file written batch by batch; its schema (and features) come from the first batch."""
+    """One Arrow stream file written a row group at a time; its schema (and features) come from the first group."""
 
     def __init__(self, path: Path, datasets: Any, image_columns: dict[str, bool]):
         self.path, self._datasets, self._image_columns = path, datasets, image_columns
-        self._rows: list[dict[str, Any]] = []
         self._writer: Any = None
         self._schema_written: pa.Schema | None = None
         self.features: dict[str, Any] | None = None
-
-    def add(self, row: dict[str, Any]) -> None:
-        self._rows.append(row)
-        if len(self._rows) >= BATCH_ROWS:
-            self._flush()
 
     def _schema(self, table: pa.Table) -> pa.Schema:
         features = self._datasets.Features.from_arrow_schema(table.schema)
@@ -84,10 +82,9 @@ class _ArrowFile:
         schema = features.arrow_schema
         return schema.with_metadata({"huggingface": json.dumps({"info": {"features": self.features}})})
 
-    def _flush(self) -> None:
-        if not self._rows:
+    def write(self, table: pa.Table) -> None:
+        if not table.num_rows:
             return
-        table = pa.Table.from_pylist(self._rows)
         if self._writer is None:
             self._schema_written = self._schema(table)
             self._writer = pa.ipc.new_stream(str(self.path), self._schema_written)
@@ -97,25 +94,25 @@ class _ArrowFile:
             raise ValueError(f"{self.path.name}: the samples' extra JSON changes type between rows ({error}); "
                              "an Arrow column holds one type") from error
         self._writer.write_table(table)
-        self._rows = []
 
-    def close(self) -> None:
-        self._flush()
+    def close(self) -> dict[str, Any] | None:
+        """Finish the file; its features."""
         if self._writer is not None:
             self._writer.close()
+        return self.features
 
 
 def _image(data: memoryview) -> dict[str, Any]:
     return {"bytes": bytes(data), "path": None}
 
 
-def _row(sample: Sample, conversation: bool, texts: Texts, report: ExportReport) -> dict[str, Any]:
+def _row(sample: Sample, conversation: bool, text: Text) -> dict[str, Any]:
     if conversation:
-        row: dict[str, Any] = {"conversations": llava_conversation(sample, texts, report),
+        row: dict[str, Any] = {"conversations": llava_conversation(sample, text),
                                "images": [_image(sample.image(j).data) for j in listed_images(sample)]}
     else:
-        captions = caption_object(sample, [texts(sample, j, report) for j in range(sample.num_texts)])
-        row = {"image": _image(sample.image(0).data), "captions": list(captions.values())}
+        row = {"image": _image(sample.image(0).data), "captions": list(caption_object(sample,
+                                                                                      captions(sample, text)).values())}
     source, origin_row = sample.origin
     return {**row, "origin_file": source, "origin_row": origin_row, **_extra(sample)}
 
@@ -125,36 +122,51 @@ def _extra(sample: Sample) -> dict[str, Any]:
     return {key: value for key, value in sample.extra.items() if key != CAPTION_KEYS}
 
 
-def _write(dataset: MMIDXDataset, out: Path, report: ExportReport) -> None:
+def hf_rows(dataset: MMIDXDataset, tokenizer: Any, group: Group, conversation: bool,
+            extra_keys: tuple[str, ...]) -> GroupRows:
+    """A row group of the ``datasets`` columns (module docstring) as a table; absent extra keys are null."""
+    out, rows = GroupRows(), []
+    for _, _, sample, text, notes in out.each(dataset, tokenizer, group, draws=not conversation):
+        if "video" in sample.extra:
+            notes.add(VIDEO_FRAMES)
+        rows.append({**_row(sample, conversation, text), **{key: None for key in extra_keys
+                                                            if key not in sample.extra}})
+        out.written(sample)
+    out.rows = pa.Table.from_pylist(rows)
+    return out
+
+
+def extra_keys(dataset: MMIDXDataset, tokenizer: Any, group: Group) -> set[str]:
+    """The keys of the group's samples' extra JSON that become columns."""
+    return {key for number in group.samples() for key in _extra(dataset[number])}
+
+
+def _hf_name(source: str) -> str:
+    return Path(source).stem + ".arrow"
+
+
+def _write(dataset: MMIDXDataset, out: Path, report: ExportReport, run: Workers, progress: bool) -> None:
     datasets = import_extra("datasets", "hf", "mmidx export --to hf")
     conversation = _conversation_rows(dataset)
-    texts = Texts(dataset)
-    extra_keys = sorted({key for index in range(len(dataset)) for key in _extra(dataset[index])})
-    reserved = {"conversations", "images", "image", "captions", "origin_file", "origin_row"} & set(extra_keys)
+    tokenizer = tokenizer_of(dataset)
+    plan = ExportPlan(dataset, _hf_name)
+    keys: set[str] = set()
+    for _, found in ordered_results(RowsJob(dataset.prefix, None, extra_keys), plan.groups(), run):
+        keys |= found
+    reserved = set(RESERVED) & keys
     if reserved:
         raise ValueError(f"{dataset.prefix}: the samples' extra JSON has keys {sorted(reserved)}, which --to hf "
                          "writes itself")
+    job = RowsJob(dataset.prefix, tokenizer, hf_rows, (conversation, tuple(sorted(keys))))
+    columns = {"images": True} if conversation else {"image": False}
     files, features = [], None
-    for name, indices in by_source_file(dataset).items():
-        arrow = _ArrowFile(out / (Path(name).stem + ".arrow"), datasets, {"images": True} if conversation
-                           else {"image": False})
-        for index in indices:
-            sample = dataset[index]
-            if "video" in sample.extra:
-                report.note("a video row becomes a row of its stored frames (no frame deltas, one view)", index)
-            arrow.add({**_row(sample, conversation, texts, report), **{key: None for key in extra_keys
-                                                                          if key not in sample.extra}})
-            report.samples += 1
-            report.images += sample.num_images
-        arrow.close()
-        if features not in (None, arrow.features):
-            raise ValueError(f"{dataset.prefix}: {arrow.path.name} has other columns than the files before it "
-                             f"({arrow.features} vs {features}); a datasets folder has one set of features")
-        features = arrow.features
-        if not conversation:
-            note_draws(dataset, indices, name.endswith(".arrow"), report)
-        files.append(arrow.path.name)
-        report.files.append(str(arrow.path))
+    for path, found in write_groups(plan, job, lambda path: _ArrowFile(path, datasets, columns), out, report, run,
+                                    progress):
+        if features not in (None, found):
+            raise ValueError(f"{dataset.prefix}: {path.name} has other columns than the files before it "
+                             f"({found} vs {features}); a datasets folder has one set of features")
+        features = found
+        files.append(path.name)
     _write_json(out / "dataset_info.json", {"citation": "", "description": "", "features": features or {},
                                            "homepage": "", "license": ""})
     fingerprint = hashlib.sha256(json.dumps([files, features]).encode()).hexdigest()[:16]
@@ -167,10 +179,13 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2))
 
 
-def export_hf(prefix: str | os.PathLike, output: str | os.PathLike) -> ExportReport:
-    """Write the dataset at ``prefix`` to folder ``output`` as a ``datasets`` folder (see the module docstring)."""
+def export_hf(prefix: str | os.PathLike, output: str | os.PathLike, *, workers: int = 1, engine: str = "local",
+              ray_address: str | None = None, progress: bool = False) -> ExportReport:
+    """Write the dataset at ``prefix`` to folder ``output`` as a ``datasets`` folder (see the module docstring), on
+    workers as :func:`mmidx.toolkit.export.export` does."""
+    run = Workers(workers, engine, ray_address)
     dataset = MMIDXDataset(prefix)
     _conversation_rows(dataset)  # refuse other sources before anything is written
-    report = write_folder(output, "hf", lambda partial, report: _write(dataset, partial, report))
+    report = write_folder(output, "hf", lambda partial, report: _write(dataset, partial, report, run, progress))
     report.files += [str(Path(output) / "dataset_info.json"), str(Path(output) / "state.json")]
     return report

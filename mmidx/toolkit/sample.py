@@ -18,8 +18,6 @@ from typing import Any
 import numpy as np
 
 from mmidx import format as fmt
-from mmidx.config import config_for
-from mmidx.images.transform import num_image_tokens
 from mmidx.read.dataset import MMIDXDataset
 
 LOSS_MARK, MASKED_MARK = "┃", "┆"  # before each line of a text with loss, and of one without
@@ -47,6 +45,9 @@ def describe_sample(prefix: str | os.PathLike | MMIDXDataset, index: int, *, vie
     already loaded (the viewer keeps both open); by default both are loaded here. ``max_text_tokens``: each
     text's ``token_ids`` and ``decoded`` cover its first that many tokens only (``shown_tokens`` says how many;
     ``tokens`` still counts them all), so a page showing the head of a huge text does not decode all of it."""
+    from mmidx.config import config_for  # imported here: torch, which the module's other users (export) do not need
+    from mmidx.images.transform import num_image_tokens
+
     dataset = prefix if isinstance(prefix, MMIDXDataset) else MMIDXDataset(prefix)
     if not 0 <= index < len(dataset):
         raise ValueError(f"{dataset.prefix}: sample {index} out of range: the dataset has {len(dataset):,} samples")
