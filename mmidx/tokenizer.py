@@ -32,11 +32,6 @@ name, vocabulary size, special ids and checksum) in ``$MMIDX_CACHE_DIR/tokenizer
 ``~/.cache/mmidx``), keyed by the name, size, time and content of every file of the directory (or the file) and the
 versions of ``transformers`` and ``tokenizers``; a later load with the same key takes the backend from
 there (0.5 CPU-s) and loads ``transformers`` only if ``hf``, ``encode`` or ``decode`` is used.
-
-Loading is safe from several threads at once (a web viewer's pool decodes its first pages together): every load,
-``transformers``' import included, runs under one lock (:data:`_LOADING`), because a first ``import transformers``
-from several threads at once fails in all but one (``ImportError: cannot import name 'AutoTokenizer'``, transformers
-5.24: 7 of 8 threads), and a thread that waited finds the tokenizer its predecessor loaded.
 """
 
 from __future__ import annotations
@@ -68,7 +63,6 @@ _HASHED_FILE_BYTES = 64 << 20  # files up to this size are keyed by content, lar
 # the vocabulary of a BPE (GPT-2, Qwen), WordPiece (BERT) or SentencePiece (Llama, T5, XLM-R) tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "vocab.txt",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
-_LOADING = threading.RLock()  # held by every load (the module's docstring says why); reentrant: ``hf`` loads within
 
 
 class TokenizerError(MMIDXError, ValueError):
@@ -93,8 +87,7 @@ class Tokenizer:
         key = _cache_key(self.name_or_path, self.added_tokens)
         cached = _read_cache(key)
         if cached is not None:
-            with _LOADING:
-                from tokenizers import Tokenizer as Backend
+            from tokenizers import Tokenizer as Backend
 
             self._backend = Backend.from_str(cached.pop("backend"))
             self._facts = cached
@@ -112,16 +105,13 @@ class Tokenizer:
 
     @property
     def hf(self) -> Any:
-        """The ``transformers`` tokenizer (loaded on first use when the backend came from the cache; once, however
-        many threads ask at once)."""
+        """The ``transformers`` tokenizer (loaded on first use when the backend came from the cache)."""
         if self._hf is None:
-            with _LOADING:
-                if self._hf is None:  # not loaded by the thread this one waited for
-                    hf = _load_hf(self.name_or_path, self.added_tokens)
-                    if _serialized_sha256(hf, getattr(hf, "backend_tokenizer", None)) != self.sha256:
-                        raise TokenizerError(f"the tokenizer at {self.name_or_path!r} changed since it was loaded; "
-                                             "load it again")
-                    self._hf = hf
+            hf = _load_hf(self.name_or_path, self.added_tokens)
+            if _serialized_sha256(hf, getattr(hf, "backend_tokenizer", None)) != self.sha256:
+                raise TokenizerError(f"the tokenizer at {self.name_or_path!r} changed since it was loaded; "
+                                     "load it again")
+            self._hf = hf
         return self._hf
 
     @property
@@ -282,20 +272,19 @@ def _load_hf(name_or_path: str, added_tokens: Sequence[str] = ()) -> Any:
     them, then ``added_tokens`` (those not in the vocabulary yet) as special tokens, each checked to encode as one
     id."""
     where, path = _locate(name_or_path)
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
     # the tokenizers library's parse errors are bare Exceptions; transformers' are OSError or ValueError
     unreadable = Exception if where == "file" else (OSError, ValueError)
-    with _LOADING:  # transformers' import, and the modules of the tokenizer's class that it imports on first use
-        from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-        try:
-            if where == "file":
-                hf = PreTrainedTokenizerFast(tokenizer_file=path)
-            else:
-                hf = AutoTokenizer.from_pretrained(path, local_files_only=where != "hub")
-        except unreadable as error:
-            why = " ".join(str(error).split())[:300] or type(error).__name__  # one line, however many they wrote
-            raise TokenizerError(f"cannot load a tokenizer from the {where} {name_or_path!r}: {why}; "
-                                 f"{_what_to_give()}") from error
+    try:
+        if where == "file":
+            hf = PreTrainedTokenizerFast(tokenizer_file=path)
+        else:
+            hf = AutoTokenizer.from_pretrained(path, local_files_only=where != "hub")
+    except unreadable as error:
+        why = " ".join(str(error).split())[:300] or type(error).__name__  # one line, however many they wrote
+        raise TokenizerError(f"cannot load a tokenizer from the {where} {name_or_path!r}: {why}; {_what_to_give()}") \
+            from error
     special = set()
     for value in hf.special_tokens_map.values():
         special.update([value] if isinstance(value, str) else value)
@@ -401,8 +390,7 @@ def recorded_tokenizer(identity: dict[str, Any] | None, where: str) -> Tokenizer
         raise TokenizerError(f"{where}: the dataset records no tokenizer, so its texts cannot be decoded; "
                              f"build it with a tokenizer ({option('tokenizer')})")
     try:
-        with _LOADING:  # the first of concurrent callers loads it, the others find it in the cache
-            tokenizer = _loaded(identity["name_or_path"], tuple(identity.get("added_tokens", ())))
+        tokenizer = _loaded(identity["name_or_path"], tuple(identity.get("added_tokens", ())))
     except (TokenizerError, OSError, ValueError) as error:
         raise TokenizerError(f"{where}: its tokenizer {identity['name_or_path']!r} does not load "
                              f"({str(error).splitlines()[0][:120]})") from error

@@ -3,7 +3,6 @@ cache, without importing transformers, and behaves exactly as the first; any cha
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -106,54 +105,3 @@ def test_a_cache_that_cannot_be_written_only_costs_time(tmp_path, monkeypatch):
     monkeypatch.setenv("MMIDX_CACHE_DIR", str(tmp_path / "file"))
     directory = train_tokenizer(tmp_path / "tok")
     assert _facts(Tokenizer(directory)) == _facts(Tokenizer(directory))
-
-
-THREADS_SCRIPT = """
-import json, sys, threading
-import mmidx.tokenizer as module
-loads = []
-load_hf = module._load_hf
-module._load_hf = lambda *args: loads.append(args) or load_hf(*args)
-directory, cached = sys.argv[1], sys.argv[2] == "cached"
-tokenizer = module.Tokenizer(directory) if cached else None  # from mmidx's cache: transformers not imported yet
-assert "transformers" not in sys.modules
-identity = json.loads(sys.argv[3])
-start, results = threading.Barrier(8), []
-
-def first_use(number):
-    start.wait()
-    try:
-        loaded = tokenizer if cached else module.recorded_tokenizer(identity, "ds")
-        results.append((id(loaded), id(loaded.hf), loaded.decode(loaded.encode_batch(["a cat on a mat"])[0])))
-    except Exception as error:
-        results.append(f"{type(error).__name__}: {error}")
-
-threads = [threading.Thread(target=first_use, args=(number,)) for number in range(8)]
-for thread in threads:
-    thread.start()
-for thread in threads:
-    thread.join(120)
-print(json.dumps({"results": results, "loads": len(loads)}))
-"""
-
-
-@pytest.mark.parametrize("cached", ["cached", "uncached"])
-def test_8_threads_using_a_tokenizer_first_at_once_load_it_and_transformers_once_and_all_decode(cached, cache,
-                                                                                                tmp_path):
-    """Issue 56, item 12: a first import of transformers from several threads at once failed in all but one
-    (ImportError: cannot import name 'AutoTokenizer'); 7 of 8 of a fresh viewer's first sample pages were 500s.
-    Each case in a fresh process: a tokenizer from mmidx's cache whose ``hf`` is loaded on first decode, and a
-    dataset's tokenizer (``recorded_tokenizer``) that no process loaded yet."""
-    directory = train_tokenizer(tmp_path / "tok")
-    identity = Tokenizer(directory).identity  # in this process: fills the cache (the cached case loads from it)
-    if cached == "uncached":
-        shutil.rmtree(cache)
-    result = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, str(directory), cached, json.dumps(identity)],
-                            env={**os.environ, "MMIDX_CACHE_DIR": str(cache.parent)}, capture_output=True, text=True,
-                            timeout=180)
-    assert result.returncode == 0, result.stderr[-2000:]
-    outcome = json.loads(result.stdout)
-    assert len(outcome["results"]) == 8 and all(isinstance(each, list) for each in outcome["results"]), outcome
-    assert len({tuple(each) for each in outcome["results"]}) == 1  # one tokenizer, one hf, the same text
-    assert outcome["results"][0][2] == "a cat on a mat"
-    assert outcome["loads"] == 1  # transformers' tokenizer loaded once, by the first thread

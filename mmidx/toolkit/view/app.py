@@ -334,29 +334,15 @@ def _server(app: Front, *, request_timeout: float, keep_alive: float, per_client
     return uvicorn.Server(config)
 
 
-def _warm(catalog: Catalog) -> None:
-    """:meth:`Catalog.warm`, then a decode by each tokenizer, which loads what decoding needs (``transformers`` and
-    its tokenizer: seconds, that a tokenizer from mmidx's cache has not loaded yet), so the first pages find it
-    loaded. Best effort, as the catalog's: a failure here is met again, and reported, by the page that decodes."""
-    catalog.warm()
-    for name in catalog.datasets:
-        try:
-            tokenizer, _ = catalog.tokenizer(name)
-            if tokenizer is not None:
-                tokenizer.decode([])
-        except Exception:  # reported by the page that needs it
-            continue
-
-
 def serve(catalog: Catalog, sock: socket.socket, *, time_limit: float = TIME_LIMIT,
           request_timeout: float = REQUEST_TIMEOUT, keep_alive: float = KEEP_ALIVE,
           per_client: int = PER_CLIENT) -> None:
-    """Serve ``catalog`` on ``sock`` until interrupted (Ctrl-C), warming its overviews, tokenizers
-    (what decoding needs included) and pack index in a thread meanwhile (:func:`_warm`). The limits are :func:`create_app`'s and :func:`_server`'s."""
+    """Serve ``catalog`` on ``sock`` until interrupted (Ctrl-C), warming its overviews, tokenizers and
+    pack index in a thread meanwhile. The limits are :func:`create_app`'s and :func:`_server`'s."""
     host = sock.getsockname()[0]
     allowed = [*LOOPBACK_HOSTS, host] if is_loopback(host) else ["*"]
     app = create_app(catalog, allowed_hosts=allowed, time_limit=time_limit)
-    threading.Thread(target=_warm, args=(catalog,), name="mmidx-view-warm", daemon=True).start()
+    threading.Thread(target=catalog.warm, name="mmidx-view-warm", daemon=True).start()
     _server(app, request_timeout=request_timeout, keep_alive=keep_alive, per_client=per_client).run(sockets=[sock])
 
 
