@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from mmidx.io.storage import cache_root, file_uri, hash_object, is_remote
 from mmidx.read.dataset import MMIDXDataset, dataset_files
 from mmidx.read.encoding_streams import describe, encoding_names, incomplete_encodings, stream_problems
 from mmidx.read.invariants import content_problems, structure_problems
+from mmidx.read.statistics import Distribution, add_bincount, chunks, differences, sample_token_counts
 
 
 def verify(prefix: str | os.PathLike, *, decode: bool = False, copies: list[str] | None = None) -> list[str]:
@@ -149,46 +151,88 @@ def _name(names: tuple[str, ...], code: int) -> str:
     return names[code] if code < len(names) else str(int(code))
 
 
-def _stats(values: np.ndarray) -> dict[str, float]:
-    if len(values) == 0:
-        return {"count": 0}
-    values = np.asarray(values, dtype=np.float64)
-    p50, p99 = np.percentile(values, [50, 99])  # one partition for both
-    return {"count": len(values), "min": float(values.min()), "mean": round(float(values.mean()), 2),
-            "p50": float(p50), "p99": float(p99), "max": float(values.max())}
-
-
-def sample_token_counts(dataset: MMIDXDataset) -> np.ndarray:
-    """Tokens of each sample (all its texts), int64, from the token index alone; needs a checked structure."""
-    tokens = dataset.tokens
-    cumulative = np.concatenate([[0], np.cumsum(tokens.sequence_lengths, dtype=np.int64)])
-    return np.diff(cumulative[tokens.document_indices])
-
-
-def counts_by_name(names: tuple[str, ...], codes: np.ndarray) -> dict[str, int]:
-    """How many of ``codes`` each code names (codes beyond ``names`` by their number), without zeros."""
-    counts = np.bincount(codes.astype(np.int64), minlength=len(names))
+def counts_by_name(names: tuple[str, ...], counts: np.ndarray) -> dict[str, int]:
+    """``counts`` (a bincount of codes) by the name of each code (codes beyond ``names`` by their number),
+    without zeros."""
     return {_name(names, code): int(n) for code, n in enumerate(counts.tolist()) if n}
 
 
-def element_kind_counts(elements: np.ndarray) -> dict[str, dict[str, int]]:
-    """Per element kind: how many plan records have it, and how many of those have loss and enable_cfg."""
+def element_kind_key(elements: np.ndarray) -> np.ndarray:
+    """kind·4 + loss + 2·cfg of each plan record, in uint8 (kinds are < 64 in a checked plan): what
+    :func:`element_kind_counts` counts, one bincount rather than a copy per kind."""
     flags = elements["flags"]
-    # One bincount of kind·4 + loss + 2·cfg in uint8 (kinds are < 64 in a checked plan), not a copy per kind;
-    # row k of the counts is kind k, its columns: neither flag, loss, cfg, both.
     loss, cfg = (flags & fmt.FLAG_LOSS) != 0, (flags & fmt.FLAG_ENABLE_CFG) != 0
-    key = elements["kind"] * np.uint8(4) + loss + cfg * np.uint8(2)
-    counts = np.bincount(key, minlength=4 * len(fmt.KIND_NAMES)).reshape(-1, 4)
+    return elements["kind"] * np.uint8(4) + loss + cfg * np.uint8(2)
+
+
+def element_kind_counts(counts: np.ndarray) -> dict[str, dict[str, int]]:
+    """Per element kind: how many plan records have it, and how many of those have loss and enable_cfg, from
+    the bincount of :func:`element_kind_key` (row k: kind k; its columns: neither flag, loss, cfg, both)."""
+    counts = np.pad(counts, (0, -len(counts) % 4)).reshape(-1, 4)
     return {name: {"count": int(counts[code].sum()), "loss": int(counts[code, 1] + counts[code, 3]),
                    "enable_cfg": int(counts[code, 2] + counts[code, 3])} for code, name in enumerate(fmt.KIND_NAMES)}
 
 
+@dataclass
+class PlanTotals:
+    """What one streaming pass over every part's plan counts (see :func:`plan_totals`)."""
+
+    views_per_sample: Distribution = field(default_factory=Distribution)
+    images_per_sample: Distribution = field(default_factory=Distribution)
+    elements_per_view: Distribution = field(default_factory=Distribution)
+    image_bytes: Distribution = field(default_factory=Distribution)
+    width: Distribution = field(default_factory=Distribution)
+    height: Distribution = field(default_factory=Distribution)
+    kinds: np.ndarray = field(default_factory=lambda: np.zeros(4 * len(fmt.KIND_NAMES), np.int64))
+    formats: np.ndarray = field(default_factory=lambda: np.zeros(len(fmt.IMAGE_FORMATS), np.int64))
+    modes: np.ndarray = field(default_factory=lambda: np.zeros(len(fmt.IMAGE_MODES), np.int64))
+    views: int = 0
+    images: int = 0
+
+
+def plan_totals(dataset: MMIDXDataset, *, sizes: bool = True) -> PlanTotals | None:
+    """The plan's distributions and code counts over every part, a chunk at a time (None without a plan);
+    ``sizes=False`` leaves out the distributions of image bytes and elements per view (the viewer shows
+    neither)."""
+    totals = PlanTotals()
+    for part in dataset.parts:
+        plan = part.dataset.plan
+        if plan is None:
+            return None
+        info = plan["image_info"]
+        totals.views += len(plan["view_element_offsets"]) - 1
+        totals.images += len(info)
+        for name in ("views_per_sample", "images_per_sample") + (("elements_per_view", "image_bytes") if sizes else ()):
+            offsets = plan[{"views_per_sample": "sample_view_offsets", "images_per_sample": "sample_image_offsets",
+                            "elements_per_view": "view_element_offsets", "image_bytes": "image_offsets"}[name]]
+            for chunk in differences(offsets):
+                getattr(totals, name).add(chunk)
+        for chunk in chunks(plan["elements"]):
+            totals.kinds = add_bincount(totals.kinds, element_kind_key(chunk), 0)
+        for chunk in chunks(info):
+            totals.width.add(chunk["width"])
+            totals.height.add(chunk["height"])
+            totals.formats = add_bincount(totals.formats, chunk["format"], 0)
+            totals.modes = add_bincount(totals.modes, chunk["mode"], 0)
+    return totals
+
+
 def summary(dataset: MMIDXDataset) -> dict[str, Any]:
-    """Counts, size statistics, element kinds, images and file sizes of a dataset, as plain data."""
+    """Counts, size statistics, element kinds, images and file sizes of a dataset, as plain data.
+
+    One streaming pass over each part's index arrays, a chunk at a time (:mod:`mmidx.read.statistics`):
+    memory is the distinct values of each distribution, not the samples, and a sharded dataset gives the
+    same result as its merge (but its ``files``, those of the top level)."""
     dataset.check_structure()  # the statistics index with the index arrays
     meta = dataset.metadata or {}
-    tokens = dataset.tokens
-    per_sample = sample_token_counts(dataset)
+    per_sequence, per_sample, sequences = Distribution(), Distribution(), 0
+    for part in dataset.parts:
+        tokens = part.dataset.tokens
+        sequences += tokens.sequence_count
+        for chunk in chunks(tokens.sequence_lengths):
+            per_sequence.add(chunk)
+        for chunk in sample_token_counts(part.dataset):
+            per_sample.add(chunk)
     result: dict[str, Any] = {
         "prefix": dataset.prefix,
         "format_version": meta.get("format_version", "megatron"),
@@ -196,27 +240,26 @@ def summary(dataset: MMIDXDataset) -> dict[str, Any]:
         "token_dtype": dataset.token_dtype.name,
         "tokenizer": (dataset.tokenizer or {}).get("name_or_path"),
         "samples": len(dataset),
-        "sequences": tokens.sequence_count,
-        "tokens": int(tokens.sequence_lengths.sum(dtype=np.int64)),
-        "tokens_per_sequence": _stats(tokens.sequence_lengths),
-        "tokens_per_sample": _stats(per_sample),
+        "sequences": sequences,
+        "tokens": per_sequence.total,
+        "tokens_per_sequence": per_sequence.stats(),
+        "tokens_per_sample": per_sample.stats(),
         "files": file_sizes(dataset),
     }
-    plan = dataset.plan
+    plan = plan_totals(dataset)
     if plan is not None:
-        info = plan["image_info"]
         result.update({
-            "views": len(plan["view_element_offsets"]) - 1,
-            "views_per_sample": _stats(np.diff(plan["sample_view_offsets"])),
-            "elements_per_view": _stats(np.diff(plan["view_element_offsets"])),
-            "element_kinds": element_kind_counts(plan["elements"]),
+            "views": plan.views,
+            "views_per_sample": plan.views_per_sample.stats(),
+            "elements_per_view": plan.elements_per_view.stats(),
+            "element_kinds": element_kind_counts(plan.kinds),
             "images": {
-                "count": len(info),
-                "bytes": _stats(np.diff(plan["image_offsets"])),
-                "width": _stats(info["width"]),
-                "height": _stats(info["height"]),
-                "formats": counts_by_name(fmt.IMAGE_FORMATS, info["format"]),
-                "modes": counts_by_name(fmt.IMAGE_MODES, info["mode"]),
+                "count": plan.images,
+                "bytes": plan.image_bytes.stats(),
+                "width": plan.width.stats(),
+                "height": plan.height.stats(),
+                "formats": counts_by_name(fmt.IMAGE_FORMATS, plan.formats),
+                "modes": counts_by_name(fmt.IMAGE_MODES, plan.modes),
             },
         })
     names = encoding_names(dataset.prefix)
