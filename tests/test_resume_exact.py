@@ -14,7 +14,7 @@ from support.packing import GEOMETRY, build_groups
 
 from mmidx.cli import main
 from mmidx.config import DataConfig
-from mmidx.index.history import MixtureHistory, resumed_history
+from mmidx.index.history import MixtureHistory, resumed_history, takeover_pack
 from mmidx.index.pack_costs import PackCosts
 from mmidx.index.pack_index import build_pack_index
 from mmidx.pack.builder import PackBuilder
@@ -279,3 +279,54 @@ def test_an_older_dcp_checkpoint_loaded_partially_is_warned_and_one_inside_a_bat
     with pytest.warns(UserWarning, match="records no deal"):  # the same state by hand, strict=False: continued
         loader.load_state_dict({"packs_consumed": 1, "world_size": 1, "global_batch_size": 2}, strict=False)
     assert loader.steps_consumed == 1 and next(iter(loader))[0] == 1
+
+
+def resumed_index(history, config, state, cache):
+    """The pack index a loader resumed from ``state`` with ``config`` trains on, as trainer_loader makes it."""
+    return build_pack_index(resumed_history(history, config, state), num_samples=NUM_SAMPLES, cache_dir=cache,
+                            progress=False)
+
+
+@pytest.mark.parametrize("balanced", [False, True])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_state_saved_at_any_position_around_an_edit_resumes_as_the_uninterrupted_run(groups, tmp_path, world_size,
+                                                                                       balanced):
+    """G = 4. The weights are edited at a state saved at each position of global batch 4 (packs 16-20, its
+    boundaries too), so they take over at pack 20 (16 at the boundary); the edited run is then saved at each
+    position up to the end of the second global batch after the takeover, and resumed with the same data.yaml
+    and history: every resume is accepted and trains the packs the uninterrupted run trains after that state,
+    each once (inside the first global batch after the edit too, where the state's stream names the new
+    mixture). A second edit at each of those states is accepted too, and takes over at the end of its batch.
+    Each run trains to the end of the third global batch after the takeover (balanced steps price every pack
+    they deal: the whole stream at every resume would take seconds)."""
+    batch, cache = 4, tmp_path / "cache"
+    per_rank = batch // world_size
+    old, edited = config_of(groups), config_of(groups, weights=(6.0, 1.0, 0.2))
+    for edit_steps in range(4 * per_rank, 5 * per_rank + 1):
+        history = tmp_path / f"history-{edit_steps}.json"
+        _, edit_state = train(resumed_index(history, old, 0, cache), world_size, batch, edit_steps,
+                                   balanced=balanced)
+        index = resumed_index(history, edited, edit_state, cache)
+        takeover = MixtureHistory.load(history).takeovers[-1][0]
+        assert takeover == -(-edit_steps * world_size // batch) * batch
+        total = (takeover + 3 * batch) // world_size - edit_steps  # micro-steps from the edit to the run's end
+        whole, _ = train(index, world_size, batch, total, edit_state, balanced=balanced)
+        assert any(index.items(k) != build_pack_index(old, num_samples=NUM_SAMPLES, cache_dir=cache,
+                                                      progress=False).items(k) for k in whole)  # the edit is used
+        for steps in range(1, (takeover + 2 * batch) // world_size - edit_steps + 1):
+            part, state = train(index, world_size, batch, steps, edit_state, balanced=balanced)
+            resumed = resumed_index(history, edited, state, cache)
+            rest, _ = train(resumed, world_size, batch, total - steps, state, balanced=balanced)
+            assert not part.keys() & rest.keys()
+            assert {**part, **rest} == whole, (edit_steps, steps, state["packs_consumed"])
+            assert [k for k, _ in MixtureHistory.load(history).takeovers] == [0, takeover]
+            again = tmp_path / "edited-again.json"  # a second edit there: it takes over where the state's batch ends
+            again.write_text(history.read_text())
+            second = takeover_pack(state)
+            index_again = resumed_index(again, config_of(groups, weights=(1.0, 3.0, 1.0)), state, cache)
+            assert [k for k, _ in MixtureHistory.load(again).takeovers] == sorted({0, takeover, second})
+            rest, _ = train(index_again, world_size, batch, total - steps, state, balanced=balanced)
+            assert {k: v for k, v in rest.items() if k < second} == {k: v for k, v in whole.items()
+                                                                      if k < second and k not in part}
+            assert all(rest[k] == [tuple(index_again.items(k))] for k in rest)
+            assert any(index_again.items(k) != index.items(k) for k in rest)
