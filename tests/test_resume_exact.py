@@ -298,7 +298,9 @@ def test_a_state_saved_at_any_position_around_an_edit_resumes_as_the_uninterrupt
     each once (inside the first global batch after the edit too, where the state's stream names the new
     mixture). A second edit at each of those states is accepted too, and takes over at the end of its batch.
     Each run trains to the end of the third global batch after the takeover (balanced steps price every pack
-    they deal: the whole stream at every resume would take seconds)."""
+    they deal: the whole stream at every resume would take seconds). It catches what the random edits of the
+    property test above find by chance: a state one micro-step into the first global batch after the takeover
+    naming its stream before the batch's start (state_after's ``position > 0`` as ``> 1``) is refused."""
     batch, cache = 4, tmp_path / "cache"
     per_rank = batch // world_size
     old, edited = config_of(groups), config_of(groups, weights=(6.0, 1.0, 0.2))
